@@ -1,0 +1,86 @@
+//! Settings read from the environment, in one place (kernels never call `std::env`).
+
+use std::collections::BTreeSet;
+
+/// Capabilities a user can switch off to force the portable fallbacks
+/// (`KILN_DISABLE=subgroup,f16,coopmat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Disabled {
+    pub subgroup: bool,
+    pub f16: bool,
+    pub coopmat: bool,
+}
+
+impl Disabled {
+    pub const NONE: Disabled = Disabled {
+        subgroup: false,
+        f16: false,
+        coopmat: false,
+    };
+    pub const ALL: Disabled = Disabled {
+        subgroup: true,
+        f16: true,
+        coopmat: true,
+    };
+
+    /// Parses a comma-separated list; unknown words are returned as an error so typos surface.
+    pub fn parse(list: &str) -> Result<Disabled, String> {
+        let mut d = Disabled::default();
+        let words: BTreeSet<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .collect();
+        for w in words {
+            match w.to_ascii_lowercase().as_str() {
+                "subgroup" | "subgroups" => d.subgroup = true,
+                "f16" | "shader-f16" | "shader_f16" => d.f16 = true,
+                "coopmat" | "cooperative-matrix" => d.coopmat = true,
+                "all" => d = Disabled::ALL,
+                other => {
+                    return Err(format!(
+                        "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat or all)"
+                    ))
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    pub fn from_env() -> Result<Disabled, String> {
+        match std::env::var("KILN_DISABLE") {
+            Ok(v) => Disabled::parse(&v),
+            Err(_) => Ok(Disabled::default()),
+        }
+    }
+}
+
+/// `PROFILE=1` turns on per-stage GPU timing.
+pub fn profile_from_env() -> bool {
+    matches!(
+        std::env::var("PROFILE").as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    )
+}
+
+/// `KILN_MAX_BINDING=<bytes>` lowers the storage-binding limit kiln plans with, to exercise
+/// tensor splitting on adapters with large limits (tests use it).
+pub fn max_binding_from_env() -> Option<u64> {
+    std::env::var("KILN_MAX_BINDING")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_disable_lists() {
+        assert_eq!(Disabled::parse("").unwrap(), Disabled::NONE);
+        let d = Disabled::parse("subgroup, f16").unwrap();
+        assert!(d.subgroup && d.f16 && !d.coopmat);
+        assert_eq!(Disabled::parse("all").unwrap(), Disabled::ALL);
+        assert!(Disabled::parse("subgrup").is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! Buffers: storage and uniforms, readback for tests, and quantized weights split across
+//! bindings when a tensor is larger than the adapter's storage-binding limit.
+
+use bytemuck::Pod;
+use wgpu::util::DeviceExt;
+
+use crate::error::{KilnError, Result};
+use crate::gpu::GpuContext;
+use crate::quant::WeightFormat;
+
+/// Extra bytes after every storage buffer: vector loads of a ragged row's last chunk stay
+/// inside the allocation.
+const TAIL_PAD: u64 = 64;
+
+fn padded(size: u64) -> u64 {
+    (size + TAIL_PAD + 3) & !3
+}
+
+impl GpuContext {
+    pub fn storage(&self, size: u64, label: &str) -> Result<wgpu::Buffer> {
+        let size = padded(size);
+        if size > self.limits.max_buffer_size {
+            return Err(KilnError::TooLarge {
+                what: label.to_string(),
+                needed: size,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    pub fn upload(&self, bytes: &[u8], label: &str) -> Result<wgpu::Buffer> {
+        let buf = self.storage(bytes.len() as u64, label)?;
+        if !bytes.is_empty() {
+            // write_buffer needs a multiple of 4 bytes.
+            if bytes.len() % 4 == 0 {
+                self.queue.write_buffer(&buf, 0, bytes);
+            } else {
+                let mut v = bytes.to_vec();
+                v.resize(bytes.len().div_ceil(4) * 4, 0);
+                self.queue.write_buffer(&buf, 0, &v);
+            }
+        }
+        Ok(buf)
+    }
+
+    pub fn upload_f32(&self, data: &[f32], label: &str) -> Result<wgpu::Buffer> {
+        self.upload(bytemuck::cast_slice(data), label)
+    }
+
+    pub fn uniform<T: Pod>(&self, value: &T, label: &str) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
+    }
+
+    /// Copies `size` bytes from `buf` to the host. Waits for the GPU (bounded by the poll
+    /// timeout); for tests, tools and the one sampled token per step, never inside a step.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let size4 = size.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size4.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size4);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_idle("reading a buffer back")?;
+        match rx.try_recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(KilnError::Gpu {
+                    context: "mapping a readback buffer".into(),
+                    message: e.to_string(),
+                })
+            }
+            Err(_) => {
+                return Err(KilnError::Gpu {
+                    context: "mapping a readback buffer".into(),
+                    message: "map callback did not run".into(),
+                })
+            }
+        }
+        let data = staging
+            .get_mapped_range(..)
+            .map_err(|e| KilnError::Gpu {
+                context: "reading a buffer back".into(),
+                message: e.to_string(),
+            })?
+            .to_vec();
+        staging.unmap();
+        Ok(data[..size as usize].to_vec())
+    }
+
+    pub fn read_f32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(buf, 0, (n * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    pub fn read_u32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<u32>> {
+        let bytes = self.read_bytes(buf, 0, (n * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}
+
+/// Rows `[row_start, row_start + rows)` of a weight matrix in one buffer (one binding).
+pub struct WeightChunk {
+    pub buffer: wgpu::Buffer,
+    pub row_start: u32,
+    pub rows: u32,
+}
+
+/// A weight matrix `[rows, k]` kept in its block format on the GPU (GPU layout: Q8_0 and
+/// Q6_K blocks padded to whole words), split by rows so no chunk exceeds the binding limit.
+pub struct WeightTensor {
+    pub name: String,
+    pub format: WeightFormat,
+    pub rows: u32,
+    pub k: u32,
+    pub chunks: Vec<WeightChunk>,
+}
+
+impl WeightTensor {
+    /// Uploads `gguf_bytes` (GGUF block layout, `rows * row_bytes(k)` bytes).
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        format: WeightFormat,
+        rows: usize,
+        k: usize,
+        gguf_bytes: &[u8],
+    ) -> Result<WeightTensor> {
+        let bad = |m: String| KilnError::invalid(format!("tensor {name}"), m);
+        let row_bytes = format.row_bytes(k).ok_or_else(|| {
+            bad(format!(
+                "row length {k} is not a whole number of {} blocks",
+                format.name()
+            ))
+        })?;
+        if gguf_bytes.len() < rows * row_bytes {
+            return Err(bad(format!(
+                "has {} bytes, expected {}",
+                gguf_bytes.len(),
+                rows * row_bytes
+            )));
+        }
+        let gpu_row = format
+            .gpu_row_bytes(k)
+            .ok_or_else(|| bad("row too large".into()))? as u64;
+        // Rows per chunk: the largest count whose bytes (with padding) fit one binding.
+        let budget = ctx.max_binding.saturating_sub(TAIL_PAD + 4);
+        let rows_per_chunk = (budget / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
+        if gpu_row + TAIL_PAD + 4 > ctx.max_binding {
+            return Err(KilnError::TooLarge {
+                what: format!("one row of tensor {name}"),
+                needed: gpu_row,
+                limit: ctx.max_binding,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut r0 = 0usize;
+        while r0 < rows || (rows == 0 && chunks.is_empty()) {
+            let n = rows_per_chunk.min(rows - r0);
+            let src = &gguf_bytes[r0 * row_bytes..(r0 + n) * row_bytes];
+            let gpu_bytes = crate::quant::repack_for_gpu(format, src)?;
+            let buffer = ctx.upload(&gpu_bytes, &format!("{name}[{r0}..{}]", r0 + n))?;
+            chunks.push(WeightChunk {
+                buffer,
+                row_start: r0 as u32,
+                rows: n as u32,
+            });
+            r0 += n;
+            if rows == 0 {
+                break;
+            }
+        }
+        Ok(WeightTensor {
+            name: name.to_string(),
+            format,
+            rows: rows as u32,
+            k: k as u32,
+            chunks,
+        })
+    }
+}
+
+/// A recorded-once kernel launch: pipeline, bind group, grid and a stage name for profiles.
+pub struct Dispatch {
+    pub label: &'static str,
+    pub pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    /// Keeps the parameter buffer alive with the bind group that refers to it.
+    pub params: Option<wgpu::Buffer>,
+}
+
+impl Dispatch {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        let [x, y, z] = self.workgroups;
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Workgroup grid for `n` workgroups: spills into y past the 65535 limit of one dimension.
+/// Kernels recover the linear index as `wid.x + wid.y * nwg.x`.
+pub fn grid(n: u32) -> [u32; 3] {
+    const MAX: u32 = 65535;
+    if n <= MAX {
+        [n.max(1), 1, 1]
+    } else {
+        [MAX, n.div_ceil(MAX), 1]
+    }
+}
+
+/// Builds a bind group whose entries are `buffers` at bindings 0, 1, 2, … in order.
+pub fn bind(
+    ctx: &GpuContext,
+    pipeline: &wgpu::ComputePipeline,
+    label: &str,
+    buffers: &[&wgpu::Buffer],
+) -> wgpu::BindGroup {
+    let layout = pipeline.get_bind_group_layout(0);
+    let entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &layout,
+        entries: &entries,
+    })
+}
+
+/// Records dispatches into one compute pass and submits them (tests, tools).
+pub fn run_dispatches(ctx: &GpuContext, dispatches: &[&Dispatch]) -> Result<()> {
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("kiln"),
+        });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("kiln"),
+            timestamp_writes: None,
+        });
+        for d in dispatches {
+            d.record(&mut pass);
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+    Ok(())
+}

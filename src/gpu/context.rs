@@ -1,0 +1,366 @@
+//! Adapter discovery, the capability ladder, and the device kiln runs on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Disabled;
+use crate::error::{KilnError, Result};
+use crate::gpu::pipelines::PipelineCache;
+
+/// What the kernels may use on this device, after `KILN_DISABLE` has been applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Caps {
+    pub f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    pub timestamps_in_passes: bool,
+    pub coopmat: bool,
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    /// A CPU adapter (lavapipe, llvmpipe, WARP): smaller tiles and workloads suit it better.
+    pub cpu_adapter: bool,
+}
+
+impl Caps {
+    /// The plain ladder rung every adapter can run: no f16, no subgroups.
+    pub fn baseline() -> Caps {
+        Caps {
+            f16: false,
+            subgroups: false,
+            timestamps: false,
+            timestamps_in_passes: false,
+            coopmat: false,
+            subgroup_min: 0,
+            subgroup_max: 0,
+            cpu_adapter: false,
+        }
+    }
+}
+
+/// How to pick and open an adapter.
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    /// `--gpu`: an index into `kiln info`'s list or a substring of the adapter name.
+    pub gpu: Option<String>,
+    /// `--backend`: restrict to one backend.
+    pub backend: Option<wgpu::Backend>,
+    pub disable: Disabled,
+    /// Plan with a smaller storage-binding limit than the adapter's (tests of tensor splitting).
+    pub max_binding_override: Option<u64>,
+}
+
+impl ContextOptions {
+    /// Options from the environment (`KILN_DISABLE`, `KILN_MAX_BINDING`).
+    pub fn from_env() -> Result<ContextOptions> {
+        let disable = Disabled::from_env().map_err(|m| KilnError::invalid("KILN_DISABLE", m))?;
+        Ok(ContextOptions {
+            disable,
+            max_binding_override: crate::config::max_binding_from_env(),
+            ..Default::default()
+        })
+    }
+}
+
+/// One adapter as `kiln info` shows it.
+#[derive(Debug, Clone)]
+pub struct AdapterReport {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    /// Why kiln cannot use this adapter, if it cannot.
+    pub unusable: Option<String>,
+}
+
+pub fn parse_backend(s: &str) -> Option<wgpu::Backend> {
+    match s.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => Some(wgpu::Backend::Vulkan),
+        "metal" | "mtl" => Some(wgpu::Backend::Metal),
+        "dx12" | "d3d12" => Some(wgpu::Backend::Dx12),
+        "gl" | "gles" | "opengl" => Some(wgpu::Backend::Gl),
+        _ => None,
+    }
+}
+
+fn backends_for(backend: Option<wgpu::Backend>) -> wgpu::Backends {
+    match backend {
+        Some(wgpu::Backend::Vulkan) => wgpu::Backends::VULKAN,
+        Some(wgpu::Backend::Metal) => wgpu::Backends::METAL,
+        Some(wgpu::Backend::Dx12) => wgpu::Backends::DX12,
+        Some(wgpu::Backend::Gl) => wgpu::Backends::GL,
+        _ => {
+            wgpu::Backends::VULKAN
+                | wgpu::Backends::METAL
+                | wgpu::Backends::DX12
+                | wgpu::Backends::GL
+        }
+    }
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        wgpu::Backend::Gl => 1,
+        _ => 2,
+    }
+}
+
+/// The minimum kiln needs: compute with storage buffers large enough for real tensors.
+fn unusable_reason(limits: &wgpu::Limits, info: &wgpu::AdapterInfo) -> Option<String> {
+    if limits.max_storage_buffers_per_shader_stage < 6 {
+        return Some(format!(
+            "only {} storage buffers per shader stage (kiln needs 6){}",
+            limits.max_storage_buffers_per_shader_stage,
+            if info.backend == wgpu::Backend::Gl {
+                "; this GL driver lacks compute storage buffers"
+            } else {
+                ""
+            }
+        ));
+    }
+    if limits.max_compute_invocations_per_workgroup < 256 {
+        return Some(format!(
+            "only {} invocations per workgroup (kiln needs 256)",
+            limits.max_compute_invocations_per_workgroup
+        ));
+    }
+    if limits.max_compute_workgroup_storage_size < 16384 {
+        return Some(format!(
+            "only {} bytes of workgroup storage (kiln needs 16384)",
+            limits.max_compute_workgroup_storage_size
+        ));
+    }
+    None
+}
+
+fn instance(backend: Option<wgpu::Backend>) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends_for(backend);
+    desc.flags = wgpu::InstanceFlags::empty();
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter on every backend, best first: discrete, integrated, virtual, CPU; native
+/// APIs before GL for the same device.
+pub fn list_adapters(
+    backend: Option<wgpu::Backend>,
+) -> (wgpu::Instance, Vec<(wgpu::Adapter, AdapterReport)>) {
+    let inst = instance(backend);
+    let mut adapters: Vec<wgpu::Adapter> =
+        pollster::block_on(inst.enumerate_adapters(backends_for(backend)));
+    adapters.sort_by_key(|a| {
+        let i = a.get_info();
+        (type_rank(i.device_type), backend_rank(i.backend))
+    });
+    let list = adapters
+        .into_iter()
+        .enumerate()
+        .map(|(index, a)| {
+            let info = a.get_info();
+            let limits = a.limits();
+            let unusable = unusable_reason(&limits, &info);
+            let report = AdapterReport {
+                index,
+                info,
+                features: a.features(),
+                limits,
+                unusable,
+            };
+            (a, report)
+        })
+        .collect();
+    (inst, list)
+}
+
+/// The device, its queue, what it can do, and the pipelines built on it.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub caps: Caps,
+    pub limits: wgpu::Limits,
+    /// Largest storage binding kiln plans with (adapter limit, or a test override).
+    pub max_binding: u64,
+    pub pipelines: PipelineCache,
+    /// Bound on every wait for the GPU, so a lost device becomes an error, not a hang.
+    pub poll_timeout: Duration,
+}
+
+impl GpuContext {
+    /// Opens the adapter the options select (best one by default).
+    pub fn new(opts: &ContextOptions) -> Result<Arc<GpuContext>> {
+        let (_inst, list) = list_adapters(opts.backend);
+        if list.is_empty() {
+            let detail = match opts.backend {
+                Some(b) => format!(" on backend {b:?}"),
+                None => String::new(),
+            };
+            return Err(KilnError::NoAdapter { detail });
+        }
+        let names = || {
+            list.iter()
+                .map(|(_, r)| format!("{}: {} ({:?})", r.index, r.info.name, r.info.backend))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let chosen = match &opts.gpu {
+            Some(want) => {
+                let by_index = want
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| list.iter().find(|(_, r)| r.index == i));
+                let lower = want.to_ascii_lowercase();
+                let by_name = || {
+                    list.iter()
+                        .find(|(_, r)| r.info.name.to_ascii_lowercase().contains(&lower))
+                };
+                match by_index.or_else(by_name) {
+                    Some(c) => c,
+                    None => {
+                        return Err(KilnError::AdapterNotFound {
+                            wanted: want.clone(),
+                            available: names(),
+                        })
+                    }
+                }
+            }
+            None => match list.iter().find(|(_, r)| r.unusable.is_none()) {
+                Some(c) => c,
+                None => {
+                    let why = list
+                        .iter()
+                        .map(|(_, r)| {
+                            format!(
+                                "{}: {}",
+                                r.info.name,
+                                r.unusable.clone().unwrap_or_default()
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    return Err(KilnError::NoAdapter {
+                        detail: format!(" (none is usable: {why})"),
+                    });
+                }
+            },
+        };
+        let (adapter, report) = chosen;
+        if let Some(reason) = &report.unusable {
+            return Err(KilnError::AdapterUnusable {
+                adapter: report.info.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Self::open(adapter, report, opts)
+    }
+
+    fn open(
+        adapter: &wgpu::Adapter,
+        report: &AdapterReport,
+        opts: &ContextOptions,
+    ) -> Result<Arc<GpuContext>> {
+        let offered = report.features;
+        let mut wanted =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        if !opts.disable.f16 {
+            wanted |= wgpu::Features::SHADER_F16;
+        }
+        if !opts.disable.subgroup {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
+        if !opts.disable.coopmat {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let features = wanted & offered;
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            // SAFETY: the only experimental feature kiln requests is cooperative matrices,
+            // used only when offered and never on a path the fallbacks do not also cover.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            KilnError::RequestDevice {
+                adapter: report.info.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        let info = report.info.clone();
+        let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size > 0;
+        let caps = Caps {
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
+            subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
+            cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
+        };
+        let adapter_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let max_binding = match opts.max_binding_override {
+            Some(v) => v.min(adapter_binding).max(256),
+            None => adapter_binding,
+        };
+        // Device errors are reported through error scopes where kiln can act on them; any
+        // other one is logged instead of aborting the process.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            tracing::error!("uncaptured GPU error: {e}");
+        }));
+        Ok(Arc::new(GpuContext {
+            device,
+            queue,
+            info,
+            caps,
+            limits,
+            max_binding,
+            pipelines: PipelineCache::default(),
+            poll_timeout: Duration::from_secs(120),
+        }))
+    }
+
+    /// Blocks until all submitted work is done, or fails after `poll_timeout`.
+    pub fn wait_idle(&self, what: &str) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(self.poll_timeout),
+            })
+            .map(|_| ())
+            .map_err(|e| match e {
+                wgpu::PollError::Timeout => KilnError::GpuTimeout {
+                    what: what.to_string(),
+                    seconds: self.poll_timeout.as_secs(),
+                },
+                other => KilnError::Gpu {
+                    context: what.to_string(),
+                    message: other.to_string(),
+                },
+            })
+    }
+
+    /// Short adapter description for logs and reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.backend, self.info.device_type
+        )
+    }
+}

@@ -1,0 +1,10 @@
+//! The GPU layer: device and capabilities, buffers, shader composition, pipelines, timing.
+
+pub mod buffers;
+pub mod context;
+pub mod pipelines;
+pub mod shader;
+pub mod timer;
+
+pub use buffers::{bind, grid, run_dispatches, Dispatch, WeightChunk, WeightTensor};
+pub use context::{list_adapters, parse_backend, AdapterReport, Caps, ContextOptions, GpuContext};

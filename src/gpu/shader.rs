@@ -1,0 +1,182 @@
+//! Shader composition: a kernel's WGSL is a few whitelisted files (a format prelude, common
+//! helpers, the op's body) behind a header of typed constants generated from its key.
+
+use crate::error::{KilnError, Result};
+
+/// Every WGSL file kiln ships, embedded at build time. Composition can only name these.
+pub const FILES: &[(&str, &str)] = &[
+    (
+        "common/quant.wgsl",
+        include_str!("../../wgsl/common/quant.wgsl"),
+    ),
+    (
+        "common/reduce_subgroup.wgsl",
+        include_str!("../../wgsl/common/reduce_subgroup.wgsl"),
+    ),
+    (
+        "common/reduce_shared.wgsl",
+        include_str!("../../wgsl/common/reduce_shared.wgsl"),
+    ),
+    (
+        "common/kv_f32.wgsl",
+        include_str!("../../wgsl/common/kv_f32.wgsl"),
+    ),
+    (
+        "common/kv_f16_native.wgsl",
+        include_str!("../../wgsl/common/kv_f16_native.wgsl"),
+    ),
+    (
+        "common/kv_f16_packed.wgsl",
+        include_str!("../../wgsl/common/kv_f16_packed.wgsl"),
+    ),
+    (
+        "formats/f32.wgsl",
+        include_str!("../../wgsl/formats/f32.wgsl"),
+    ),
+    (
+        "formats/f16.wgsl",
+        include_str!("../../wgsl/formats/f16.wgsl"),
+    ),
+    (
+        "formats/bf16.wgsl",
+        include_str!("../../wgsl/formats/bf16.wgsl"),
+    ),
+    (
+        "formats/q8_0.wgsl",
+        include_str!("../../wgsl/formats/q8_0.wgsl"),
+    ),
+    (
+        "formats/q4_k.wgsl",
+        include_str!("../../wgsl/formats/q4_k.wgsl"),
+    ),
+    (
+        "formats/q5_k.wgsl",
+        include_str!("../../wgsl/formats/q5_k.wgsl"),
+    ),
+    (
+        "formats/q6_k.wgsl",
+        include_str!("../../wgsl/formats/q6_k.wgsl"),
+    ),
+    ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
+    ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
+    ("embed.wgsl", include_str!("../../wgsl/embed.wgsl")),
+    (
+        "attention_prefill.wgsl",
+        include_str!("../../wgsl/attention_prefill.wgsl"),
+    ),
+    ("softmax.wgsl", include_str!("../../wgsl/softmax.wgsl")),
+    (
+        "attention_decode.wgsl",
+        include_str!("../../wgsl/attention_decode.wgsl"),
+    ),
+    (
+        "attention_combine.wgsl",
+        include_str!("../../wgsl/attention_combine.wgsl"),
+    ),
+    ("rope.wgsl", include_str!("../../wgsl/rope.wgsl")),
+    ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
+    (
+        "elementwise.wgsl",
+        include_str!("../../wgsl/elementwise.wgsl"),
+    ),
+    ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
+];
+
+fn file(name: &str) -> Result<&'static str> {
+    FILES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| *text)
+        .ok_or_else(|| KilnError::Shader {
+            label: name.to_string(),
+            message: "no such WGSL file".into(),
+        })
+}
+
+/// A composed shader, ready for naga or wgpu.
+#[derive(Debug, Clone)]
+pub struct ShaderSource {
+    pub label: String,
+    pub text: String,
+    /// `override` constants set at pipeline creation (workgroup sizes and other knobs).
+    pub overrides: Vec<(&'static str, f64)>,
+}
+
+/// Builds a shader from a header of constants and a list of files.
+#[derive(Debug, Default)]
+pub struct Composer {
+    label: String,
+    enable_f16: bool,
+    header: Vec<String>,
+    files: Vec<&'static str>,
+    overrides: Vec<(&'static str, f64)>,
+}
+
+impl Composer {
+    pub fn new(label: impl Into<String>) -> Composer {
+        Composer {
+            label: label.into(),
+            ..Default::default()
+        }
+    }
+    pub fn enable_f16(mut self, on: bool) -> Self {
+        self.enable_f16 = on;
+        self
+    }
+    /// A compile-time constant: for what WGSL needs as a `const` (array sizes, unrolled loops).
+    pub fn const_u32(mut self, name: &str, v: u32) -> Self {
+        self.header.push(format!("const {name}: u32 = {v}u;"));
+        self
+    }
+    pub fn const_bool(mut self, name: &str, v: bool) -> Self {
+        self.header.push(format!("const {name}: bool = {v};"));
+        self
+    }
+    /// A pipeline-overridable constant (`override NAME: u32 = …;` in the file).
+    pub fn override_u32(mut self, name: &'static str, v: u32) -> Self {
+        self.overrides.push((name, v as f64));
+        self
+    }
+    pub fn include(mut self, name: &'static str) -> Self {
+        self.files.push(name);
+        self
+    }
+    pub fn build(self) -> Result<ShaderSource> {
+        let mut text = String::new();
+        if self.enable_f16 {
+            text.push_str("enable f16;\n");
+        }
+        text.push_str(&format!("// kiln shader: {}\n", self.label));
+        for line in &self.header {
+            text.push_str(line);
+            text.push('\n');
+        }
+        for name in &self.files {
+            text.push_str(&format!("\n// ---- {name} ----\n"));
+            text.push_str(file(name)?);
+        }
+        Ok(ShaderSource {
+            label: self.label,
+            text,
+            overrides: self.overrides,
+        })
+    }
+}
+
+/// Parses and validates a composed shader with naga, as every backend would.
+pub fn validate(
+    src: &ShaderSource,
+    caps: naga::valid::Capabilities,
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
+    let module = naga::front::wgsl::parse_str(&src.text).map_err(|e| KilnError::Shader {
+        label: src.label.clone(),
+        message: e.emit_to_string(&src.text),
+    })?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| KilnError::Shader {
+            label: src.label.clone(),
+            message: e.emit_to_string(&src.text),
+        })?;
+    Ok((module, info))
+}

@@ -1,0 +1,333 @@
+//! Attention. Prefill: scores = Q·Kᵀ (batched 4D GEMM), causal softmax, out = P·V. Decode:
+//! one query per head against the cache, split over the context, then a combine pass.
+//! GQA by indexing: query head h reads KV head h / (n_head / n_kv_head).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{KilnError, Result};
+use crate::gpu::{bind, grid, Dispatch, GpuContext};
+use crate::kernels::{KernelKey, KvKind, ATTN_CHUNK, ATTN_MAX_HEAD_DIM, ATTN_TILE};
+
+/// The shape of one layer's attention.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    /// Cache rows allocated (context length).
+    pub n_ctx: u32,
+}
+
+impl AttnShape {
+    pub fn group(&self) -> u32 {
+        self.n_head / self.n_kv_head
+    }
+    pub fn kv_stride(&self) -> u32 {
+        self.n_kv_head * self.head_dim
+    }
+    pub fn check(&self) -> Result<()> {
+        if self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
+            return Err(KilnError::invalid(
+                "attention",
+                format!(
+                    "{} heads do not divide into {} KV heads",
+                    self.n_head, self.n_kv_head
+                ),
+            ));
+        }
+        if self.head_dim > ATTN_MAX_HEAD_DIM || self.head_dim % 2 != 0 {
+            return Err(KilnError::invalid(
+                "attention",
+                format!(
+                    "head dim {} (kiln supports even sizes up to {ATTN_MAX_HEAD_DIM})",
+                    self.head_dim
+                ),
+            ));
+        }
+        Ok(())
+    }
+    /// Scratch floats the decode kernel needs for its partial results.
+    pub fn decode_scratch_len(&self) -> u32 {
+        self.n_head * self.n_ctx.div_ceil(ATTN_CHUNK) * (self.head_dim + 2)
+    }
+}
+
+/// Mirrors `Params` in attention_prefill.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct AttnGemmParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub group: u32,
+    pub a_sb: u32,
+    pub a_si: u32,
+    pub b_sb: u32,
+    pub b_sj: u32,
+    pub b_sk: u32,
+    pub c_sb: u32,
+    pub c_si: u32,
+    pub b_off: u32,
+    pub alpha: f32,
+    pub causal_n: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Mirrors `Params` in softmax.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct SoftmaxParams {
+    pub n_cols: u32,
+    pub row_stride: u32,
+    pub m: u32,
+    pub pos0: u32,
+}
+
+/// Mirrors `Params` in attention_decode.wgsl and attention_combine.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct AttnDecodeParams {
+    pub head_dim: u32,
+    pub n_head: u32,
+    pub group: u32,
+    pub kv_len: u32,
+    pub kv_stride: u32,
+    pub n_splits: u32,
+    pub q_stride: u32,
+    pub scale: f32,
+}
+
+/// Buffers of one prefill attention.
+pub struct PrefillArgs<'a> {
+    /// Q: [m, n_head * head_dim], already rotated.
+    pub q: &'a wgpu::Buffer,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+    /// Scores scratch: at least n_head * m * kv_len floats.
+    pub scores: &'a wgpu::Buffer,
+    /// Output: [m, n_head * head_dim].
+    pub out: &'a wgpu::Buffer,
+    /// Query tokens in this batch; they sit at positions pos0 .. pos0 + m.
+    pub m: u32,
+    pub pos0: u32,
+}
+
+fn tile_grid(m: u32, n: u32, batches: u32) -> [u32; 3] {
+    let (bm, bn, ..) = ATTN_TILE;
+    [n.div_ceil(bn), m.div_ceil(bm), batches]
+}
+
+/// Three dispatches: Q·Kᵀ, causal softmax, P·V.
+pub fn prepare_prefill(
+    ctx: &GpuContext,
+    kv: KvKind,
+    shape: &AttnShape,
+    a: &PrefillArgs,
+) -> Result<Vec<Dispatch>> {
+    shape.check()?;
+    let kv_len = a.pos0 + a.m;
+    if kv_len > shape.n_ctx {
+        return Err(KilnError::invalid(
+            "attention",
+            format!("{kv_len} positions exceed the context of {}", shape.n_ctx),
+        ));
+    }
+    let (nh, hd) = (shape.n_head, shape.head_dim);
+    let pipeline = ctx.pipeline(&KernelKey::AttnGemm { kv })?;
+    let qk = AttnGemmParams {
+        m: a.m,
+        n: kv_len,
+        k: hd,
+        group: shape.group(),
+        a_sb: hd,
+        a_si: nh * hd,
+        b_sb: hd,
+        b_sj: shape.kv_stride(),
+        b_sk: 1,
+        c_sb: a.m * kv_len,
+        c_si: kv_len,
+        b_off: 0,
+        alpha: 1.0 / (hd as f32).sqrt(),
+        causal_n: kv_len,
+        _pad: [0; 2],
+    };
+    let ub = ctx.uniform(&qk, "attention.qk");
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "attention.qk",
+        &[&ub, a.q, a.k_cache, a.scores],
+    );
+    let d_qk = Dispatch {
+        label: "attention",
+        pipeline: pipeline.clone(),
+        bind_group: bg,
+        workgroups: tile_grid(a.m, kv_len, nh),
+        params: Some(ub),
+    };
+
+    let sm_pipe = ctx.pipeline(&KernelKey::Softmax {
+        subgroups: ctx.caps.subgroups,
+    })?;
+    let sp = SoftmaxParams {
+        n_cols: kv_len,
+        row_stride: kv_len,
+        m: a.m,
+        pos0: a.pos0,
+    };
+    let ub = ctx.uniform(&sp, "attention.softmax");
+    let bg = bind(ctx, &sm_pipe, "attention.softmax", &[&ub, a.scores]);
+    let d_sm = Dispatch {
+        label: "attention",
+        pipeline: sm_pipe,
+        bind_group: bg,
+        workgroups: grid(nh * a.m),
+        params: Some(ub),
+    };
+
+    let pv = AttnGemmParams {
+        m: a.m,
+        n: hd,
+        k: kv_len,
+        group: shape.group(),
+        a_sb: a.m * kv_len,
+        a_si: kv_len,
+        b_sb: hd,
+        b_sj: 1,
+        b_sk: shape.kv_stride(),
+        c_sb: hd,
+        c_si: nh * hd,
+        b_off: 0,
+        alpha: 1.0,
+        causal_n: 0,
+        _pad: [0; 2],
+    };
+    let ub = ctx.uniform(&pv, "attention.pv");
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "attention.pv",
+        &[&ub, a.scores, a.v_cache, a.out],
+    );
+    let d_pv = Dispatch {
+        label: "attention",
+        pipeline,
+        bind_group: bg,
+        workgroups: tile_grid(a.m, hd, nh),
+        params: Some(ub),
+    };
+    Ok(vec![d_qk, d_sm, d_pv])
+}
+
+/// Buffers of one decode attention (a single query token at position kv_len - 1).
+pub struct DecodeArgs<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+    /// Scratch of `AttnShape::decode_scratch_len` floats.
+    pub partial: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub kv_len: u32,
+}
+
+/// Two dispatches: split attention and combine.
+pub fn prepare_decode(
+    ctx: &GpuContext,
+    kv: KvKind,
+    shape: &AttnShape,
+    a: &DecodeArgs,
+) -> Result<Vec<Dispatch>> {
+    shape.check()?;
+    if a.kv_len == 0 || a.kv_len > shape.n_ctx {
+        return Err(KilnError::invalid(
+            "attention",
+            format!("kv length {} outside 1..={}", a.kv_len, shape.n_ctx),
+        ));
+    }
+    let n_splits = shape.n_ctx.div_ceil(ATTN_CHUNK);
+    let p = AttnDecodeParams {
+        head_dim: shape.head_dim,
+        n_head: shape.n_head,
+        group: shape.group(),
+        kv_len: a.kv_len,
+        kv_stride: shape.kv_stride(),
+        n_splits,
+        q_stride: shape.head_dim,
+        scale: 1.0 / (shape.head_dim as f32).sqrt(),
+    };
+    let pipe = ctx.pipeline(&KernelKey::AttnDecode {
+        kv,
+        subgroups: ctx.caps.subgroups,
+    })?;
+    let ub = ctx.uniform(&p, "attention.decode");
+    let bg = bind(
+        ctx,
+        &pipe,
+        "attention.decode",
+        &[&ub, a.q, a.k_cache, a.v_cache, a.partial],
+    );
+    let used = a.kv_len.div_ceil(ATTN_CHUNK);
+    let d1 = Dispatch {
+        label: "attention",
+        pipeline: pipe,
+        bind_group: bg,
+        workgroups: [shape.n_head, used, 1],
+        params: Some(ub),
+    };
+    let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
+    let ub = ctx.uniform(&p, "attention.combine");
+    let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
+    let d2 = Dispatch {
+        label: "attention",
+        pipeline: pipe,
+        bind_group: bg,
+        workgroups: [shape.n_head, 1, 1],
+        params: Some(ub),
+    };
+    Ok(vec![d1, d2])
+}
+
+/// CPU reference for causal attention of m queries at positions pos0.. over a cache of
+/// kv_len rows (f64). q: [m, n_head*hd]; caches: [n_ctx, n_kv*hd]. Returns [m, n_head*hd].
+pub fn reference(
+    shape: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    m: usize,
+    pos0: usize,
+) -> Vec<f32> {
+    let (nh, hd, kvs, g) = (
+        shape.n_head as usize,
+        shape.head_dim as usize,
+        shape.kv_stride() as usize,
+        shape.group() as usize,
+    );
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0f32; m * nh * hd];
+    for i in 0..m {
+        let last = pos0 + i;
+        for h in 0..nh {
+            let kvh = h / g;
+            let qv = &q[i * nh * hd + h * hd..][..hd];
+            let s: Vec<f64> = (0..=last)
+                .map(|j| {
+                    (0..hd)
+                        .map(|d| qv[d] as f64 * k[j * kvs + kvh * hd + d] as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                let acc: f64 = (0..=last)
+                    .map(|j| e[j] * v[j * kvs + kvh * hd + d] as f64)
+                    .sum();
+                out[i * nh * hd + h * hd + d] = (acc / sum) as f32;
+            }
+        }
+    }
+    out
+}

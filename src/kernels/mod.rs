@@ -1,0 +1,314 @@
+//! Kernels: one module per op family, each with its parameter struct (mirroring the WGSL
+//! uniform), its typed pipeline key, host-side dispatch and the CPU reference tests use.
+
+pub mod argmax;
+pub mod attention;
+pub mod elementwise;
+pub mod embed;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+
+use crate::error::Result;
+use crate::gpu::shader::{Composer, ShaderSource};
+use crate::gpu::Caps;
+use crate::plan::GemmTile;
+use crate::quant::WeightFormat;
+
+/// How the KV cache stores values, and how a kernel reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvKind {
+    F32,
+    /// Halves read through the f16 type (SHADER_F16).
+    F16Native,
+    /// The same halves read as packed u32 words (fallback).
+    F16Packed,
+}
+
+impl KvKind {
+    pub const ALL: [KvKind; 3] = [KvKind::F32, KvKind::F16Native, KvKind::F16Packed];
+    /// The variant for a cache of `f16` values on an adapter with these capabilities.
+    pub fn for_cache(f16_cache: bool, caps: &Caps) -> KvKind {
+        match (f16_cache, caps.f16) {
+            (false, _) => KvKind::F32,
+            (true, true) => KvKind::F16Native,
+            (true, false) => KvKind::F16Packed,
+        }
+    }
+    pub fn bytes_per_elem(self) -> u64 {
+        if self == KvKind::F32 {
+            4
+        } else {
+            2
+        }
+    }
+    fn file(self) -> &'static str {
+        match self {
+            KvKind::F32 => "common/kv_f32.wgsl",
+            KvKind::F16Native => "common/kv_f16_native.wgsl",
+            KvKind::F16Packed => "common/kv_f16_packed.wgsl",
+        }
+    }
+    fn needs_f16(self) -> bool {
+        self == KvKind::F16Native
+    }
+}
+
+fn format_file(f: WeightFormat) -> &'static str {
+    match f {
+        WeightFormat::F32 => "formats/f32.wgsl",
+        WeightFormat::F16 => "formats/f16.wgsl",
+        WeightFormat::BF16 => "formats/bf16.wgsl",
+        WeightFormat::Q8_0 => "formats/q8_0.wgsl",
+        WeightFormat::Q4K => "formats/q4_k.wgsl",
+        WeightFormat::Q5K => "formats/q5_k.wgsl",
+        WeightFormat::Q6K => "formats/q6_k.wgsl",
+    }
+}
+
+fn reduce_file(subgroups: bool) -> &'static str {
+    if subgroups {
+        "common/reduce_subgroup.wgsl"
+    } else {
+        "common/reduce_shared.wgsl"
+    }
+}
+
+/// Every pipeline kiln can build. Hashing a key finds its pipeline; `source` composes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKey {
+    Gemv {
+        format: WeightFormat,
+        ncols: u8,
+        rows: u8,
+        wg: u16,
+        subgroups: bool,
+    },
+    Gemm {
+        format: WeightFormat,
+        tile: GemmTile,
+    },
+    Embed {
+        format: WeightFormat,
+    },
+    AttnGemm {
+        kv: KvKind,
+    },
+    Softmax {
+        subgroups: bool,
+    },
+    AttnDecode {
+        kv: KvKind,
+        subgroups: bool,
+    },
+    AttnCombine,
+    Rope {
+        neox: bool,
+        to_cache: Option<KvKind>,
+        rope: bool,
+    },
+    RmsNorm {
+        subgroups: bool,
+    },
+    Elementwise {
+        op: elementwise::EltOp,
+    },
+    Argmax {
+        subgroups: bool,
+    },
+}
+
+/// Work sizes shared by host and shader.
+pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
+pub const WG_ELT: u32 = 256; // elementwise and gather kernels
+pub const ATTN_CHUNK: u32 = 256; // positions per decode-attention split
+pub const ATTN_MAX_HEAD_DIM: u32 = 256;
+pub const ATTN_WG: u32 = 64;
+pub const ATTN_TILE: (u32, u32, u32, u32, u32) = (32, 32, 16, 4, 4);
+
+impl KernelKey {
+    pub fn entry(&self) -> &'static str {
+        match self {
+            KernelKey::Rope {
+                to_cache: Some(_), ..
+            } => "to_cache",
+            _ => "main",
+        }
+    }
+
+    /// Composes this kernel's WGSL.
+    pub fn source(&self, _caps: &Caps) -> Result<ShaderSource> {
+        let label = format!("{self:?}");
+        let c = Composer::new(label);
+        match *self {
+            KernelKey::Gemv {
+                format,
+                ncols,
+                rows,
+                wg,
+                subgroups,
+            } => c
+                .const_u32("WG", wg as u32)
+                .const_u32("ROWS", rows as u32)
+                .const_u32("NCOLS", ncols as u32)
+                .include("common/quant.wgsl")
+                .include(format_file(format))
+                .include(reduce_file(subgroups))
+                .include("gemv.wgsl")
+                .build(),
+            KernelKey::Gemm { format, tile } => {
+                let (bm, bn, bk, tm, tn) = tile.dims();
+                c.const_u32("BM", bm)
+                    .const_u32("BN", bn)
+                    .const_u32("BK", bk)
+                    .const_u32("TM", tm)
+                    .const_u32("TN", tn)
+                    .const_u32("WG", tile.workgroup_size())
+                    .include("common/quant.wgsl")
+                    .include(format_file(format))
+                    .include("gemm.wgsl")
+                    .build()
+            }
+            KernelKey::Embed { format } => c
+                .const_u32("WG", WG_ELT)
+                .include("common/quant.wgsl")
+                .include(format_file(format))
+                .include("embed.wgsl")
+                .build(),
+            KernelKey::AttnGemm { kv } => {
+                let (bm, bn, bk, tm, tn) = ATTN_TILE;
+                c.enable_f16(kv.needs_f16())
+                    .const_u32("BM", bm)
+                    .const_u32("BN", bn)
+                    .const_u32("BK", bk)
+                    .const_u32("TM", tm)
+                    .const_u32("TN", tn)
+                    .const_u32("WG", (bm / tm) * (bn / tn))
+                    .include(kv.file())
+                    .include("attention_prefill.wgsl")
+                    .build()
+            }
+            KernelKey::Softmax { subgroups } => c
+                .const_u32("WG", WG_ROW)
+                .include(reduce_file(subgroups))
+                .include("softmax.wgsl")
+                .build(),
+            KernelKey::AttnDecode { kv, subgroups } => c
+                .enable_f16(kv.needs_f16())
+                .const_u32("WG", ATTN_WG)
+                .const_u32("CHUNK", ATTN_CHUNK)
+                .const_u32("MAX_HD", ATTN_MAX_HEAD_DIM)
+                .include(kv.file())
+                .include(reduce_file(subgroups))
+                .include("attention_decode.wgsl")
+                .build(),
+            KernelKey::AttnCombine => c
+                .const_u32("WG", ATTN_WG)
+                .const_u32("CHUNK", ATTN_CHUNK)
+                .include("attention_combine.wgsl")
+                .build(),
+            KernelKey::Rope {
+                neox,
+                to_cache,
+                rope,
+            } => {
+                let kv = to_cache.unwrap_or(KvKind::F32);
+                c.enable_f16(kv.needs_f16())
+                    .const_u32("WG", WG_ELT)
+                    .const_bool("NEOX", neox)
+                    .const_bool("ROPE", rope)
+                    .include(kv.file())
+                    .include("rope.wgsl")
+                    .build()
+            }
+            KernelKey::RmsNorm { subgroups } => c
+                .const_u32("WG", WG_ROW)
+                .include(reduce_file(subgroups))
+                .include("rms_norm.wgsl")
+                .build(),
+            KernelKey::Elementwise { op } => c
+                .const_u32("WG", WG_ELT)
+                .const_u32("OP", op as u32)
+                .include("elementwise.wgsl")
+                .build(),
+            KernelKey::Argmax { subgroups } => c
+                .const_u32("WG", WG_ROW)
+                .include(reduce_file(subgroups))
+                .include("argmax.wgsl")
+                .build(),
+        }
+    }
+
+    /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
+    pub fn needs(&self) -> (bool, bool) {
+        match *self {
+            KernelKey::Gemv { subgroups, .. }
+            | KernelKey::Softmax { subgroups }
+            | KernelKey::RmsNorm { subgroups }
+            | KernelKey::Argmax { subgroups } => (false, subgroups),
+            KernelKey::AttnDecode { kv, subgroups } => (kv.needs_f16(), subgroups),
+            KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
+            KernelKey::Rope { to_cache, .. } => {
+                (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false)
+            }
+            _ => (false, false),
+        }
+    }
+
+    /// Every variant the planner and the ops can ask for (the offline validation test walks
+    /// this list).
+    pub fn all_variants() -> Vec<KernelKey> {
+        let mut v = Vec::new();
+        for format in WeightFormat::ALL {
+            for subgroups in [false, true] {
+                for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
+                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1)] {
+                        v.push(KernelKey::Gemv {
+                            format,
+                            ncols,
+                            rows,
+                            wg,
+                            subgroups,
+                        });
+                    }
+                }
+            }
+            for tile in GemmTile::ALL {
+                v.push(KernelKey::Gemm { format, tile });
+            }
+            v.push(KernelKey::Embed { format });
+        }
+        for kv in KvKind::ALL {
+            v.push(KernelKey::AttnGemm { kv });
+            for subgroups in [false, true] {
+                v.push(KernelKey::AttnDecode { kv, subgroups });
+            }
+            for neox in [false, true] {
+                for rope in [false, true] {
+                    v.push(KernelKey::Rope {
+                        neox,
+                        to_cache: Some(kv),
+                        rope,
+                    });
+                }
+            }
+        }
+        for neox in [false, true] {
+            v.push(KernelKey::Rope {
+                neox,
+                to_cache: None,
+                rope: true,
+            });
+        }
+        v.push(KernelKey::AttnCombine);
+        for subgroups in [false, true] {
+            v.push(KernelKey::Softmax { subgroups });
+            v.push(KernelKey::RmsNorm { subgroups });
+            v.push(KernelKey::Argmax { subgroups });
+        }
+        for op in [elementwise::EltOp::SiluMul, elementwise::EltOp::Add] {
+            v.push(KernelKey::Elementwise { op });
+        }
+        v
+    }
+}

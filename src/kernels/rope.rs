@@ -1,0 +1,130 @@
+//! Rotary position embedding, in place (Q) or fused with the write into the KV cache (K),
+//! and the plain cache write (V).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{KilnError, Result};
+use crate::gpu::{bind, grid, Dispatch, GpuContext};
+use crate::kernels::{KernelKey, KvKind, WG_ELT};
+
+/// Which pairs rotate together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeMode {
+    /// Adjacent pairs (2i, 2i+1): Llama, Mistral ("norm" in llama.cpp).
+    Norm,
+    /// Halves (i, i + n_rot/2): Qwen2, Qwen3, GPT-NeoX.
+    Neox,
+}
+
+/// Mirrors `Params` in rope.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct RopeParams {
+    pub n_tokens: u32,
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub pos0: u32,
+    pub src_stride: u32,
+    pub dst_stride: u32,
+    pub dst_offset: u32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub _pad: [u32; 2],
+}
+
+fn check(p: &RopeParams) -> Result<()> {
+    if p.head_dim % 2 != 0 || p.n_rot % 2 != 0 || p.n_rot > p.head_dim {
+        return Err(KilnError::invalid(
+            "rope",
+            format!(
+                "head_dim {} / n_rot {} must be even with n_rot <= head_dim",
+                p.head_dim, p.n_rot
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn threads(p: &RopeParams) -> u32 {
+    p.n_tokens * p.n_heads * (p.head_dim / 2)
+}
+
+/// Rotates x[t, h, :] in place.
+pub fn prepare_in_place(
+    ctx: &GpuContext,
+    mode: RopeMode,
+    x: &wgpu::Buffer,
+    p: RopeParams,
+    stage: &'static str,
+) -> Result<Dispatch> {
+    check(&p)?;
+    let key = KernelKey::Rope {
+        neox: mode == RopeMode::Neox,
+        to_cache: None,
+        rope: true,
+    };
+    let pipeline = ctx.pipeline(&key)?;
+    let ub = ctx.uniform(&p, stage);
+    let bg = bind(ctx, &pipeline, stage, &[&ub, x]);
+    Ok(Dispatch {
+        label: stage,
+        pipeline,
+        bind_group: bg,
+        workgroups: grid(threads(&p).div_ceil(WG_ELT)),
+        params: Some(ub),
+    })
+}
+
+/// Writes (rotated, when `mode` is given) src[t, h, :] into cache row pos0 + t.
+pub fn prepare_to_cache(
+    ctx: &GpuContext,
+    mode: Option<RopeMode>,
+    kv: KvKind,
+    src: &wgpu::Buffer,
+    cache: &wgpu::Buffer,
+    p: RopeParams,
+    stage: &'static str,
+) -> Result<Dispatch> {
+    check(&p)?;
+    let key = KernelKey::Rope {
+        neox: mode == Some(RopeMode::Neox),
+        to_cache: Some(kv),
+        rope: mode.is_some(),
+    };
+    let pipeline = ctx.pipeline(&key)?;
+    let ub = ctx.uniform(&p, stage);
+    let bg = bind(ctx, &pipeline, stage, &[&ub, src, cache]);
+    Ok(Dispatch {
+        label: stage,
+        pipeline,
+        bind_group: bg,
+        workgroups: grid(threads(&p).div_ceil(WG_ELT)),
+        params: Some(ub),
+    })
+}
+
+/// CPU reference over packed [n_tokens, n_heads, head_dim] rows, in f64.
+pub fn reference(x: &[f32], mode: RopeMode, p: &RopeParams) -> Vec<f32> {
+    let (hd, nr) = (p.head_dim as usize, p.n_rot as usize);
+    let mut out = x.to_vec();
+    for t in 0..p.n_tokens as usize {
+        let pos = (p.pos0 as usize + t) as f64;
+        for h in 0..p.n_heads as usize {
+            let b = t * p.src_stride as usize + h * hd;
+            for i in 0..nr / 2 {
+                let th = pos
+                    * p.freq_scale as f64
+                    * (p.freq_base as f64).powf(-2.0 * i as f64 / nr as f64);
+                let (a, c) = match mode {
+                    RopeMode::Norm => (b + 2 * i, b + 2 * i + 1),
+                    RopeMode::Neox => (b + i, b + i + nr / 2),
+                };
+                let (x0, x1) = (x[a] as f64, x[c] as f64);
+                out[a] = (x0 * th.cos() - x1 * th.sin()) as f32;
+                out[c] = (x0 * th.sin() + x1 * th.cos()) as f32;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,13 @@
+//! kiln: a portable GPU inference engine for Llama-family GGUF models, on wgpu.
+//!
+//! Layers, each calling only the one below: `cli` → engine API → `model` → `kernels` (+
+//! `wgsl/`) → `gpu`; with `gguf`, `quant` and `tokenizer` beside them, free of GPU code.
+
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod plan;
+pub mod quant;
+
+pub use error::{KilnError, Result};

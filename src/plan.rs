@@ -1,0 +1,153 @@
+//! The planner: which matmul kernel runs a given shape on a given adapter. A pure function,
+//! unit-tested without a GPU.
+
+use crate::gpu::Caps;
+use crate::quant::WeightFormat;
+
+/// GEMM tile configurations (BM, BN, BK, TM, TN), chosen per adapter class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmTile {
+    /// 32x32 tiles, 64 invocations: CPU adapters and small batches.
+    Small,
+    /// 128x128 tiles with 8x8 register blocks, 256 invocations: discrete GPUs.
+    Large,
+}
+
+impl GemmTile {
+    pub const ALL: [GemmTile; 2] = [GemmTile::Small, GemmTile::Large];
+    /// (BM, BN, BK, TM, TN)
+    pub fn dims(self) -> (u32, u32, u32, u32, u32) {
+        match self {
+            GemmTile::Small => (32, 32, 16, 4, 4),
+            GemmTile::Large => (128, 128, 16, 8, 8),
+        }
+    }
+    pub fn workgroup_size(self) -> u32 {
+        let (bm, bn, _, tm, tn) = self.dims();
+        (bm / tm) * (bn / tn)
+    }
+}
+
+/// GEMV launch shape: invocations per workgroup and rows per workgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemvShape {
+    pub wg: u32,
+    pub rows: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatmulKernel {
+    /// Matrix-vector over `ncols` activation columns (1 = single-token decode).
+    Gemv { ncols: u32, shape: GemvShape },
+    /// Tiled matrix-matrix (prefill).
+    Gemm { tile: GemmTile },
+}
+
+impl std::fmt::Display for MatmulKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatmulKernel::Gemv { ncols, shape } => {
+                write!(f, "gemv[cols={ncols},wg={},rows={}]", shape.wg, shape.rows)
+            }
+            MatmulKernel::Gemm { tile } => {
+                let (bm, bn, bk, tm, tn) = tile.dims();
+                write!(f, "gemm[{bm}x{bn}x{bk},{tm}x{tn}]")
+            }
+        }
+    }
+}
+
+/// Up to this many activation columns go to GEMV (as llama.cpp's Vulkan backend and candle).
+pub const GEMV_MAX_COLS: u32 = 8;
+
+/// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ.
+pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) -> MatmulKernel {
+    if m <= GEMV_MAX_COLS {
+        let shape = if caps.cpu_adapter {
+            GemvShape { wg: 64, rows: 4 }
+        } else {
+            GemvShape { wg: 256, rows: 2 }
+        };
+        return MatmulKernel::Gemv {
+            ncols: m.max(1),
+            shape,
+        };
+    }
+    let tile = if caps.cpu_adapter || m < 64 || n < 128 {
+        GemmTile::Small
+    } else {
+        GemmTile::Large
+    };
+    MatmulKernel::Gemm { tile }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu() -> Caps {
+        Caps {
+            subgroups: true,
+            f16: true,
+            ..Caps::baseline()
+        }
+    }
+
+    #[test]
+    fn decode_goes_to_gemv_and_prefill_to_gemm() {
+        let c = gpu();
+        assert!(matches!(
+            plan_matmul(1, 4096, 4096, WeightFormat::Q4K, &c),
+            MatmulKernel::Gemv { ncols: 1, .. }
+        ));
+        assert!(matches!(
+            plan_matmul(8, 4096, 4096, WeightFormat::Q6K, &c),
+            MatmulKernel::Gemv { ncols: 8, .. }
+        ));
+        assert!(matches!(
+            plan_matmul(9, 4096, 4096, WeightFormat::F16, &c),
+            MatmulKernel::Gemm {
+                tile: GemmTile::Small
+            }
+        ));
+        assert!(matches!(
+            plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
+            MatmulKernel::Gemm {
+                tile: GemmTile::Large
+            }
+        ));
+    }
+
+    #[test]
+    fn cpu_adapters_get_small_shapes() {
+        let c = Caps {
+            cpu_adapter: true,
+            ..gpu()
+        };
+        assert!(matches!(
+            plan_matmul(512, 4096, 4096, WeightFormat::F32, &c),
+            MatmulKernel::Gemm {
+                tile: GemmTile::Small
+            }
+        ));
+        assert!(matches!(
+            plan_matmul(1, 4096, 4096, WeightFormat::F32, &c),
+            MatmulKernel::Gemv {
+                shape: GemvShape { wg: 64, .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn tiles_fit_workgroup_limits() {
+        for t in GemmTile::ALL {
+            let (bm, bn, bk, tm, tn) = t.dims();
+            assert!(t.workgroup_size() <= 256);
+            assert_eq!(bk % 8, 0);
+            assert_eq!(tm % 4, 0);
+            assert_eq!(tn % 4, 0);
+            assert!((bm + bn) * bk * 4 <= 16384);
+        }
+    }
+}

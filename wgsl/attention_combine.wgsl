@@ -1,0 +1,39 @@
+// Merges the per-split partial results of attention_decode into out[h * head_dim + d].
+// Header constants: WG.
+
+struct Params {
+    head_dim: u32,
+    n_head: u32,
+    group: u32,
+    kv_len: u32,
+    kv_stride: u32,
+    n_splits: u32,
+    q_stride: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let hd = p.head_dim;
+    let n_used = (p.kv_len + CHUNK - 1u) / CHUNK;
+    var gmax = -3.4028235e38;
+    for (var s = 0u; s < n_used; s++) { gmax = max(gmax, part[(h * p.n_splits + s) * (hd + 2u) + hd]); }
+    var total = 0.0;
+    for (var s = 0u; s < n_used; s++) {
+        let b = (h * p.n_splits + s) * (hd + 2u);
+        total += part[b + hd + 1u] * exp(part[b + hd] - gmax);
+    }
+    for (var d = lid; d < hd; d += WG) {
+        var acc = 0.0;
+        for (var s = 0u; s < n_used; s++) {
+            let b = (h * p.n_splits + s) * (hd + 2u);
+            acc += part[b + d] * exp(part[b + hd] - gmax);
+        }
+        out[h * hd + d] = acc / total;
+    }
+}

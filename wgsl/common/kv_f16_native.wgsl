@@ -1,0 +1,5 @@
+// KV cache of halves, read and written as the f16 type (adapters with SHADER_F16).
+alias KvWord = f16;
+const KV_PER_WORD: u32 = 1u;
+fn kv_get(w: KvWord, i: u32) -> f32 { return f32(w); }
+fn kv_pair_words(a: f32, b: f32) -> array<KvWord, 2> { return array<KvWord, 2>(f16(a), f16(b)); }

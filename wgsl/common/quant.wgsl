@@ -1,0 +1,71 @@
+// Shared pieces of block decoding. Weights are bound as `wq: array<u32>` (WGSL has no
+// portable 8- or 16-bit storage), and each format file provides
+//   fn decode8(row: u32, c: u32, k: u32) -> Chunk8
+// for chunk c (weights 8c .. 8c+7) of a row of k weights.
+
+// Eight consecutive weights in factored form: weight = scale * q + offset. Every format's
+// chunk shares one scale and offset, so a GEMV can take the dot product of the raw q values
+// and apply the scale once per chunk.
+struct Chunk8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    scale: f32,
+    offset: f32,
+}
+
+// The eight weights themselves, computed in ggml's order so they match its dequantizer
+// bit for bit (d*sc*q is exact in f32 for all formats, so only the offset rounds).
+fn chunk_lo(ch: Chunk8) -> vec4<f32> {
+    var v = ch.scale * ch.lo;
+    if (ch.offset != 0.0) { v = v + vec4<f32>(ch.offset); }
+    return v;
+}
+fn chunk_hi(ch: Chunk8) -> vec4<f32> {
+    var v = ch.scale * ch.hi;
+    if (ch.offset != 0.0) { v = v + vec4<f32>(ch.offset); }
+    return v;
+}
+
+fn byte_at(word: u32, i: u32) -> u32 {
+    return (word >> (8u * i)) & 0xffu;
+}
+
+fn u8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(w & 0xffu, (w >> 8u) & 0xffu, (w >> 16u) & 0xffu, w >> 24u));
+}
+
+fn i8x4(w: u32) -> vec4<f32> {
+    let s = bitcast<vec4<i32>>(vec4<u32>(w << 24u, w << 16u, w << 8u, w));
+    return vec4<f32>(s >> vec4<u32>(24u));
+}
+
+fn lo_nibbles(w: u32) -> vec4<u32> {
+    return vec4<u32>(w & 0xfu, (w >> 8u) & 0xfu, (w >> 16u) & 0xfu, (w >> 24u) & 0xfu);
+}
+
+fn hi_nibbles(w: u32) -> vec4<u32> {
+    return vec4<u32>((w >> 4u) & 0xfu, (w >> 12u) & 0xfu, (w >> 20u) & 0xfu, (w >> 28u) & 0xfu);
+}
+
+// IEEE half to float, exact for subnormals too (some drivers flush them in unpack2x16float,
+// and K-quant super-block scales of small weights are subnormal halves).
+fn f16_bits_to_f32x4(h: vec4<u32>) -> vec4<f32> {
+    let sign = (h & vec4<u32>(0x8000u)) << vec4<u32>(16u);
+    let e = (h >> vec4<u32>(10u)) & vec4<u32>(0x1fu);
+    let m = h & vec4<u32>(0x3ffu);
+    let normal = sign | ((e + vec4<u32>(112u)) << vec4<u32>(23u)) | (m << vec4<u32>(13u));
+    let special = sign | vec4<u32>(0x7f800000u) | (m << vec4<u32>(13u));
+    let sub = sign | bitcast<vec4<u32>>(vec4<f32>(m) * 5.9604644775390625e-8);
+    var r = select(normal, special, e == vec4<u32>(31u));
+    r = select(r, sub, e == vec4<u32>(0u));
+    return bitcast<vec4<f32>>(r);
+}
+
+fn f16_bits_to_f32(h: u32) -> f32 {
+    return f16_bits_to_f32x4(vec4<u32>(h)).x;
+}
+
+// The half stored at half-index i of the weights.
+fn half_at(i: u32) -> u32 {
+    return (wq[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
+}

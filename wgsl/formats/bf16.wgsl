@@ -1,0 +1,23 @@
+// BF16 weights: row-major, two per word; a bf16 is the top half of an f32.
+const BLOCK_ELEMS: u32 = 1u;
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
+    let k0 = c * 8u;
+    let e = row * k + k0;
+    var h: vec4<u32>;
+    var g: vec4<u32>;
+    if ((e & 1u) == 0u && k0 + 8u <= k) {
+        let w0 = wq[e >> 1u];
+        let w1 = wq[(e >> 1u) + 1u];
+        let w2 = wq[(e >> 1u) + 2u];
+        let w3 = wq[(e >> 1u) + 3u];
+        h = vec4<u32>(w0 << 16u, w0 & 0xffff0000u, w1 << 16u, w1 & 0xffff0000u);
+        g = vec4<u32>(w2 << 16u, w2 & 0xffff0000u, w3 << 16u, w3 & 0xffff0000u);
+    } else {
+        for (var i = 0u; i < 4u; i++) {
+            h[i] = select(0u, half_at(e + i) << 16u, k0 + i < k);
+            g[i] = select(0u, half_at(e + 4u + i) << 16u, k0 + 4u + i < k);
+        }
+    }
+    return Chunk8(bitcast<vec4<f32>>(h), bitcast<vec4<f32>>(g), 1.0, 0.0);
+}

@@ -1,0 +1,24 @@
+// F16 weights: row-major halves, two per word.
+const BLOCK_ELEMS: u32 = 1u;
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
+    let k0 = c * 8u;
+    let e = row * k + k0;
+    var h: vec4<u32>;
+    var g: vec4<u32>;
+    if ((e & 1u) == 0u && k0 + 8u <= k) {
+        // Aligned whole chunk: four words.
+        let w0 = wq[e >> 1u];
+        let w1 = wq[(e >> 1u) + 1u];
+        let w2 = wq[(e >> 1u) + 2u];
+        let w3 = wq[(e >> 1u) + 3u];
+        h = vec4<u32>(w0 & 0xffffu, w0 >> 16u, w1 & 0xffffu, w1 >> 16u);
+        g = vec4<u32>(w2 & 0xffffu, w2 >> 16u, w3 & 0xffffu, w3 >> 16u);
+    } else {
+        for (var i = 0u; i < 4u; i++) {
+            h[i] = select(0u, half_at(e + i), k0 + i < k);
+            g[i] = select(0u, half_at(e + 4u + i), k0 + 4u + i < k);
+        }
+    }
+    return Chunk8(f16_bits_to_f32x4(h), f16_bits_to_f32x4(g), 1.0, 0.0);
+}

@@ -1,0 +1,100 @@
+// Tiled GEMM for prefill: Y[m, n] = sum_k X[m, k] * W[n, k], one body for every weight format.
+// A workgroup computes a BM x BN tile of Y, stepping through K by BK; W tiles are decoded
+// from their block format into workgroup memory once per step and reused by all BM rows.
+// Each invocation accumulates a TM x TN register tile in f32.
+// Header constants: BM, BN, BK (a multiple of 8), TM, TN (multiples of 4), WG = BM/TM * BN/TN.
+
+struct Params {
+    m: u32,          // rows of X and Y
+    k: u32,          // weights per row
+    n_rows: u32,     // rows in this weight chunk (columns of Y it produces)
+    row_offset: u32, // output column of the chunk's first row
+    x_stride: u32,
+    y_stride: u32,
+    has_bias: u32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> wq: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+
+// Tiles stored k-major ([k][m] and [k][n]) so the inner loop reads TM and TN as vec4s.
+var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;
+var<workgroup> ws: array<vec4<f32>, BK * BN / 4u>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n0 = wid.x * BN;
+    let m0 = wid.y * BM;
+    let tx = lid % (BN / TN);
+    let ty = lid / (BN / TN);
+    var acc: array<vec4<f32>, TM * TN / 4u>;
+    for (var i = 0u; i < TM * TN / 4u; i++) { acc[i] = vec4<f32>(0.0); }
+
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // X tile: consecutive invocations read consecutive k of one row.
+        for (var i = lid; i < BM * BK; i += WG) {
+            let mm = i / BK;
+            let kk = i % BK;
+            let gm = m0 + mm;
+            let gk = k0 + kk;
+            var v = 0.0;
+            if (gm < p.m && gk < p.k) { v = x[gm * p.x_stride + gk]; }
+            let t = kk * BM + mm;
+            xs[t / 4u][t % 4u] = v;
+        }
+        // W tile: one 8-weight chunk per iteration, decoded in registers.
+        for (var i = lid; i < BN * (BK / 8u); i += WG) {
+            let nn = i / (BK / 8u);
+            let cc = i % (BK / 8u);
+            let row = n0 + nn;
+            var lo = vec4<f32>(0.0);
+            var hi = vec4<f32>(0.0);
+            if (row < p.n_rows && k0 + cc * 8u < p.k) {
+                let ch = decode8(row, k0 / 8u + cc, p.k);
+                lo = chunk_lo(ch);
+                hi = chunk_hi(ch);
+            }
+            for (var j = 0u; j < 4u; j++) {
+                let t0 = (cc * 8u + j) * BN + nn;
+                ws[t0 / 4u][t0 % 4u] = lo[j];
+                let t1 = (cc * 8u + 4u + j) * BN + nn;
+                ws[t1 / 4u][t1 % 4u] = hi[j];
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var a: array<vec4<f32>, TM / 4u>;
+            var b: array<vec4<f32>, TN / 4u>;
+            for (var i = 0u; i < TM / 4u; i++) { a[i] = xs[(kk * BM + ty * TM) / 4u + i]; }
+            for (var j = 0u; j < TN / 4u; j++) { b[j] = ws[(kk * BN + tx * TN) / 4u + j]; }
+            for (var i = 0u; i < TM; i++) {
+                let av = a[i / 4u][i % 4u];
+                for (var j = 0u; j < TN / 4u; j++) {
+                    acc[i * (TN / 4u) + j] = fma(vec4<f32>(av), b[j], acc[i * (TN / 4u) + j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var i = 0u; i < TM; i++) {
+        let gm = m0 + ty * TM + i;
+        if (gm < p.m) {
+            for (var j = 0u; j < TN; j++) {
+                let row = n0 + tx * TN + j;
+                if (row < p.n_rows) {
+                    let n = p.row_offset + row;
+                    let o = gm * p.y_stride + n;
+                    var v = acc[i * (TN / 4u) + j / 4u][j % 4u];
+                    if (p.has_bias != 0u) { v += bias[n]; }
+                    if (p.accumulate != 0u) { v += y[o]; }
+                    y[o] = v;
+                }
+            }
+        }
+    }
+}

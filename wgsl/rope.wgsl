@@ -1,0 +1,101 @@
+// Rotary position embedding over [n_tokens, n_heads, head_dim] rows; token t sits at
+// position pos0 + t. Modes: adjacent pairs (2i, 2i+1) ("norm", Llama) or halves
+// (i, i + n_rot/2) ("neox", Qwen). theta_i = pos * freq_scale * base^(-2i / n_rot).
+// Entry `main` rotates `x` where it lies (one invocation per rotated pair, Q). Entry
+// `to_cache` writes the result into KV cache row pos0 + t as f32 or f16 (K); with ROPE false
+// it is a plain copy (V). Header constants: WG, ROPE, NEOX.
+
+struct Params {
+    n_tokens: u32,
+    n_heads: u32,
+    head_dim: u32,
+    n_rot: u32,
+    pos0: u32,
+    src_stride: u32,   // elements between tokens in the source
+    dst_stride: u32,   // elements between cache rows
+    dst_offset: u32,   // cache element of (row 0, head 0, dim 0)
+    freq_base: f32,
+    freq_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kv_dst: array<KvWord>;
+
+fn theta(pos: u32, i: u32) -> f32 {
+    return f32(pos) * p.freq_scale * pow(p.freq_base, -2.0 * f32(i) / f32(p.n_rot));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;
+    let half_d = p.head_dim / 2u;
+    let t = idx / (p.n_heads * half_d);
+    if (t >= p.n_tokens) { return; }
+    let h = (idx / half_d) % p.n_heads;
+    let i = idx % half_d;
+    let pos = p.pos0 + t;
+    let src = t * p.src_stride + h * p.head_dim;
+    {
+        // Pair i of the rotation.
+        var a: u32;
+        var b: u32;
+        var ti: u32;
+        if (NEOX) {
+            a = i; b = i + p.n_rot / 2u; ti = i;
+            if (i >= p.n_rot / 2u) { return; }
+        } else {
+            a = 2u * i; b = 2u * i + 1u; ti = i;
+            if (2u * i >= p.n_rot) { return; }
+        }
+        let th = theta(pos, ti);
+        let c = cos(th);
+        let s = sin(th);
+        let x0 = x[src + a];
+        let x1 = x[src + b];
+        x[src + a] = x0 * c - x1 * s;
+        x[src + b] = x0 * s + x1 * c;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn to_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;
+    let half_d = p.head_dim / 2u;
+    let t = idx / (p.n_heads * half_d);
+    if (t >= p.n_tokens) { return; }
+    let h = (idx / half_d) % p.n_heads;
+    let i = idx % half_d;
+    let pos = p.pos0 + t;
+    let src = t * p.src_stride + h * p.head_dim;
+    {
+        // Output elements e and e+1 (adjacent, so a packed f16 cache gets whole words).
+        let e = 2u * i;
+        var o = vec2<f32>(x[src + e], x[src + e + 1u]);
+        if (ROPE && e < p.n_rot) {
+            if (NEOX) {
+                let hr = p.n_rot / 2u;
+                for (var u = 0u; u < 2u; u++) {
+                    let d = e + u;
+                    if (d < hr) {
+                        let th = theta(pos, d);
+                        o[u] = x[src + d] * cos(th) - x[src + d + hr] * sin(th);
+                    } else {
+                        let th = theta(pos, d - hr);
+                        o[u] = x[src + d] * cos(th) + x[src + d - hr] * sin(th);
+                    }
+                }
+            } else {
+                let th = theta(pos, i);
+                let c = cos(th);
+                let s = sin(th);
+                o = vec2<f32>(o.x * c - o.y * s, o.x * s + o.y * c);
+            }
+        }
+        let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+        let w = kv_pair_words(o.x, o.y);
+        for (var u = 0u; u < 2u / KV_PER_WORD; u++) { kv_dst[dst / KV_PER_WORD + u] = w[u]; }
+    }
+}
