@@ -52,7 +52,7 @@ impl GpuContext {
                 label: Some(&src.label),
                 layout: None,
                 module: &module,
-                entry_point: Some("main"),
+                entry_point: Some(key.entry()),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &src.overrides,
                     zero_initialize_workgroup_memory: false,

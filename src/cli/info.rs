@@ -1,0 +1,82 @@
+//! `kiln info`: every adapter wgpu can reach, and what kiln would use on each.
+
+use crate::cli::GpuArgs;
+use crate::gpu::{list_adapters, GpuContext};
+use crate::Result;
+
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+fn mib(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+pub fn run(args: &InfoArgs) -> Result<()> {
+    let opts = args.gpu.options()?;
+    let (_inst, list) = list_adapters(opts.backend);
+    if list.is_empty() {
+        return Err(crate::KilnError::NoAdapter { detail: String::new() });
+    }
+    // Which adapter `kiln run` would pick with these flags.
+    let chosen = GpuContext::new(&opts);
+    let chosen_name = chosen.as_ref().ok().map(|c| (c.info.name.clone(), c.info.backend));
+    for (_, r) in &list {
+        let i = &r.info;
+        let mark = if chosen_name.as_ref() == Some(&(i.name.clone(), i.backend)) { "  <- kiln uses this one" } else { "" };
+        println!("[{}] {}{}", r.index, i.name, mark);
+        println!("    vendor 0x{:04x}, device 0x{:04x}, {:?}, backend {:?}", i.vendor, i.device, i.device_type, i.backend);
+        println!("    driver: {} {}", i.driver, i.driver_info);
+        let f = r.features;
+        let off = &opts.disable;
+        let used = |feat: wgpu::Features, disabled: bool| {
+            if !f.contains(feat) {
+                "no"
+            } else if disabled {
+                "offered, disabled by KILN_DISABLE"
+            } else {
+                "yes"
+            }
+        };
+        println!("    SHADER_F16: {}", used(wgpu::Features::SHADER_F16, off.f16));
+        println!(
+            "    SUBGROUP: {} (subgroup size {}..{})",
+            used(wgpu::Features::SUBGROUP, off.subgroup),
+            i.subgroup_min_size,
+            i.subgroup_max_size
+        );
+        println!(
+            "    TIMESTAMP_QUERY: {}, inside passes: {}",
+            yes(f.contains(wgpu::Features::TIMESTAMP_QUERY)),
+            yes(f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES))
+        );
+        println!("    COOPERATIVE_MATRIX: {}", used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat));
+        let l = &r.limits;
+        println!(
+            "    max buffer {}, max storage binding {}, workgroup storage {} KiB, invocations {}, storage buffers/stage {}",
+            mib(l.max_buffer_size),
+            mib(l.max_storage_buffer_binding_size),
+            l.max_compute_workgroup_storage_size / 1024,
+            l.max_compute_invocations_per_workgroup,
+            l.max_storage_buffers_per_shader_stage
+        );
+        match &r.unusable {
+            Some(why) => println!("    kiln cannot use this adapter: {why}"),
+            None => println!("    usable by kiln"),
+        }
+    }
+    if let Err(e) = chosen {
+        println!("no adapter selected: {e}");
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! The command line: argument parsing, terminal output, exit codes.
+
+pub mod info;
+
+use clap::{Parser, Subcommand};
+
+use crate::gpu::{parse_backend, ContextOptions};
+use crate::{KilnError, Result};
+
+#[derive(Parser, Debug)]
+#[command(name = "kiln", version, about = "Portable GPU inference for Llama-family GGUF models")]
+pub struct Cli {
+    /// More logging (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Adapter selection flags shared by every command that uses the GPU.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct GpuArgs {
+    /// Adapter to use: an index from `kiln info` or a substring of its name.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Backend to use: vulkan, metal, dx12 or gl.
+    #[arg(long)]
+    pub backend: Option<String>,
+}
+
+impl GpuArgs {
+    pub fn options(&self) -> Result<ContextOptions> {
+        let mut opts = ContextOptions::from_env()?;
+        opts.gpu = self.gpu.clone();
+        opts.backend = match &self.backend {
+            Some(b) => Some(parse_backend(b).ok_or_else(|| {
+                KilnError::invalid("--backend", format!("unknown backend {b:?} (expected vulkan, metal, dx12 or gl)"))
+            })?),
+            None => None,
+        };
+        Ok(opts)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List GPU adapters, their features and limits, and which one kiln would use.
+    Info(info::InfoArgs),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Info(a) => info::run(&a),
+    }
+}
