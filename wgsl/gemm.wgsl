@@ -3,6 +3,8 @@
 // from their block format into workgroup memory once per step and reused by all BM rows.
 // Each invocation accumulates a TM x TN register tile in f32.
 // Header constants: BM, BN, BK (a multiple of 8), TM, TN (multiples of 4), WG = BM/TM * BN/TN.
+// The register tile lives in gemm_micro_<TM>x<TN>.wgsl, written out with constant indices so
+// drivers keep it in registers.
 
 struct Params {
     m: u32,          // rows of X and Y
@@ -31,8 +33,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let m0 = wid.y * BM;
     let tx = lid % (BN / TN);
     let ty = lid / (BN / TN);
-    var acc: array<vec4<f32>, TM * TN / 4u>;
-    for (var i = 0u; i < TM * TN / 4u; i++) { acc[i] = vec4<f32>(0.0); }
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // X tile: consecutive invocations read consecutive k of one row.
@@ -67,16 +67,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var a: array<vec4<f32>, TM / 4u>;
-            var b: array<vec4<f32>, TN / 4u>;
-            for (var i = 0u; i < TM / 4u; i++) { a[i] = xs[(kk * BM + ty * TM) / 4u + i]; }
-            for (var j = 0u; j < TN / 4u; j++) { b[j] = ws[(kk * BN + tx * TN) / 4u + j]; }
-            for (var i = 0u; i < TM; i++) {
-                let av = a[i / 4u][i % 4u];
-                for (var j = 0u; j < TN / 4u; j++) {
-                    acc[i * (TN / 4u) + j] = fma(vec4<f32>(av), b[j], acc[i * (TN / 4u) + j]);
-                }
-            }
+            micro_step((kk * BM + ty * TM) / 4u, (kk * BN + tx * TN) / 4u);
         }
         workgroupBarrier();
     }
@@ -89,7 +80,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (row < p.n_rows) {
                     let n = p.row_offset + row;
                     let o = gm * p.y_stride + n;
-                    var v = acc[i * (TN / 4u) + j / 4u][j % 4u];
+                    var v = micro_get(i, j);
                     if (p.has_bias != 0u) { v += bias[n]; }
                     if (p.accumulate != 0u) { v += y[o]; }
                     y[o] = v;

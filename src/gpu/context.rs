@@ -116,7 +116,13 @@ fn backend_rank(b: wgpu::Backend) -> u32 {
 }
 
 /// The minimum kiln needs: compute with storage buffers large enough for real tensors.
-fn unusable_reason(limits: &wgpu::Limits, info: &wgpu::AdapterInfo) -> Option<String> {
+fn unusable_reason(limits: &wgpu::Limits, info: &wgpu::AdapterInfo, downlevel: &wgpu::DownlevelCapabilities) -> Option<String> {
+    if !downlevel.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
+        return Some(format!(
+            "no compute shaders ({} {}); kiln needs OpenGL 4.3+ or ES 3.1+ on GL, or a Vulkan, Metal or DX12 driver",
+            info.driver, info.driver_info
+        ));
+    }
     if limits.max_storage_buffers_per_shader_stage < 6 {
         return Some(format!(
             "only {} storage buffers per shader stage (kiln needs 6){}",
@@ -168,7 +174,7 @@ pub fn list_adapters(
         .map(|(index, a)| {
             let info = a.get_info();
             let limits = a.limits();
-            let unusable = unusable_reason(&limits, &info);
+            let unusable = unusable_reason(&limits, &info, &a.get_downlevel_capabilities());
             let report = AdapterReport {
                 index,
                 info,

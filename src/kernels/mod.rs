@@ -166,6 +166,7 @@ impl KernelKey {
                     .const_u32("WG", tile.workgroup_size())
                     .include("common/quant.wgsl")
                     .include(format_file(format))
+                    .include(tile.micro_file())
                     .include("gemm.wgsl")
                     .build()
             }
@@ -262,7 +263,7 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
-                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1)] {
+                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1), (128, 4), (64, 8)] {
                         v.push(KernelKey::Gemv {
                             format,
                             ncols,

@@ -50,15 +50,14 @@ fn hi_nibbles(w: u32) -> vec4<u32> {
 // IEEE half to float, exact for subnormals too (some drivers flush them in unpack2x16float,
 // and K-quant super-block scales of small weights are subnormal halves).
 fn f16_bits_to_f32x4(h: vec4<u32>) -> vec4<f32> {
-    let sign = (h & vec4<u32>(0x8000u)) << vec4<u32>(16u);
-    let e = (h >> vec4<u32>(10u)) & vec4<u32>(0x1fu);
-    let m = h & vec4<u32>(0x3ffu);
-    let normal = sign | ((e + vec4<u32>(112u)) << vec4<u32>(23u)) | (m << vec4<u32>(13u));
-    let special = sign | vec4<u32>(0x7f800000u) | (m << vec4<u32>(13u));
-    let sub = sign | bitcast<vec4<u32>>(vec4<f32>(m) * 5.9604644775390625e-8);
-    var r = select(normal, special, e == vec4<u32>(31u));
-    r = select(r, sub, e == vec4<u32>(0u));
-    return bitcast<vec4<f32>>(r);
+    let em = h & vec4<u32>(0x7fffu);
+    // Normal halves: rebias the exponent (15 -> 127) with one add.
+    var bits = (em << vec4<u32>(13u)) + vec4<u32>(0x38000000u);
+    // Zero and subnormals: m * 2^-24, exact in f32.
+    bits = select(bits, bitcast<vec4<u32>>(vec4<f32>(em) * 5.9604644775390625e-8), em < vec4<u32>(0x400u));
+    // Inf and NaN keep an all-ones exponent.
+    bits = select(bits, (em << vec4<u32>(13u)) | vec4<u32>(0x7f800000u), em >= vec4<u32>(0x7c00u));
+    return bitcast<vec4<f32>>(bits | ((h & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
 }
 
 fn f16_bits_to_f32(h: u32) -> f32 {
