@@ -9,7 +9,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kiln::gpu::timer::PassTimer;
 use kiln::gpu::{ContextOptions, Dispatch, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
-use kiln::plan::{plan_matmul, GemvShape, MatmulKernel};
+use kiln::plan::{plan_matmul, GemmTile, GemvShape, MatmulKernel};
 use kiln::quant::{random_blocks, WeightFormat};
 
 fn small() -> bool {
@@ -62,7 +62,7 @@ fn benches(c: &mut Criterion) {
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
-            plans = [(64, 4), (128, 2), (256, 2), (256, 1), (128, 4), (64, 8)]
+            plans = [(64, 4), (128, 4), (64, 8)]
                 .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } })
                 .to_vec();
         }
@@ -82,11 +82,16 @@ fn benches(c: &mut Criterion) {
         let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
         let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
         let mm = Matmul { w: &w, x: &x, y: &y, bias: None, m: m as u32, x_stride: k as u32, y_stride: n as u32, accumulate: false };
-        let plan = plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps);
-        let ds = matmul::prepare_with(&ctx, &mm, plan, "gemm").unwrap();
+        let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
+        if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
+            plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
+        }
         // "elements" are floating-point operations: criterion prints them as elem/s.
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        g.bench_function(format!("{}/{plan}", format.name()), |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters)));
+        for plan in plans {
+            let ds = matmul::prepare_with(&ctx, &mm, plan, "gemm").unwrap();
+            g.bench_function(format!("{}/{plan}", format.name()), |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters)));
+        }
     }
     g.finish();
 }

@@ -9,23 +9,26 @@ use crate::quant::WeightFormat;
 pub enum GemmTile {
     /// 32x32 tiles, 64 invocations: CPU adapters and small batches.
     Small,
+    /// 64x64 tiles with 4x4 register blocks, 256 invocations.
+    Medium,
     /// 128x128 tiles with 8x8 register blocks, 256 invocations: discrete GPUs.
     Large,
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 2] = [GemmTile::Small, GemmTile::Large];
+    pub const ALL: [GemmTile; 3] = [GemmTile::Small, GemmTile::Medium, GemmTile::Large];
     /// (BM, BN, BK, TM, TN)
     pub fn dims(self) -> (u32, u32, u32, u32, u32) {
         match self {
             GemmTile::Small => (32, 32, 16, 4, 4),
+            GemmTile::Medium => (64, 64, 16, 4, 4),
             GemmTile::Large => (128, 128, 16, 8, 8),
         }
     }
     /// The register-tile file for (TM, TN).
     pub fn micro_file(self) -> &'static str {
         match self {
-            GemmTile::Small => "gemm_micro_4x4.wgsl",
+            GemmTile::Small | GemmTile::Medium => "gemm_micro_4x4.wgsl",
             GemmTile::Large => "gemm_micro_8x8.wgsl",
         }
     }

@@ -33,6 +33,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let m0 = wid.y * BM;
     let tx = lid % (BN / TN);
     let ty = lid / (BN / TN);
+    var acc: Acc;
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // X tile: consecutive invocations read consecutive k of one row.
@@ -67,7 +68,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            micro_step((kk * BM + ty * TM) / 4u, (kk * BN + tx * TN) / 4u);
+            acc = micro_step(acc, (kk * BM + ty * TM) / 4u, (kk * BN + tx * TN) / 4u);
         }
         workgroupBarrier();
     }
@@ -80,7 +81,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 if (row < p.n_rows) {
                     let n = p.row_offset + row;
                     let o = gm * p.y_stride + n;
-                    var v = micro_get(i, j);
+                    var v = micro_get(acc, i, j);
                     if (p.has_bias != 0u) { v += bias[n]; }
                     if (p.accumulate != 0u) { v += y[o]; }
                     y[o] = v;

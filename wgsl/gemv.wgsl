@@ -2,7 +2,6 @@
 // one body for every weight format (the format file supplies decode8). Each workgroup owns
 // ROWS rows of one weight chunk; its invocations stride over the row's 8-weight chunks.
 // Header constants: WG, ROWS, NCOLS.
-const CPT: u32 = 4u;
 
 struct Params {
     k: u32,          // weights per row
@@ -28,37 +27,30 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
 
-    // Each invocation takes CPT consecutive chunks (32 weights): one sub-block of every
-    // quantized format, so the driver loads and decodes its scale once for all four.
-    for (var c0 = lane.lid * CPT; c0 < n_chunks; c0 += WG * CPT) {
-        for (var u = 0u; u < CPT; u++) {
-            let c = c0 + u;
-            if (c < n_chunks) {
-                let k0 = c * 8u;
-                var xl: array<vec4<f32>, NCOLS>;
-                var xh: array<vec4<f32>, NCOLS>;
-                for (var m = 0u; m < NCOLS; m++) {
-                    let b = min(m, p.n_cols - 1u) * p.x_stride + k0;
-                    if (k0 + 8u <= p.k) {
-                        xl[m] = vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
-                        xh[m] = vec4<f32>(x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
-                    } else {
-                        for (var i = 0u; i < 4u; i++) {
-                            xl[m][i] = select(0.0, x[b + i], k0 + i < p.k);
-                            xh[m][i] = select(0.0, x[b + 4u + i], k0 + 4u + i < p.k);
-                        }
-                    }
+    for (var c = lane.lid; c < n_chunks; c += WG) {
+        let k0 = c * 8u;
+        var xl: array<vec4<f32>, NCOLS>;
+        var xh: array<vec4<f32>, NCOLS>;
+        for (var m = 0u; m < NCOLS; m++) {
+            let b = min(m, p.n_cols - 1u) * p.x_stride + k0;
+            if (k0 + 8u <= p.k) {
+                xl[m] = vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
+                xh[m] = vec4<f32>(x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
+            } else {
+                for (var i = 0u; i < 4u; i++) {
+                    xl[m][i] = select(0.0, x[b + i], k0 + i < p.k);
+                    xh[m][i] = select(0.0, x[b + 4u + i], k0 + 4u + i < p.k);
                 }
-                for (var r = 0u; r < ROWS; r++) {
-                    let row = row0 + r;
-                    if (row < p.n_rows) {
-                        let ch = decode8(row, c, p.k);
-                        for (var m = 0u; m < NCOLS; m++) {
-                            let qx = dot(ch.lo, xl[m]) + dot(ch.hi, xh[m]);
-                            let xs = dot(xl[m] + xh[m], vec4<f32>(1.0));
-                            acc[r * NCOLS + m] += ch.scale * qx + ch.offset * xs;
-                        }
-                    }
+            }
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let row = row0 + r;
+            if (row < p.n_rows) {
+                let ch = decode8(row, c, p.k);
+                for (var m = 0u; m < NCOLS; m++) {
+                    let qx = dot(ch.lo, xl[m]) + dot(ch.hi, xh[m]);
+                    let xs = dot(xl[m] + xh[m], vec4<f32>(1.0));
+                    acc[r * NCOLS + m] += ch.scale * qx + ch.offset * xs;
                 }
             }
         }

@@ -330,7 +330,7 @@ impl GpuContext {
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             tracing::error!("uncaptured GPU error: {e}");
         }));
-        Ok(Arc::new(GpuContext {
+        let ctx = Arc::new(GpuContext {
             device,
             queue,
             info,
@@ -339,7 +339,19 @@ impl GpuContext {
             max_binding,
             pipelines: PipelineCache::default(),
             poll_timeout: Duration::from_secs(120),
-        }))
+        });
+        // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
+        // GL 3.3 context): check one dispatch before trusting the adapter.
+        if ctx.info.backend == wgpu::Backend::Gl && !crate::kernels::elementwise::self_test(&ctx)? {
+            return Err(KilnError::AdapterUnusable {
+                adapter: ctx.info.name.clone(),
+                reason: format!(
+                    "a test dispatch produced no result on this GL driver ({}); use --backend vulkan",
+                    ctx.info.driver_info
+                ),
+            });
+        }
+        Ok(ctx)
     }
 
     /// Blocks until all submitted work is done, or fails after `poll_timeout`.

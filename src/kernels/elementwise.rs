@@ -51,3 +51,13 @@ pub fn reference(op: EltOp, a: &[f32], b: &[f32]) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Runs one tiny add and checks the answer: whether this device really executes compute.
+pub fn self_test(ctx: &GpuContext) -> Result<bool> {
+    let a = ctx.upload_f32(&[1.0, 2.0, 3.0, 4.0], "self-test a")?;
+    let b = ctx.upload_f32(&[10.0, 20.0, 30.0, 40.0], "self-test b")?;
+    let out = ctx.storage(16, "self-test out")?;
+    let d = prepare(ctx, EltOp::Add, &a, &b, &out, 4, "self-test")?;
+    crate::gpu::run_dispatches(ctx, &[&d])?;
+    Ok(ctx.read_f32(&out, 4)? == [11.0, 22.0, 33.0, 44.0])
+}
