@@ -86,7 +86,8 @@ impl GpuContext {
             let _ = tx.send(r);
         });
         self.wait_idle("reading a buffer back")?;
-        match rx.try_recv() {
+        // Another thread's poll may be the one running the callback: wait for it, bounded.
+        match rx.recv_timeout(self.poll_timeout) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 return Err(KilnError::Gpu {
