@@ -76,7 +76,8 @@ pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) 
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
         } else {
-            GemvShape { wg: 256, rows: 2 }
+            // Best of the sweep on an H200 (profiling/results/h200-kernels-2026-11-21.txt).
+            GemvShape { wg: 128, rows: 4 }
         };
         return MatmulKernel::Gemv {
             ncols: m.max(1),

@@ -15,7 +15,11 @@ const TOL: f32 = 2e-5;
 
 /// Row length for a format: ragged for float formats, whole blocks otherwise.
 fn k_for(format: WeightFormat, blocks: usize, ragged: usize) -> usize {
-    if format.block_elems() == 1 { ragged } else { format.block_elems() * blocks }
+    if format.block_elems() == 1 {
+        ragged
+    } else {
+        format.block_elems() * blocks
+    }
 }
 
 struct Case {
@@ -32,10 +36,26 @@ fn case(format: WeightFormat, n: usize, k: usize, m: usize, seed: u64) -> Case {
     let weights = quantize(format, &w).expect("quantize");
     let mut w_ref = vec![0f32; n * k];
     dequantize(format, &weights, n * k, &mut w_ref).expect("dequantize");
-    Case { weights, w_ref, x: randn(&mut r, m * k, 1.0), bias: randn(&mut r, n, 1.0), y0: randn(&mut r, m * n, 1.0) }
+    Case {
+        weights,
+        w_ref,
+        x: randn(&mut r, m * k, 1.0),
+        bias: randn(&mut r, n, 1.0),
+        y0: randn(&mut r, m * n, 1.0),
+    }
 }
 
-fn run_case(ctx: &GpuContext, format: WeightFormat, n: usize, k: usize, m: usize, kernel: MatmulKernel, bias: bool, accumulate: bool, what: &str) {
+fn run_case(
+    ctx: &GpuContext,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    m: usize,
+    kernel: MatmulKernel,
+    bias: bool,
+    accumulate: bool,
+    what: &str,
+) {
     let c = case(format, n, k, m, (n * 31 + k * 7 + m) as u64);
     let w = WeightTensor::upload(ctx, "w", format, n, k, &c.weights).expect("upload");
     let x = ctx.upload_f32(&c.x, "x").unwrap();
@@ -54,7 +74,15 @@ fn run_case(ctx: &GpuContext, format: WeightFormat, n: usize, k: usize, m: usize
     let ds = matmul::prepare_with(ctx, &mm, kernel, "test").expect("prepare");
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
     let got = ctx.read_f32(&y, m * n).unwrap();
-    let want = matmul::reference(&c.w_ref, n, k, &c.x, m, bias.then_some(&c.bias[..]), accumulate.then_some(&c.y0[..]));
+    let want = matmul::reference(
+        &c.w_ref,
+        n,
+        k,
+        &c.x,
+        m,
+        bias.then_some(&c.bias[..]),
+        accumulate.then_some(&c.y0[..]),
+    );
     assert_close(what, &got, &want, TOL);
 }
 
@@ -62,12 +90,26 @@ fn run_case(ctx: &GpuContext, format: WeightFormat, n: usize, k: usize, m: usize
 fn gemv_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL {
-            for (m, shape) in [(1, GemvShape { wg: 64, rows: 4 }), (3, GemvShape { wg: 256, rows: 2 }), (8, GemvShape { wg: 128, rows: 2 })] {
+            for (m, shape) in [
+                (1, GemvShape { wg: 64, rows: 4 }),
+                (3, GemvShape { wg: 256, rows: 2 }),
+                (8, GemvShape { wg: 128, rows: 2 }),
+            ] {
                 let k = k_for(format, 3, 171);
                 let n = 37;
                 let kernel = MatmulKernel::Gemv { ncols: m, shape };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, &what);
+                run_case(
+                    &g.ctx,
+                    format,
+                    n,
+                    k,
+                    m as usize,
+                    kernel,
+                    m == 3,
+                    m == 8,
+                    &what,
+                );
             }
         }
     }
@@ -77,10 +119,17 @@ fn gemv_every_format() {
 fn gemm_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL {
-            for (m, n, tile) in [(9usize, 45usize, GemmTile::Small), (70, 130, GemmTile::Large)] {
+            for (m, n, tile) in [
+                (9usize, 45usize, GemmTile::Small),
+                (70, 130, GemmTile::Large),
+            ] {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
-                let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
+                let what = format!(
+                    "[{}] gemm {} m={m} n={n} k={k} {tile:?}",
+                    g.name,
+                    format.name()
+                );
                 run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, &what);
             }
         }
@@ -96,11 +145,25 @@ fn planner_choice_runs_for_decode_and_prefill() {
         let w = WeightTensor::upload(&g.ctx, "w", WeightFormat::Q4K, n, k, &c.weights).unwrap();
         let x = g.ctx.upload_f32(&c.x, "x").unwrap();
         let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
-        let mm = Matmul { w: &w, x: &x, y: &y, bias: None, m: m as u32, x_stride: k as u32, y_stride: n as u32, accumulate: false };
+        let mm = Matmul {
+            w: &w,
+            x: &x,
+            y: &y,
+            bias: None,
+            m: m as u32,
+            x_stride: k as u32,
+            y_stride: n as u32,
+            accumulate: false,
+        };
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
         let got = g.ctx.read_f32(&y, m * n).unwrap();
-        assert_close(&format!("planned m={m}"), &got, &matmul::reference(&c.w_ref, n, k, &c.x, m, None, None), TOL);
+        assert_close(
+            &format!("planned m={m}"),
+            &got,
+            &matmul::reference(&c.w_ref, n, k, &c.x, m, None, None),
+            TOL,
+        );
     }
 }
 
@@ -108,14 +171,46 @@ fn planner_choice_runs_for_decode_and_prefill() {
 #[test]
 fn split_tensors_match_unsplit_results() {
     let ctx = small_binding_gpu(4096);
-    for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
+    for format in [
+        WeightFormat::F32,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4K,
+        WeightFormat::Q6K,
+    ] {
         let k = k_for(format, 2, 96);
         let n = 120;
         let c = case(format, n, k, 1, 5);
         let w = WeightTensor::upload(&ctx, "w", format, n, k, &c.weights).unwrap();
-        assert!(w.chunks.len() > 1, "{} should be split, got {} chunk", format.name(), w.chunks.len());
-        for kernel in [MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 } }, MatmulKernel::Gemm { tile: GemmTile::Small }] {
-            run_case(&ctx, format, n, k, if matches!(kernel, MatmulKernel::Gemm { .. }) { 20 } else { 1 }, kernel, true, false, &format!("split {} {kernel}", format.name()));
+        assert!(
+            w.chunks.len() > 1,
+            "{} should be split, got {} chunk",
+            format.name(),
+            w.chunks.len()
+        );
+        for kernel in [
+            MatmulKernel::Gemv {
+                ncols: 1,
+                shape: GemvShape { wg: 64, rows: 4 },
+            },
+            MatmulKernel::Gemm {
+                tile: GemmTile::Small,
+            },
+        ] {
+            run_case(
+                &ctx,
+                format,
+                n,
+                k,
+                if matches!(kernel, MatmulKernel::Gemm { .. }) {
+                    20
+                } else {
+                    1
+                },
+                kernel,
+                true,
+                false,
+                &format!("split {} {kernel}", format.name()),
+            );
         }
     }
 }

@@ -11,7 +11,11 @@ pub struct InfoArgs {
 }
 
 fn yes(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
 }
 
 fn mib(b: u64) -> String {
@@ -26,16 +30,28 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     let opts = args.gpu.options()?;
     let (_inst, list) = list_adapters(opts.backend);
     if list.is_empty() {
-        return Err(crate::KilnError::NoAdapter { detail: String::new() });
+        return Err(crate::KilnError::NoAdapter {
+            detail: String::new(),
+        });
     }
     // Which adapter `kiln run` would pick with these flags.
     let chosen = GpuContext::new(&opts);
-    let chosen_name = chosen.as_ref().ok().map(|c| (c.info.name.clone(), c.info.backend));
+    let chosen_name = chosen
+        .as_ref()
+        .ok()
+        .map(|c| (c.info.name.clone(), c.info.backend));
     for (_, r) in &list {
         let i = &r.info;
-        let mark = if chosen_name.as_ref() == Some(&(i.name.clone(), i.backend)) { "  <- kiln uses this one" } else { "" };
+        let mark = if chosen_name.as_ref() == Some(&(i.name.clone(), i.backend)) {
+            "  <- kiln uses this one"
+        } else {
+            ""
+        };
         println!("[{}] {}{}", r.index, i.name, mark);
-        println!("    vendor 0x{:04x}, device 0x{:04x}, {:?}, backend {:?}", i.vendor, i.device, i.device_type, i.backend);
+        println!(
+            "    vendor 0x{:04x}, device 0x{:04x}, {:?}, backend {:?}",
+            i.vendor, i.device, i.device_type, i.backend
+        );
         println!("    driver: {} {}", i.driver, i.driver_info);
         let f = r.features;
         let off = &opts.disable;
@@ -48,7 +64,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 "yes"
             }
         };
-        println!("    SHADER_F16: {}", used(wgpu::Features::SHADER_F16, off.f16));
+        println!(
+            "    SHADER_F16: {}",
+            used(wgpu::Features::SHADER_F16, off.f16)
+        );
         println!(
             "    SUBGROUP: {} (subgroup size {}..{})",
             used(wgpu::Features::SUBGROUP, off.subgroup),
@@ -60,7 +79,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY)),
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES))
         );
-        println!("    COOPERATIVE_MATRIX: {}", used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat));
+        println!(
+            "    COOPERATIVE_MATRIX: {}",
+            used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
+        );
         let l = &r.limits;
         println!(
             "    max buffer {}, max storage binding {}, workgroup storage {} KiB, invocations {}, storage buffers/stage {}",

@@ -116,8 +116,15 @@ fn backend_rank(b: wgpu::Backend) -> u32 {
 }
 
 /// The minimum kiln needs: compute with storage buffers large enough for real tensors.
-fn unusable_reason(limits: &wgpu::Limits, info: &wgpu::AdapterInfo, downlevel: &wgpu::DownlevelCapabilities) -> Option<String> {
-    if !downlevel.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
+fn unusable_reason(
+    limits: &wgpu::Limits,
+    info: &wgpu::AdapterInfo,
+    downlevel: &wgpu::DownlevelCapabilities,
+) -> Option<String> {
+    if !downlevel
+        .flags
+        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+    {
         return Some(format!(
             "no compute shaders ({} {}); kiln needs OpenGL 4.3+ or ES 3.1+ on GL, or a Vulkan, Metal or DX12 driver",
             info.driver, info.driver_info

@@ -59,8 +59,14 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
     ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
-    ("gemm_micro_4x4.wgsl", include_str!("../../wgsl/gemm_micro_4x4.wgsl")),
-    ("gemm_micro_8x8.wgsl", include_str!("../../wgsl/gemm_micro_8x8.wgsl")),
+    (
+        "gemm_micro_4x4.wgsl",
+        include_str!("../../wgsl/gemm_micro_4x4.wgsl"),
+    ),
+    (
+        "gemm_micro_8x8.wgsl",
+        include_str!("../../wgsl/gemm_micro_8x8.wgsl"),
+    ),
     ("embed.wgsl", include_str!("../../wgsl/embed.wgsl")),
     (
         "attention_prefill.wgsl",

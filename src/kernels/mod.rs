@@ -263,7 +263,14 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
-                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1), (128, 4), (64, 8)] {
+                    for (wg, rows) in [
+                        (64u16, 4u8),
+                        (256, 2),
+                        (128, 2),
+                        (256, 1),
+                        (128, 4),
+                        (64, 8),
+                    ] {
                         v.push(KernelKey::Gemv {
                             format,
                             ncols,
