@@ -92,7 +92,18 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             l.max_compute_invocations_per_workgroup,
             l.max_storage_buffers_per_shader_stage
         );
-        match &r.unusable {
+        // GL drivers can claim compute and not run it: open the adapter and try one dispatch.
+        let mut unusable = r.unusable.clone();
+        if unusable.is_none() && i.backend == wgpu::Backend::Gl {
+            let probe = crate::gpu::ContextOptions {
+                gpu: Some(r.index.to_string()),
+                ..opts.clone()
+            };
+            if let Err(e) = GpuContext::new(&probe) {
+                unusable = Some(e.to_string());
+            }
+        }
+        match unusable {
             Some(why) => println!("    kiln cannot use this adapter: {why}"),
             None => println!("    usable by kiln"),
         }
