@@ -3,23 +3,6 @@
 const BLOCK_ELEMS: u32 = 256u;
 const BLOCK_WORDS: u32 = 44u;
 
-fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
-    let s0 = wq[b + 1u];
-    let s1 = wq[b + 2u];
-    let s2 = wq[b + 3u];
-    var sc: u32;
-    var mn: u32;
-    if (j < 4u) {
-        sc = byte_at(s0, j) & 63u;
-        mn = byte_at(s1, j) & 63u;
-    } else {
-        let q_j4 = byte_at(s2, j - 4u);
-        sc = (q_j4 & 0xfu) | ((byte_at(s0, j - 4u) >> 6u) << 4u);
-        mn = (q_j4 >> 4u) | ((byte_at(s1, j - 4u) >> 6u) << 4u);
-    }
-    return vec2<f32>(f32(sc), f32(mn));
-}
-
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     let b = (row * (k / BLOCK_ELEMS) + c / 32u) * BLOCK_WORDS;
     let cb = c % 32u;
