@@ -57,8 +57,14 @@ fn run_case(
     what: &str,
 ) {
     let c = case(format, n, k, m, (n * 31 + k * 7 + m) as u64);
+    // Activation rows padded to a multiple of 4 floats, as the engine lays them out.
+    let xs = k.div_ceil(4) * 4;
+    let mut xp = vec![0f32; m * xs];
+    for i in 0..m {
+        xp[i * xs..i * xs + k].copy_from_slice(&c.x[i * k..(i + 1) * k]);
+    }
     let w = WeightTensor::upload(ctx, "w", format, n, k, &c.weights).expect("upload");
-    let x = ctx.upload_f32(&c.x, "x").unwrap();
+    let x = ctx.upload_f32(&xp, "x").unwrap();
     let y = ctx.upload_f32(&c.y0, "y").unwrap();
     let b = ctx.upload_f32(&c.bias, "bias").unwrap();
     let mm = Matmul {
@@ -67,7 +73,7 @@ fn run_case(
         y: &y,
         bias: if bias { Some(&b) } else { None },
         m: m as u32,
-        x_stride: k as u32,
+        x_stride: xs as u32,
         y_stride: n as u32,
         accumulate,
     };

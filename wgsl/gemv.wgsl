@@ -16,41 +16,39 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let n_units = unit_count(p.k);
     let n_chunks = (p.k + 7u) / 8u;
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
 
-    for (var c = lane.lid; c < n_chunks; c += WG) {
-        let k0 = c * 8u;
-        var xl: array<vec4<f32>, NCOLS>;
-        var xh: array<vec4<f32>, NCOLS>;
-        for (var m = 0u; m < NCOLS; m++) {
-            let b = min(m, p.n_cols - 1u) * p.x_stride + k0;
-            if (k0 + 8u <= p.k) {
-                xl[m] = vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
-                xh[m] = vec4<f32>(x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
-            } else {
-                for (var i = 0u; i < 4u; i++) {
-                    xl[m][i] = select(0.0, x[b + i], k0 + i < p.k);
-                    xh[m][i] = select(0.0, x[b + 4u + i], k0 + 4u + i < p.k);
-                }
-            }
-        }
+    // Consecutive invocations take consecutive units of the row, so reads coalesce; each
+    // unit's header (scales) is unpacked once for its UNIT_CHUNKS chunks.
+    for (var u = lane.lid; u < n_units; u += WG) {
         for (var r = 0u; r < ROWS; r++) {
             let row = row0 + r;
             if (row < p.n_rows) {
-                let ch = decode8(row, c, p.k);
-                for (var m = 0u; m < NCOLS; m++) {
-                    let qx = dot(ch.lo, xl[m]) + dot(ch.hi, xh[m]);
-                    let xs = dot(xl[m] + xh[m], vec4<f32>(1.0));
-                    acc[r * NCOLS + m] += ch.scale * qx + ch.offset * xs;
+                let h = unit_header(row, u, p.k);
+                for (var j = 0u; j < UNIT_CHUNKS; j++) {
+                    let c = unit_chunk(u, j);
+                    if (c < n_chunks) {
+                        let ch = unit_decode(h, j);
+                        let kk = vec4<u32>(c * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
+                        for (var m = 0u; m < NCOLS; m++) {
+                            let xb = min(m, p.n_cols - 1u) * (p.x_stride / 4u) + 2u * c;
+                            // Past the end of a ragged row, x counts as zero.
+                            let xl = select(vec4<f32>(0.0), x[xb], kk < vec4<u32>(p.k));
+                            let xh = select(vec4<f32>(0.0), x[xb + 1u], kk + vec4<u32>(4u) < vec4<u32>(p.k));
+                            let qx = dot(ch.lo, xl) + dot(ch.hi, xh);
+                            acc[r * NCOLS + m] += ch.scale * qx + ch.offset * dot(xl + xh, vec4<f32>(1.0));
+                        }
+                    }
                 }
             }
         }

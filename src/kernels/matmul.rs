@@ -86,6 +86,9 @@ pub fn prepare_with(
     for chunk in &mm.w.chunks {
         let d = match kernel {
             MatmulKernel::Gemv { ncols, shape } => {
+                if mm.x_stride % 4 != 0 {
+                    return Err(KilnError::invalid("matmul", format!("GEMV needs an x row stride that is a multiple of 4, got {}", mm.x_stride)));
+                }
                 if mm.m > ncols {
                     return Err(KilnError::invalid(
                         "matmul",

@@ -1,7 +1,16 @@
 // Shared pieces of block decoding. Weights are bound as `wq: array<u32>` (WGSL has no
-// portable 8- or 16-bit storage), and each format file provides
-//   fn decode8(row: u32, c: u32, k: u32) -> Chunk8
-// for chunk c (weights 8c .. 8c+7) of a row of k weights.
+// portable 8- or 16-bit storage). Each format file provides two views of a row of k weights:
+//
+// Random access (GEMM tiles, embedding rows):
+//   fn decode8(row: u32, c: u32, k: u32) -> Chunk8        chunk c = weights 8c .. 8c+7
+// Streaming (GEMV): a row is read as units of UNIT_CHUNKS chunks that share one header
+// (scales, base address), so the header is loaded and unpacked once per unit; consecutive
+// invocations take consecutive units, so their reads coalesce.
+//   const UNIT_CHUNKS: u32
+//   fn unit_count(k: u32) -> u32
+//   fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader
+//   fn unit_decode(h: UnitHeader, j: u32) -> Chunk8       j < UNIT_CHUNKS
+//   fn unit_chunk(u: u32, j: u32) -> u32                   which chunk of the row that is
 
 // Eight consecutive weights in factored form: weight = scale * q + offset. Every format's
 // chunk shares one scale and offset, so a GEMV can take the dot product of the raw q values

@@ -1,5 +1,6 @@
 // F32 weights: row-major floats, one per word.
 const BLOCK_ELEMS: u32 = 1u;
+const UNIT_CHUNKS: u32 = 1u;
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     let k0 = c * 8u;
@@ -10,3 +11,9 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     }
     return Chunk8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]), 1.0, 0.0);
 }
+
+struct UnitHeader { row: u32, u: u32, k: u32 }
+fn unit_count(k: u32) -> u32 { return (k + 7u) / 8u; }
+fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader { return UnitHeader(row, u, k); }
+fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 { return decode8(h.row, h.u, h.k); }
+fn unit_chunk(u: u32, j: u32) -> u32 { return u; }

@@ -1,32 +1,59 @@
 // Q6_K, GPU layout (padded to whole words at upload): 212 bytes per 256 weights =
 // ql[128] (low 4 bits) | qh[64] (high 2 bits) | scales[16] (int8) | d (f16) | 2 bytes padding.
+// Weight 128n + 32q + l (half n, quarter q, l < 32) takes the low (q < 2) or high (q >= 2)
+// nibble of ql[64n + 32(q & 1) + l] and bits 2q..2q+1 of qh[32n + l]; its scale is
+// scales[8n + 2q + l / 16]. A GEMV unit is quarters q and q + 2 of one half: they share
+// their ql and qh bytes.
 const BLOCK_ELEMS: u32 = 256u;
 const BLOCK_WORDS: u32 = 53u;
+const UNIT_CHUNKS: u32 = 8u;
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    let b = (row * (k / BLOCK_ELEMS) + c / 32u) * BLOCK_WORDS;
-    let e0 = (c % 32u) * 8u;     // first weight of the chunk within the block
-    let half = e0 / 128u;        // 128-weight half
-    let quarter = (e0 % 128u) / 32u;
-    let l0 = e0 % 32u;
-    // ql byte: 64*half + 32*(quarter & 1) + l; nibble: high for quarters 2 and 3.
-    let qlw = b + (64u * half + 32u * (quarter & 1u) + l0) / 4u;
-    let nib = (quarter >> 1u) * 4u;
+struct UnitHeader {
+    b: u32,     // block's first word
+    n: u32,     // half
+    q0: u32,    // quarter of chunks 0-3 (quarter q0 + 2 for chunks 4-7)
+    d: f32,
+}
+
+fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+
+fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
+    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
+    let v = u % 4u;
+    return UnitHeader(b, v / 2u, v % 2u, f16_bits_to_f32(wq[b + 52u] & 0xffffu));
+}
+
+fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
+    let q = h.q0 + 2u * (j / 4u);
+    let l0 = (j % 4u) * 8u;
+    let qlw = h.b + (64u * h.n + 32u * h.q0 + l0) / 4u;
+    let nib = (j / 4u) * 4u;
     let sh = vec4<u32>(nib, nib + 8u, nib + 16u, nib + 24u);
     let lo0 = (vec4<u32>(wq[qlw]) >> sh) & vec4<u32>(0xfu);
     let lo1 = (vec4<u32>(wq[qlw + 1u]) >> sh) & vec4<u32>(0xfu);
-    // qh byte: 32*half + l; bits 2*quarter .. 2*quarter+1.
-    let qhw = b + 32u + (32u * half + l0) / 4u;
-    let hs = 2u * quarter;
+    let qhw = h.b + 32u + (32u * h.n + l0) / 4u;
+    let hs = 2u * q;
     let hsh = vec4<u32>(hs, hs + 8u, hs + 16u, hs + 24u);
     let hi0 = (vec4<u32>(wq[qhw]) >> hsh) & vec4<u32>(3u);
     let hi1 = (vec4<u32>(wq[qhw + 1u]) >> hsh) & vec4<u32>(3u);
-    let q0 = vec4<f32>(lo0 | (hi0 << vec4<u32>(4u))) - vec4<f32>(32.0);
-    let q1 = vec4<f32>(lo1 | (hi1 << vec4<u32>(4u))) - vec4<f32>(32.0);
-    // scale index: 8*half + l/16 + 2*quarter
-    let si = 8u * half + l0 / 16u + 2u * quarter;
-    let sw = wq[b + 48u + si / 4u];
+    let x0 = vec4<f32>(lo0 | (hi0 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let x1 = vec4<f32>(lo1 | (hi1 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let si = 8u * h.n + 2u * q + l0 / 16u;
+    let sw = wq[h.b + 48u + si / 4u];
     let sc = f32((bitcast<i32>(sw << (24u - 8u * (si % 4u)))) >> 24u);
-    let d = f16_bits_to_f32(wq[b + 52u] & 0xffffu);
-    return Chunk8(q0, q1, d * sc, 0.0);
+    return Chunk8(x0, x1, h.d * sc, 0.0);
+}
+
+fn unit_chunk(u: u32, j: u32) -> u32 {
+    let v = u % 4u;
+    let q = v % 2u + 2u * (j / 4u);
+    return (u / 4u) * 32u + (v / 2u) * 16u + q * 4u + j % 4u;
+}
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
+    let cb = c % 32u;
+    let n = cb / 16u;
+    let q = (cb % 16u) / 4u;
+    let u = (c / 32u) * 4u + 2u * n + q % 2u;
+    return unit_decode(unit_header(row, u, k), (q / 2u) * 4u + cb % 4u);
 }
