@@ -4,35 +4,41 @@
 use crate::gpu::Caps;
 use crate::quant::WeightFormat;
 
-/// GEMM tile configurations (BM, BN, BK, TM, TN), chosen per adapter class.
+/// GEMM tile configurations (BM x BN output tile, K step BK, TM x TN per invocation),
+/// chosen per adapter class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmTile {
-    /// 32x32 tiles, 64 invocations: CPU adapters and small batches.
-    Small,
-    /// 64x64 tiles with 4x4 register blocks, 256 invocations.
-    Medium,
-    /// 128x128 tiles with 8x8 register blocks, 256 invocations: discrete GPUs.
-    Large,
-    /// As Large with a K step of 32 (32 KiB of workgroup memory).
-    LargeK32,
+    /// 32x32, 4x4 per invocation, 64 invocations: CPU adapters and small batches.
+    T32,
+    /// 64x64, 4x4 per invocation, 256 invocations.
+    T64,
+    /// 128x64, 8x8 per invocation, 128 invocations.
+    T128x64,
+    /// 128x128, 8x8 per invocation, 256 invocations.
+    T128,
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 4] = [GemmTile::Small, GemmTile::Medium, GemmTile::Large, GemmTile::LargeK32];
+    pub const ALL: [GemmTile; 4] = [
+        GemmTile::T32,
+        GemmTile::T64,
+        GemmTile::T128x64,
+        GemmTile::T128,
+    ];
     /// (BM, BN, BK, TM, TN)
     pub fn dims(self) -> (u32, u32, u32, u32, u32) {
         match self {
-            GemmTile::Small => (32, 32, 16, 4, 4),
-            GemmTile::Medium => (64, 64, 16, 4, 4),
-            GemmTile::Large => (128, 128, 16, 8, 8),
-            GemmTile::LargeK32 => (128, 128, 32, 8, 8),
+            GemmTile::T32 => (32, 32, 16, 4, 4),
+            GemmTile::T64 => (64, 64, 16, 4, 4),
+            GemmTile::T128x64 => (128, 64, 16, 8, 8),
+            GemmTile::T128 => (128, 128, 16, 8, 8),
         }
     }
     /// The register-tile file for (TM, TN).
     pub fn micro_file(self) -> &'static str {
-        match self {
-            GemmTile::Small | GemmTile::Medium => "gemm_micro_4x4.wgsl",
-            GemmTile::Large | GemmTile::LargeK32 => "gemm_micro_8x8.wgsl",
+        match self.dims() {
+            (_, _, _, 8, 8) => "gemm_micro_8x8.wgsl",
+            _ => "gemm_micro_4x4.wgsl",
         }
     }
     pub fn workgroup_size(self) -> u32 {
@@ -88,9 +94,9 @@ pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) 
         };
     }
     let tile = if caps.cpu_adapter || m < 64 || n < 128 {
-        GemmTile::Small
+        GemmTile::T32
     } else {
-        GemmTile::Large
+        GemmTile::T128
     };
     MatmulKernel::Gemm { tile }
 }
@@ -121,13 +127,13 @@ mod tests {
         assert!(matches!(
             plan_matmul(9, 4096, 4096, WeightFormat::F16, &c),
             MatmulKernel::Gemm {
-                tile: GemmTile::Small
+                tile: GemmTile::T32
             }
         ));
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
             MatmulKernel::Gemm {
-                tile: GemmTile::Large
+                tile: GemmTile::T128
             }
         ));
     }
@@ -141,7 +147,7 @@ mod tests {
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::F32, &c),
             MatmulKernel::Gemm {
-                tile: GemmTile::Small
+                tile: GemmTile::T32
             }
         ));
         assert!(matches!(

@@ -125,10 +125,7 @@ fn gemv_every_format() {
 fn gemm_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL {
-            for (m, n, tile) in [
-                (9usize, 45usize, GemmTile::Small),
-                (70, 130, GemmTile::Large),
-            ] {
+            for (m, n, tile) in [(9usize, 45usize, GemmTile::T32), (70, 130, GemmTile::T128)] {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
                 let what = format!(
@@ -199,7 +196,7 @@ fn split_tensors_match_unsplit_results() {
                 shape: GemvShape { wg: 64, rows: 4 },
             },
             MatmulKernel::Gemm {
-                tile: GemmTile::Small,
+                tile: GemmTile::T32,
             },
         ] {
             run_case(

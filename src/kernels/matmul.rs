@@ -87,7 +87,13 @@ pub fn prepare_with(
         let d = match kernel {
             MatmulKernel::Gemv { ncols, shape } => {
                 if mm.x_stride % 4 != 0 {
-                    return Err(KilnError::invalid("matmul", format!("GEMV needs an x row stride that is a multiple of 4, got {}", mm.x_stride)));
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        format!(
+                            "GEMV needs an x row stride that is a multiple of 4, got {}",
+                            mm.x_stride
+                        ),
+                    ));
                 }
                 if mm.m > ncols {
                     return Err(KilnError::invalid(

@@ -1,7 +1,6 @@
 // BF16 weights: row-major, two per word; a bf16 is the top half of an f32.
 const BLOCK_ELEMS: u32 = 1u;
-// Two chunks (32 bytes) per GEMV unit.
-const UNIT_CHUNKS: u32 = 2u;
+const UNIT_CHUNKS: u32 = 1u;
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     let k0 = c * 8u;
@@ -25,7 +24,7 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
 }
 
 struct UnitHeader { row: u32, u: u32, k: u32 }
-fn unit_count(k: u32) -> u32 { return (k + 15u) / 16u; }
+fn unit_count(k: u32) -> u32 { return (k + 7u) / 8u; }
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader { return UnitHeader(row, u, k); }
-fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 { return decode8(h.row, 2u * h.u + j, h.k); }
-fn unit_chunk(u: u32, j: u32) -> u32 { return 2u * u + j; }
+fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 { return decode8(h.row, h.u, h.k); }
+fn unit_chunk(u: u32, j: u32) -> u32 { return u; }

@@ -1,43 +1,45 @@
 // Q4_K: 144 bytes per 256 weights = d, dmin (f16) | scales[12] (6-bit scale/min pairs for
 // eight 32-weight sub-blocks) | qs[128] (4-bit quants; 64-weight groups, low nibbles first).
-// A GEMV unit is one 64-weight group: 32 bytes of quants and two sub-block scales.
+// A GEMV unit is one pair of quant words: its low nibbles are chunk c of sub-block 2g and its
+// high nibbles chunk c + 4 of sub-block 2g + 1; neighbouring units read neighbouring words.
 const BLOCK_ELEMS: u32 = 256u;
 const BLOCK_WORDS: u32 = 36u;
-const UNIT_CHUNKS: u32 = 8u;
+const UNIT_CHUNKS: u32 = 2u;
 
 struct UnitHeader {
-    qw: u32,       // first quant word of the group
+    qw: u32,       // the unit's pair of quant words
     scale0: f32,   // sub-block 2g: weight = scale0 * q + offset0 (low nibbles)
     offset0: f32,
     scale1: f32,   // sub-block 2g+1 (high nibbles)
     offset1: f32,
 }
 
-fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 16u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    let grp = u % 4u;
+    let b = (row * (k / BLOCK_ELEMS) + u / 16u) * BLOCK_WORDS;
+    let grp = (u % 16u) / 4u;
+    let pair = u % 4u;
     let dm = wq[b];
     let d = f16_bits_to_f32(dm & 0xffffu);
     let dmin = f16_bits_to_f32(dm >> 16u);
     let sm0 = kquant_scale_min(b, 2u * grp);
     let sm1 = kquant_scale_min(b, 2u * grp + 1u);
-    return UnitHeader(b + 4u + grp * 8u, d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
+    return UnitHeader(b + 4u + grp * 8u + 2u * pair, d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
 }
 
-// Chunks 0-3: low nibbles of the group's 32 bytes; chunks 4-7: high nibbles of the same bytes.
+// Chunk 0: low nibbles of the unit's 8 bytes; chunk 1: high nibbles of the same bytes.
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    let w0 = wq[h.qw + 2u * (j % 4u)];
-    let w1 = wq[h.qw + 2u * (j % 4u) + 1u];
-    if (j < 4u) {
+    let w0 = wq[h.qw];
+    let w1 = wq[h.qw + 1u];
+    if (j == 0u) {
         return Chunk8(vec4<f32>(lo_nibbles(w0)), vec4<f32>(lo_nibbles(w1)), h.scale0, h.offset0);
     }
     return Chunk8(vec4<f32>(hi_nibbles(w0)), vec4<f32>(hi_nibbles(w1)), h.scale1, h.offset1);
 }
 
-fn unit_chunk(u: u32, j: u32) -> u32 { return u * 8u + j; }
+fn unit_chunk(u: u32, j: u32) -> u32 { return (u / 4u) * 8u + u % 4u + 4u * j; }
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    return unit_decode(unit_header(row, c / 8u, k), c % 8u);
+    return unit_decode(unit_header(row, (c / 8u) * 4u + c % 4u, k), (c / 4u) % 2u);
 }

@@ -1,12 +1,12 @@
 // Q5_K: 176 bytes per 256 weights = d, dmin (f16) | scales[12] | qh[32] (fifth bits) |
-// qs[128] (low 4 bits, laid out as Q4_K's). A GEMV unit is one 64-weight group.
+// qs[128] (low 4 bits, laid out as Q4_K's). A GEMV unit is one pair of quant words (low nibbles: sub-block 2g, high: 2g + 1), as in Q4_K.
 const BLOCK_ELEMS: u32 = 256u;
 const BLOCK_WORDS: u32 = 44u;
-const UNIT_CHUNKS: u32 = 8u;
+const UNIT_CHUNKS: u32 = 2u;
 
 struct UnitHeader {
     qw: u32,       // first low-bits word of the group
-    qhw: u32,      // first fifth-bit word (shared by all groups of the block)
+    qhw: u32,      // the unit's fifth-bit words (shared with the other groups of the block)
     hbit: u32,     // bit of qh[l] for the group's low nibbles (+1 for the high nibbles)
     scale0: f32,
     offset0: f32,
@@ -14,35 +14,35 @@ struct UnitHeader {
     offset1: f32,
 }
 
-fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 16u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    let grp = u % 4u;
+    let b = (row * (k / BLOCK_ELEMS) + u / 16u) * BLOCK_WORDS;
+    let grp = (u % 16u) / 4u;
+    let pair = u % 4u;
     let dm = wq[b];
     let d = f16_bits_to_f32(dm & 0xffffu);
     let dmin = f16_bits_to_f32(dm >> 16u);
     let sm0 = kquant_scale_min(b, 2u * grp);
     let sm1 = kquant_scale_min(b, 2u * grp + 1u);
-    return UnitHeader(b + 12u + grp * 8u, b + 4u, 2u * grp, d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
+    return UnitHeader(b + 12u + grp * 8u + 2u * pair, b + 4u + 2u * pair, 2u * grp, d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    let l = j % 4u;
-    let w0 = wq[h.qw + 2u * l];
-    let w1 = wq[h.qw + 2u * l + 1u];
-    let hb = h.hbit + j / 4u;
+    let w0 = wq[h.qw];
+    let w1 = wq[h.qw + 1u];
+    let hb = h.hbit + j;
     let hs = vec4<u32>(hb, hb + 8u, hb + 16u, hb + 24u);
-    let h0 = (vec4<u32>(wq[h.qhw + 2u * l]) >> hs) & vec4<u32>(1u);
-    let h1 = (vec4<u32>(wq[h.qhw + 2u * l + 1u]) >> hs) & vec4<u32>(1u);
-    if (j < 4u) {
+    let h0 = (vec4<u32>(wq[h.qhw]) >> hs) & vec4<u32>(1u);
+    let h1 = (vec4<u32>(wq[h.qhw + 1u]) >> hs) & vec4<u32>(1u);
+    if (j == 0u) {
         return Chunk8(vec4<f32>(lo_nibbles(w0) + h0 * 16u), vec4<f32>(lo_nibbles(w1) + h1 * 16u), h.scale0, h.offset0);
     }
     return Chunk8(vec4<f32>(hi_nibbles(w0) + h0 * 16u), vec4<f32>(hi_nibbles(w1) + h1 * 16u), h.scale1, h.offset1);
 }
 
-fn unit_chunk(u: u32, j: u32) -> u32 { return u * 8u + j; }
+fn unit_chunk(u: u32, j: u32) -> u32 { return (u / 4u) * 8u + u % 4u + 4u * j; }
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    return unit_decode(unit_header(row, c / 8u, k), c % 8u);
+    return unit_decode(unit_header(row, (c / 8u) * 4u + c % 4u, k), (c / 4u) % 2u);
 }

@@ -2,32 +2,34 @@
 // ql[128] (low 4 bits) | qh[64] (high 2 bits) | scales[16] (int8) | d (f16) | 2 bytes padding.
 // Weight 128n + 32q + l (half n, quarter q, l < 32) takes the low (q < 2) or high (q >= 2)
 // nibble of ql[64n + 32(q & 1) + l] and bits 2q..2q+1 of qh[32n + l]; its scale is
-// scales[8n + 2q + l / 16]. A GEMV unit is quarters q and q + 2 of one half: they share
-// their ql and qh bytes.
+// scales[8n + 2q + l / 16]. A GEMV unit is the chunk at l of quarters q and q + 2 of one
+// half: they share their ql and qh words; neighbouring units read neighbouring words.
 const BLOCK_ELEMS: u32 = 256u;
 const BLOCK_WORDS: u32 = 53u;
-const UNIT_CHUNKS: u32 = 8u;
+const UNIT_CHUNKS: u32 = 2u;
 
 struct UnitHeader {
     b: u32,     // block's first word
     n: u32,     // half
-    q0: u32,    // quarter of chunks 0-3 (quarter q0 + 2 for chunks 4-7)
+    q0: u32,    // quarter of chunk 0 (quarter q0 + 2 for chunk 1)
+    l0: u32,    // first weight within the quarter
     d: f32,
 }
 
-fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+// 16 units per block: (half n, quarter pair q0, chunk l0 / 8) with l0 fastest.
+fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 16u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    let v = u % 4u;
-    return UnitHeader(b, v / 2u, v % 2u, f16_bits_to_f32(wq[b + 52u] & 0xffffu));
+    let b = (row * (k / BLOCK_ELEMS) + u / 16u) * BLOCK_WORDS;
+    let v = u % 16u;
+    return UnitHeader(b, v / 8u, (v / 4u) % 2u, (v % 4u) * 8u, f16_bits_to_f32(wq[b + 52u] & 0xffffu));
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    let q = h.q0 + 2u * (j / 4u);
-    let l0 = (j % 4u) * 8u;
+    let q = h.q0 + 2u * j;
+    let l0 = h.l0;
     let qlw = h.b + (64u * h.n + 32u * h.q0 + l0) / 4u;
-    let nib = (j / 4u) * 4u;
+    let nib = j * 4u;
     let sh = vec4<u32>(nib, nib + 8u, nib + 16u, nib + 24u);
     let lo0 = (vec4<u32>(wq[qlw]) >> sh) & vec4<u32>(0xfu);
     let lo1 = (vec4<u32>(wq[qlw + 1u]) >> sh) & vec4<u32>(0xfu);
@@ -45,15 +47,15 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
 }
 
 fn unit_chunk(u: u32, j: u32) -> u32 {
-    let v = u % 4u;
-    let q = v % 2u + 2u * (j / 4u);
-    return (u / 4u) * 32u + (v / 2u) * 16u + q * 4u + j % 4u;
+    let v = u % 16u;
+    let q = (v / 4u) % 2u + 2u * j;
+    return (u / 16u) * 32u + (v / 8u) * 16u + q * 4u + v % 4u;
 }
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     let cb = c % 32u;
     let n = cb / 16u;
     let q = (cb % 16u) / 4u;
-    let u = (c / 32u) * 4u + 2u * n + q % 2u;
-    return unit_decode(unit_header(row, u, k), (q / 2u) * 4u + cb % 4u);
+    let u = (c / 32u) * 16u + 8u * n + 4u * (q % 2u) + cb % 4u;
+    return unit_decode(unit_header(row, u, k), q / 2u);
 }

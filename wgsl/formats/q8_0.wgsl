@@ -1,25 +1,25 @@
 // Q8_0, GPU layout (repacked at upload so the quants are word-aligned):
 // 36 bytes per 32 weights = qs[32] (int8) | d (f16) | 2 bytes padding.
-// A GEMV unit is one block.
+// A GEMV unit is one chunk: neighbouring invocations read neighbouring 8-byte pieces.
 const BLOCK_ELEMS: u32 = 32u;
 const BLOCK_WORDS: u32 = 9u;
-const UNIT_CHUNKS: u32 = 4u;
+const UNIT_CHUNKS: u32 = 1u;
 
-struct UnitHeader { b: u32, d: f32 }
+struct UnitHeader { qw: u32, d: f32 }
 
-fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS; }
+fn unit_count(k: u32) -> u32 { return k / 8u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u) * BLOCK_WORDS;
-    return UnitHeader(b, f16_bits_to_f32(wq[b + 8u] & 0xffffu));
+    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
+    return UnitHeader(b + 2u * (u % 4u), f16_bits_to_f32(wq[b + 8u] & 0xffffu));
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    return Chunk8(i8x4(wq[h.b + 2u * j]), i8x4(wq[h.b + 2u * j + 1u]), h.d, 0.0);
+    return Chunk8(i8x4(wq[h.qw]), i8x4(wq[h.qw + 1u]), h.d, 0.0);
 }
 
-fn unit_chunk(u: u32, j: u32) -> u32 { return u * 4u + j; }
+fn unit_chunk(u: u32, j: u32) -> u32 { return u; }
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    return unit_decode(unit_header(row, c / 4u, k), c % 4u);
+    return unit_decode(unit_header(row, c, k), 0u);
 }
