@@ -29,22 +29,30 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
 
     // Consecutive invocations take consecutive units of the row, so reads coalesce; each
-    // unit's header (scales) is unpacked once for its UNIT_CHUNKS chunks.
+    // unit's header (scales) is unpacked once for its UNIT_CHUNKS chunks, and its slice of x
+    // is loaded once for all ROWS rows.
     for (var u = lane.lid; u < n_units; u += WG) {
+        var xv: array<vec4<f32>, UNIT_CHUNKS * NCOLS * 2u>;
+        for (var j = 0u; j < UNIT_CHUNKS; j++) {
+            let c = unit_chunk(u, j);
+            let kk = vec4<u32>(c * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
+            for (var m = 0u; m < NCOLS; m++) {
+                let xb = min(m, p.n_cols - 1u) * (p.x_stride / 4u) + 2u * c;
+                // Past the end of a ragged row, x counts as zero.
+                xv[(j * NCOLS + m) * 2u] = select(vec4<f32>(0.0), x[xb], kk < vec4<u32>(p.k));
+                xv[(j * NCOLS + m) * 2u + 1u] = select(vec4<f32>(0.0), x[xb + 1u], kk + vec4<u32>(4u) < vec4<u32>(p.k));
+            }
+        }
         for (var r = 0u; r < ROWS; r++) {
             let row = row0 + r;
             if (row < p.n_rows) {
                 let h = unit_header(row, u, p.k);
                 for (var j = 0u; j < UNIT_CHUNKS; j++) {
-                    let c = unit_chunk(u, j);
-                    if (c < n_chunks) {
+                    if (unit_chunk(u, j) < n_chunks) {
                         let ch = unit_decode(h, j);
-                        let kk = vec4<u32>(c * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
                         for (var m = 0u; m < NCOLS; m++) {
-                            let xb = min(m, p.n_cols - 1u) * (p.x_stride / 4u) + 2u * c;
-                            // Past the end of a ragged row, x counts as zero.
-                            let xl = select(vec4<f32>(0.0), x[xb], kk < vec4<u32>(p.k));
-                            let xh = select(vec4<f32>(0.0), x[xb + 1u], kk + vec4<u32>(4u) < vec4<u32>(p.k));
+                            let xl = xv[(j * NCOLS + m) * 2u];
+                            let xh = xv[(j * NCOLS + m) * 2u + 1u];
                             let qx = dot(ch.lo, xl) + dot(ch.hi, xh);
                             acc[r * NCOLS + m] += ch.scale * qx + ch.offset * dot(xl + xh, vec4<f32>(1.0));
                         }
