@@ -33,6 +33,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     // is loaded once for all ROWS rows.
     for (var u = lane.lid; u < n_units; u += WG) {
         var xv: array<vec4<f32>, UNIT_CHUNKS * NCOLS * 2u>;
+        var xsum: array<f32, UNIT_CHUNKS * NCOLS>;   // for the per-chunk offset (K-quant mins)
         for (var j = 0u; j < UNIT_CHUNKS; j++) {
             let c = unit_chunk(u, j);
             let kk = vec4<u32>(c * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
@@ -41,6 +42,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
                 // Past the end of a ragged row, x counts as zero.
                 xv[(j * NCOLS + m) * 2u] = select(vec4<f32>(0.0), x[xb], kk < vec4<u32>(p.k));
                 xv[(j * NCOLS + m) * 2u + 1u] = select(vec4<f32>(0.0), x[xb + 1u], kk + vec4<u32>(4u) < vec4<u32>(p.k));
+                xsum[j * NCOLS + m] = dot(xv[(j * NCOLS + m) * 2u] + xv[(j * NCOLS + m) * 2u + 1u], vec4<f32>(1.0));
             }
         }
         for (var r = 0u; r < ROWS; r++) {
@@ -54,7 +56,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
                             let xl = xv[(j * NCOLS + m) * 2u];
                             let xh = xv[(j * NCOLS + m) * 2u + 1u];
                             let qx = dot(ch.lo, xl) + dot(ch.hi, xh);
-                            acc[r * NCOLS + m] += ch.scale * qx + ch.offset * dot(xl + xh, vec4<f32>(1.0));
+                            acc[r * NCOLS + m] += ch.scale * qx + ch.offset * xsum[j * NCOLS + m];
                         }
                     }
                 }

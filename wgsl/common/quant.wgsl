@@ -39,13 +39,20 @@ fn byte_at(word: u32, i: u32) -> u32 {
     return (word >> (8u * i)) & 0xffu;
 }
 
-fn u8x4(w: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(w & 0xffu, (w >> 8u) & 0xffu, (w >> 16u) & 0xffu, w >> 24u));
+// Small unsigned integers to float without the (quarter-rate) int-to-float conversion:
+// 2^23 + q has q in its mantissa, so one OR and one subtraction give q exactly (q < 2^23).
+fn uint_to_f32x4(q: vec4<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(q | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
 }
 
+fn u8x4(w: u32) -> vec4<f32> {
+    return uint_to_f32x4((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu));
+}
+
+// Signed bytes: flipping the sign bit maps -128..127 to 0..255, so subtract 2^23 + 128.
 fn i8x4(w: u32) -> vec4<f32> {
-    let s = bitcast<vec4<i32>>(vec4<u32>(w << 24u, w << 16u, w << 8u, w));
-    return vec4<f32>(s >> vec4<u32>(24u));
+    let b = ((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu)) ^ vec4<u32>(0x80u);
+    return bitcast<vec4<f32>>(b | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
 fn lo_nibbles(w: u32) -> vec4<u32> {
@@ -60,13 +67,14 @@ fn hi_nibbles(w: u32) -> vec4<u32> {
 // and K-quant super-block scales of small weights are subnormal halves).
 fn f16_bits_to_f32x4(h: vec4<u32>) -> vec4<f32> {
     let em = h & vec4<u32>(0x7fffu);
-    // Normal halves: rebias the exponent (15 -> 127) with one add.
-    var bits = (em << vec4<u32>(13u)) + vec4<u32>(0x38000000u);
-    // Zero and subnormals: m * 2^-24, exact in f32.
-    bits = select(bits, bitcast<vec4<u32>>(vec4<f32>(em) * 5.9604644775390625e-8), em < vec4<u32>(0x400u));
+    // Rebias the exponent (15 -> 127) with one add. A subnormal half m * 2^-24 is built as
+    // 2^-14 * (1 + m / 1024) and 2^-14 subtracted, which is exact (same binade).
+    let base = (em << vec4<u32>(13u)) + vec4<u32>(0x38000000u);
+    let sub = bitcast<vec4<f32>>(base + vec4<u32>(0x00800000u)) - vec4<f32>(6.103515625e-05);
+    var v = select(bitcast<vec4<f32>>(base), sub, em < vec4<u32>(0x400u));
     // Inf and NaN keep an all-ones exponent.
-    bits = select(bits, (em << vec4<u32>(13u)) | vec4<u32>(0x7f800000u), em >= vec4<u32>(0x7c00u));
-    return bitcast<vec4<f32>>(bits | ((h & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
+    v = select(v, bitcast<vec4<f32>>((em << vec4<u32>(13u)) | vec4<u32>(0x7f800000u)), em >= vec4<u32>(0x7c00u));
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | ((h & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
 }
 
 fn f16_bits_to_f32(h: u32) -> f32 {

@@ -33,9 +33,9 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
     let w0 = wq[h.qw];
     let w1 = wq[h.qw + 1u];
     if (j == 0u) {
-        return Chunk8(vec4<f32>(lo_nibbles(w0)), vec4<f32>(lo_nibbles(w1)), h.scale0, h.offset0);
+        return Chunk8(uint_to_f32x4(lo_nibbles(w0)), uint_to_f32x4(lo_nibbles(w1)), h.scale0, h.offset0);
     }
-    return Chunk8(vec4<f32>(hi_nibbles(w0)), vec4<f32>(hi_nibbles(w1)), h.scale1, h.offset1);
+    return Chunk8(uint_to_f32x4(hi_nibbles(w0)), uint_to_f32x4(hi_nibbles(w1)), h.scale1, h.offset1);
 }
 
 fn unit_chunk(u: u32, j: u32) -> u32 { return (u / 4u) * 8u + u % 4u + 4u * j; }

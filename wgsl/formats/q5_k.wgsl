@@ -36,9 +36,9 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
     let h0 = (vec4<u32>(wq[h.qhw]) >> hs) & vec4<u32>(1u);
     let h1 = (vec4<u32>(wq[h.qhw + 1u]) >> hs) & vec4<u32>(1u);
     if (j == 0u) {
-        return Chunk8(vec4<f32>(lo_nibbles(w0) + h0 * 16u), vec4<f32>(lo_nibbles(w1) + h1 * 16u), h.scale0, h.offset0);
+        return Chunk8(uint_to_f32x4(lo_nibbles(w0) + h0 * 16u), uint_to_f32x4(lo_nibbles(w1) + h1 * 16u), h.scale0, h.offset0);
     }
-    return Chunk8(vec4<f32>(hi_nibbles(w0) + h0 * 16u), vec4<f32>(hi_nibbles(w1) + h1 * 16u), h.scale1, h.offset1);
+    return Chunk8(uint_to_f32x4(hi_nibbles(w0) + h0 * 16u), uint_to_f32x4(hi_nibbles(w1) + h1 * 16u), h.scale1, h.offset1);
 }
 
 fn unit_chunk(u: u32, j: u32) -> u32 { return (u / 4u) * 8u + u % 4u + 4u * j; }

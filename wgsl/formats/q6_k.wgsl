@@ -38,8 +38,8 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
     let hsh = vec4<u32>(hs, hs + 8u, hs + 16u, hs + 24u);
     let hi0 = (vec4<u32>(wq[qhw]) >> hsh) & vec4<u32>(3u);
     let hi1 = (vec4<u32>(wq[qhw + 1u]) >> hsh) & vec4<u32>(3u);
-    let x0 = vec4<f32>(lo0 | (hi0 << vec4<u32>(4u))) - vec4<f32>(32.0);
-    let x1 = vec4<f32>(lo1 | (hi1 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let x0 = uint_to_f32x4(lo0 | (hi0 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let x1 = uint_to_f32x4(lo1 | (hi1 << vec4<u32>(4u))) - vec4<f32>(32.0);
     let si = 8u * h.n + 2u * q + l0 / 16u;
     let sw = wq[h.b + 48u + si / 4u];
     let sc = f32((bitcast<i32>(sw << (24u - 8u * (si % 4u)))) >> 24u);
