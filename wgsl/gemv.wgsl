@@ -20,6 +20,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
+var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
@@ -64,18 +66,25 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
 
-    for (var r = 0u; r < ROWS; r++) {
-        for (var m = 0u; m < NCOLS; m++) {
-            let total = wg_sum(acc[r * NCOLS + m], lane);
-            let row = row0 + r;
-            if (lane.lid == 0u && row < p.n_rows && m < p.n_cols) {
-                let n = p.row_offset + row;
-                let o = m * p.y_stride + n;
-                var v = total;
-                if (p.has_bias != 0u) { v += bias[n]; }
-                if (p.accumulate != 0u) { v += y[o]; }
-                y[o] = v;
-            }
+    // All ROWS x NCOLS sums with a single barrier.
+    for (var i = 0u; i < ROWS * NCOLS; i++) {
+        let s = group_sum(acc[i], lane);
+        if (lane_is_leader(lane)) { partial[i * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+    }
+    workgroupBarrier();
+    for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
+        let r = i / NCOLS;
+        let m = i % NCOLS;
+        let row = row0 + r;
+        if (row < p.n_rows && m < p.n_cols) {
+            var total = 0.0;
+            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
+            let n = p.row_offset + row;
+            let o = m * p.y_stride + n;
+            var v = total;
+            if (p.has_bias != 0u) { v += bias[n]; }
+            if (p.accumulate != 0u) { v += y[o]; }
+            y[o] = v;
         }
     }
 }
