@@ -20,46 +20,60 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
+// Half `part` (0: weights 0-3, 1: weights 4-7) of chunk c of an x row; zero past k (the
+// last chunk of a ragged row, or a unit's second chunk beyond the row's end).
+fn load_x(row_base: u32, c: u32, part: u32) -> vec4<f32> {
+    let k0 = c * 8u + part * 4u;
+    let kk = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
+    if (k0 >= p.k) { return vec4<f32>(0.0); }
+    return select(vec4<f32>(0.0), x[row_base + 2u * c + part], kk < vec4<u32>(p.k));
+}
+
 var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
     let n_units = unit_count(p.k);
-    let n_chunks = (p.k + 7u) / 8u;
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
 
     // Consecutive invocations take consecutive units of the row, so reads coalesce; each
-    // unit's header (scales) is unpacked once for its UNIT_CHUNKS chunks, and its slice of x
-    // is loaded once for all ROWS rows.
+    // unit's header (scales) is unpacked once for its one or two chunks, and its slice of x
+    // is loaded once for all ROWS rows. Chunks are held in named variables, not arrays
+    // indexed by a loop counter, which drivers may move to slow local memory.
     for (var u = lane.lid; u < n_units; u += WG) {
-        var xv: array<vec4<f32>, UNIT_CHUNKS * NCOLS * 2u>;
-        var xsum: array<f32, UNIT_CHUNKS * NCOLS>;   // for the per-chunk offset (K-quant mins)
-        for (var j = 0u; j < UNIT_CHUNKS; j++) {
-            let c = unit_chunk(u, j);
-            let kk = vec4<u32>(c * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
-            for (var m = 0u; m < NCOLS; m++) {
-                let xb = min(m, p.n_cols - 1u) * (p.x_stride / 4u) + 2u * c;
-                // Past the end of a ragged row, x counts as zero.
-                xv[(j * NCOLS + m) * 2u] = select(vec4<f32>(0.0), x[xb], kk < vec4<u32>(p.k));
-                xv[(j * NCOLS + m) * 2u + 1u] = select(vec4<f32>(0.0), x[xb + 1u], kk + vec4<u32>(4u) < vec4<u32>(p.k));
-                xsum[j * NCOLS + m] = dot(xv[(j * NCOLS + m) * 2u] + xv[(j * NCOLS + m) * 2u + 1u], vec4<f32>(1.0));
+        let c0 = unit_chunk(u, 0u);
+        let c1 = unit_chunk(u, 1u);
+        var x0l: array<vec4<f32>, NCOLS>;
+        var x0h: array<vec4<f32>, NCOLS>;
+        var x1l: array<vec4<f32>, NCOLS>;
+        var x1h: array<vec4<f32>, NCOLS>;
+        var s0: array<f32, NCOLS>;
+        var s1: array<f32, NCOLS>;
+        for (var m = 0u; m < NCOLS; m++) {
+            let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
+            x0l[m] = load_x(xr, c0, 0u);
+            x0h[m] = load_x(xr, c0, 1u);
+            s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));
+            if (UNIT_CHUNKS == 2u) {
+                x1l[m] = load_x(xr, c1, 0u);
+                x1h[m] = load_x(xr, c1, 1u);
+                s1[m] = dot(x1l[m] + x1h[m], vec4<f32>(1.0));
             }
         }
         for (var r = 0u; r < ROWS; r++) {
             let row = row0 + r;
             if (row < p.n_rows) {
                 let h = unit_header(row, u, p.k);
-                for (var j = 0u; j < UNIT_CHUNKS; j++) {
-                    if (unit_chunk(u, j) < n_chunks) {
-                        let ch = unit_decode(h, j);
-                        for (var m = 0u; m < NCOLS; m++) {
-                            let xl = xv[(j * NCOLS + m) * 2u];
-                            let xh = xv[(j * NCOLS + m) * 2u + 1u];
-                            let qx = dot(ch.lo, xl) + dot(ch.hi, xh);
-                            acc[r * NCOLS + m] += ch.scale * qx + ch.offset * xsum[j * NCOLS + m];
-                        }
+                let ch0 = unit_decode(h, 0u);
+                for (var m = 0u; m < NCOLS; m++) {
+                    acc[r * NCOLS + m] += ch0.scale * (dot(ch0.lo, x0l[m]) + dot(ch0.hi, x0h[m])) + ch0.offset * s0[m];
+                }
+                if (UNIT_CHUNKS == 2u) {
+                    let ch1 = unit_decode(h, 1u);
+                    for (var m = 0u; m < NCOLS; m++) {
+                        acc[r * NCOLS + m] += ch1.scale * (dot(ch1.lo, x1l[m]) + dot(ch1.hi, x1h[m])) + ch1.offset * s1[m];
                     }
                 }
             }

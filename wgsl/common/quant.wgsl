@@ -6,7 +6,7 @@
 // Streaming (GEMV): a row is read as units of UNIT_CHUNKS chunks that share one header
 // (scales, base address), so the header is loaded and unpacked once per unit; consecutive
 // invocations take consecutive units, so their reads coalesce.
-//   const UNIT_CHUNKS: u32
+//   const UNIT_CHUNKS: u32                                1 or 2 (the GEMV holds chunks in named variables)
 //   fn unit_count(k: u32) -> u32
 //   fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader
 //   fn unit_decode(h: UnitHeader, j: u32) -> Chunk8       j < UNIT_CHUNKS
