@@ -19,7 +19,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
@@ -36,16 +36,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var acc: Acc;
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // X tile: consecutive invocations read consecutive k of one row.
-        for (var i = lid; i < BM * BK; i += WG) {
-            let mm = i / BK;
-            let kk = i % BK;
+        // X tile, four k at a time: consecutive invocations read consecutive vec4s of a row.
+        for (var i = lid; i < BM * BK / 4u; i += WG) {
+            let mm = i / (BK / 4u);
+            let kq = (i % (BK / 4u)) * 4u;
             let gm = m0 + mm;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if (gm < p.m && gk < p.k) { v = x[gm * p.x_stride + gk]; }
-            let t = kk * BM + mm;
-            xs[t / 4u][t % 4u] = v;
+            let gk = k0 + kq;
+            var v = vec4<f32>(0.0);
+            if (gm < p.m && gk < p.k) {
+                v = select(vec4<f32>(0.0), x[(gm * p.x_stride + gk) / 4u], vec4<u32>(gk) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
+            }
+            for (var j = 0u; j < 4u; j++) {
+                let t = (kq + j) * BM + mm;
+                xs[t / 4u][t % 4u] = v[j];
+            }
         }
         // W tile: one 8-weight chunk per iteration, decoded in registers.
         for (var i = lid; i < BN * (BK / 8u); i += WG) {

@@ -39,7 +39,7 @@ pub struct GemmParams {
 /// One matmul: which buffers, and how X and Y are laid out.
 pub struct Matmul<'a> {
     pub w: &'a WeightTensor,
-    /// X: [m, x_stride] f32, using the first k values of each row.
+    /// X: [m, x_stride] f32, using the first k values of each row; x_stride % 4 == 0.
     pub x: &'a wgpu::Buffer,
     /// Y: [m, y_stride] f32; columns 0..n are written.
     pub y: &'a wgpu::Buffer,
@@ -73,6 +73,9 @@ pub fn prepare_with(
                 mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
             ),
         ));
+    }
+    if mm.x_stride % 4 != 0 {
+        return Err(KilnError::invalid("matmul", format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride)));
     }
     let dummy;
     let bias = match mm.bias {
