@@ -40,6 +40,9 @@ pub enum KilnError {
 
     #[error("{0}")]
     Quant(#[from] crate::quant::QuantError),
+
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
 pub type Result<T, E = KilnError> = std::result::Result<T, E>;
@@ -50,6 +53,11 @@ impl KilnError {
             what: what.into(),
             message: message.into(),
         }
+    }
+
+    /// Writing to a pipe whose reader went away (`kiln … | head`): not an error to report.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, KilnError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 
     /// Exit code convention shared with the CLI: 2 = bad input, 1 = runtime failure.

@@ -6,8 +6,10 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod gguf;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod plan;
 pub mod quant;
 

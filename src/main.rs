@@ -16,6 +16,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = cli::run(cli) {
+        if e.is_broken_pipe() {
+            return;
+        }
         eprintln!("kiln: {e}");
         std::process::exit(e.exit_code());
     }

@@ -3,6 +3,7 @@
 use crate::cli::GpuArgs;
 use crate::gpu::{list_adapters, GpuContext};
 use crate::Result;
+use std::io::Write;
 
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
@@ -27,6 +28,7 @@ fn mib(b: u64) -> String {
 }
 
 pub fn run(args: &InfoArgs) -> Result<()> {
+    let mut o = std::io::stdout().lock();
     let opts = args.gpu.options()?;
     let (_inst, list) = list_adapters(opts.backend);
     if list.is_empty() {
@@ -47,12 +49,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         } else {
             ""
         };
-        println!("[{}] {}{}", r.index, i.name, mark);
-        println!(
+        writeln!(o, "[{}] {}{}", r.index, i.name, mark)?;
+        writeln!(
+            o,
             "    vendor 0x{:04x}, device 0x{:04x}, {:?}, backend {:?}",
             i.vendor, i.device, i.device_type, i.backend
-        );
-        println!("    driver: {} {}", i.driver, i.driver_info);
+        )?;
+        writeln!(o, "    driver: {} {}", i.driver, i.driver_info)?;
         let f = r.features;
         let off = &opts.disable;
         let used = |feat: wgpu::Features, disabled: bool| {
@@ -64,34 +67,39 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 "yes"
             }
         };
-        println!(
+        writeln!(
+            o,
             "    SHADER_F16: {}",
             used(wgpu::Features::SHADER_F16, off.f16)
-        );
-        println!(
+        )?;
+        writeln!(
+            o,
             "    SUBGROUP: {} (subgroup size {}..{})",
             used(wgpu::Features::SUBGROUP, off.subgroup),
             i.subgroup_min_size,
             i.subgroup_max_size
-        );
-        println!(
+        )?;
+        writeln!(
+            o,
             "    TIMESTAMP_QUERY: {}, inside passes: {}",
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY)),
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES))
-        );
-        println!(
+        )?;
+        writeln!(
+            o,
             "    COOPERATIVE_MATRIX: {}",
             used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
-        );
+        )?;
         let l = &r.limits;
-        println!(
+        writeln!(
+            o,
             "    max buffer {}, max storage binding {}, workgroup storage {} KiB, invocations {}, storage buffers/stage {}",
             mib(l.max_buffer_size),
             mib(l.max_storage_buffer_binding_size),
             l.max_compute_workgroup_storage_size / 1024,
             l.max_compute_invocations_per_workgroup,
             l.max_storage_buffers_per_shader_stage
-        );
+        )?;
         // GL drivers can claim compute and not run it: open the adapter and try one dispatch.
         let mut unusable = r.unusable.clone();
         if unusable.is_none() && i.backend == wgpu::Backend::Gl {
@@ -104,12 +112,12 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             }
         }
         match unusable {
-            Some(why) => println!("    kiln cannot use this adapter: {why}"),
-            None => println!("    usable by kiln"),
+            Some(why) => writeln!(o, "    kiln cannot use this adapter: {why}")?,
+            None => writeln!(o, "    usable by kiln")?,
         }
     }
     if let Err(e) = chosen {
-        println!("no adapter selected: {e}");
+        writeln!(o, "no adapter selected: {e}")?;
     }
     Ok(())
 }

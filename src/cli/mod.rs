@@ -1,6 +1,7 @@
 //! The command line: argument parsing, terminal output, exit codes.
 
 pub mod info;
+pub mod inspect;
 
 use clap::{Parser, Subcommand};
 
@@ -53,10 +54,13 @@ impl GpuArgs {
 pub enum Command {
     /// List GPU adapters, their features and limits, and which one kiln would use.
     Info(info::InfoArgs),
+    /// Show a GGUF file's metadata, architecture, tensors and format mix.
+    Inspect(inspect::InspectArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info(a) => info::run(&a),
+        Command::Inspect(a) => inspect::run(&a),
     }
 }

@@ -75,7 +75,13 @@ pub fn prepare_with(
         ));
     }
     if mm.x_stride % 4 != 0 {
-        return Err(KilnError::invalid("matmul", format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride)));
+        return Err(KilnError::invalid(
+            "matmul",
+            format!(
+                "x rows must be padded to a multiple of 4 floats, got a stride of {}",
+                mm.x_stride
+            ),
+        ));
     }
     let dummy;
     let bias = match mm.bias {
