@@ -5,11 +5,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{KilnError, Result};
 use crate::gpu::GpuContext;
-use crate::kernels::KernelKey;
+use crate::kernels::{Binding, KernelKey};
 
 #[derive(Default)]
 pub struct PipelineCache {
     map: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+    layouts: Mutex<HashMap<&'static [Binding], (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
 }
 
 impl PipelineCache {
@@ -34,6 +35,7 @@ impl GpuContext {
             return Ok(p);
         }
         let src = key.source(&self.caps)?;
+        let layout = self.pipeline_layout(key.bindings());
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         // SAFETY: kiln's kernels guard every index against the shapes in their parameters,
         // so wgpu's extra bounds checks would only cost time on the hot path.
@@ -50,7 +52,7 @@ impl GpuContext {
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&src.label),
-                layout: None,
+                layout: Some(&layout),
                 module: &module,
                 entry_point: Some(key.entry()),
                 compilation_options: wgpu::PipelineCompilationOptions {
@@ -70,5 +72,42 @@ impl GpuContext {
             m.insert(*key, pipeline.clone());
         }
         Ok(pipeline)
+    }
+
+    /// One layout per distinct binding list, shared by every kernel that uses it.
+    fn pipeline_layout(&self, bindings: &'static [Binding]) -> wgpu::PipelineLayout {
+        let mut layouts = match self.pipelines.layouts.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((_, pl)) = layouts.get(bindings) {
+            return pl.clone();
+        }
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match b {
+                        Binding::Uniform => wgpu::BufferBindingType::Uniform,
+                        Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        Binding::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some("kiln"), entries: &entries });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("kiln"),
+            bind_group_layouts: &[Some(&bgl)],
+            immediate_size: 0,
+        });
+        layouts.insert(bindings, (bgl, pl.clone()));
+        pl
     }
 }

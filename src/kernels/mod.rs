@@ -126,7 +126,32 @@ pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG: u32 = 64;
 pub const ATTN_TILE: (u32, u32, u32, u32, u32) = (32, 32, 16, 4, 4);
 
+/// How a kernel binds one resource (group 0, bindings in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Binding {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
 impl KernelKey {
+    /// The kernel's bind group layout. Explicit (not derived from the shader) so that kernels
+    /// with the same bindings, e.g. every GEMV and GEMM variant, share bind groups.
+    pub fn bindings(&self) -> &'static [Binding] {
+        use Binding::*;
+        match self {
+            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read],
+            KernelKey::Embed { .. } | KernelKey::AttnGemm { .. } | KernelKey::RmsNorm { .. } | KernelKey::Elementwise { .. } => {
+                &[Uniform, Read, Read, ReadWrite]
+            }
+            KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
+            KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
+            KernelKey::AttnCombine | KernelKey::Argmax { .. } => &[Uniform, Read, ReadWrite],
+            KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
+            KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
+        }
+    }
+
     pub fn entry(&self) -> &'static str {
         match self {
             KernelKey::Rope {
