@@ -4,12 +4,12 @@
 // Header constants: WG, ROWS, NCOLS.
 
 struct Params {
+    n_cols: u32,     // active columns (m), <= NCOLS
     k: u32,          // weights per row
     n_rows: u32,     // rows in this weight chunk
     row_offset: u32, // output column of the chunk's first row
-    y_stride: u32,   // elements between output rows (m)
     x_stride: u32,   // elements between input rows (m)
-    n_cols: u32,     // active columns, <= NCOLS
+    y_stride: u32,   // elements between output rows (m)
     has_bias: u32,   // add bias[row_offset + r]
     accumulate: u32, // add the value already in Y (fused residual)
 }

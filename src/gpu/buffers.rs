@@ -205,6 +205,41 @@ impl WeightTensor {
     }
 }
 
+/// A kernel bound to its buffers once. Its parameter buffer is rewritten before each step
+/// that uses it (queue writes land before the step's commands), so a step creates nothing.
+pub struct Bound {
+    pub label: &'static str,
+    pub bind_group: wgpu::BindGroup,
+    pub params: wgpu::Buffer,
+}
+
+impl Bound {
+    /// Binds a parameter buffer of `P` at binding 0 and `buffers` at 1, 2, … for `key`'s layout.
+    pub fn new<P: bytemuck::Pod>(ctx: &GpuContext, key: &crate::kernels::KernelKey, label: &'static str, buffers: &[&wgpu::Buffer]) -> crate::Result<Bound> {
+        let pipeline = ctx.pipeline(key)?;
+        let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: std::mem::size_of::<P>() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut all: Vec<&wgpu::Buffer> = vec![&params];
+        all.extend_from_slice(buffers);
+        let bind_group = bind(ctx, &pipeline, label, &all);
+        Ok(Bound { label, bind_group, params })
+    }
+
+    pub fn set<P: bytemuck::Pod>(&self, ctx: &GpuContext, params: &P) {
+        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(params));
+    }
+
+    pub fn record_with(&self, pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, grid: [u32; 3]) {
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    }
+}
+
 /// A recorded-once kernel launch: pipeline, bind group, grid and a stage name for profiles.
 pub struct Dispatch {
     pub label: &'static str,

@@ -6,5 +6,5 @@ pub mod pipelines;
 pub mod shader;
 pub mod timer;
 
-pub use buffers::{bind, grid, run_dispatches, Dispatch, WeightChunk, WeightTensor};
+pub use buffers::{bind, grid, run_dispatches, Bound, Dispatch, WeightChunk, WeightTensor};
 pub use context::{list_adapters, parse_backend, AdapterReport, Caps, ContextOptions, GpuContext};

@@ -4,28 +4,14 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{KilnError, Result};
-use crate::gpu::{bind, grid, Dispatch, GpuContext, WeightTensor};
+use crate::gpu::{grid, Bound, Dispatch, GpuContext, WeightTensor};
 use crate::kernels::KernelKey;
 use crate::plan::{plan_matmul, MatmulKernel};
 
-/// Mirrors `Params` in gemv.wgsl.
+/// Mirrors `Params` in gemv.wgsl and gemm.wgsl (the same layout for both).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
-pub struct GemvParams {
-    pub k: u32,
-    pub n_rows: u32,
-    pub row_offset: u32,
-    pub y_stride: u32,
-    pub x_stride: u32,
-    pub n_cols: u32,
-    pub has_bias: u32,
-    pub accumulate: u32,
-}
-
-/// Mirrors `Params` in gemm.wgsl.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Debug)]
-pub struct GemmParams {
+pub struct MatmulParams {
     pub m: u32,
     pub k: u32,
     pub n_rows: u32,
@@ -52,143 +38,137 @@ pub struct Matmul<'a> {
     pub accumulate: bool,
 }
 
-/// Records-once dispatches for `mm` with the kernel the planner picks.
+/// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
+pub fn launch(ctx: &GpuContext, kernel: MatmulKernel, format: crate::quant::WeightFormat, rows: u32, m: u32) -> Result<(KernelKey, [u32; 3])> {
+    match kernel {
+        MatmulKernel::Gemv { ncols, shape } => {
+            if m > ncols {
+                return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
+            }
+            let key = KernelKey::Gemv { format, ncols: ncols as u8, rows: shape.rows as u8, wg: shape.wg as u16, subgroups: ctx.caps.subgroups };
+            Ok((key, grid(rows.div_ceil(shape.rows))))
+        }
+        MatmulKernel::Gemm { tile } => {
+            let (bm, bn, ..) = tile.dims();
+            let (gx, gy) = (rows.div_ceil(bn), m.div_ceil(bm));
+            if gx > ctx.limits.max_compute_workgroups_per_dimension || gy > ctx.limits.max_compute_workgroups_per_dimension {
+                return Err(KilnError::invalid("matmul", format!("grid {gx}x{gy} exceeds the adapter's limit")));
+            }
+            Ok((KernelKey::Gemm { format, tile }, [gx, gy, 1]))
+        }
+    }
+}
+
+/// A matmul bound to its buffers once (one bind group per weight chunk); each `record`
+/// plans the kernel for that step's m and rewrites the parameters.
+pub struct BoundMatmul {
+    pub stage: &'static str,
+    format: crate::quant::WeightFormat,
+    k: u32,
+    n: u32,
+    chunks: Vec<(Bound, u32, u32)>, // (binding, row_start, rows)
+    x_stride: u32,
+    y_stride: u32,
+    has_bias: bool,
+    accumulate: bool,
+}
+
+impl BoundMatmul {
+    pub fn new(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<BoundMatmul> {
+        if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
+            return Err(KilnError::invalid("matmul", format!(
+                "strides x={} y={} are smaller than k={} n={}", mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
+            )));
+        }
+        if mm.x_stride % 4 != 0 {
+            return Err(KilnError::invalid("matmul", format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride)));
+        }
+        let dummy;
+        let bias = match mm.bias {
+            Some(b) => b,
+            None => {
+                dummy = ctx.storage(16, "no-bias")?;
+                &dummy
+            }
+        };
+        // Any matmul key has the same bindings; the pipeline is chosen per step.
+        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
+        let chunks = mm
+            .w
+            .chunks
+            .iter()
+            .map(|c| {
+                let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
+                Ok((b, c.row_start, c.rows))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BoundMatmul {
+            stage,
+            format: mm.w.format,
+            k: mm.w.k,
+            n: mm.w.rows,
+            chunks,
+            x_stride: mm.x_stride,
+            y_stride: mm.y_stride,
+            has_bias: mm.bias.is_some(),
+            accumulate: mm.accumulate,
+        })
+    }
+
+    /// The kernel the planner picks for m columns.
+    pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
+        plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+    }
+
+    /// Records Y[0..m] = X[0..m] · Wᵀ with `kernel` (or the planner's choice).
+    pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, kernel: Option<MatmulKernel>) -> Result<()> {
+        let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
+        for (b, row_start, rows) in &self.chunks {
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m)?;
+            let params = MatmulParams {
+                m,
+                k: self.k,
+                n_rows: *rows,
+                row_offset: *row_start,
+                x_stride: self.x_stride,
+                y_stride: self.y_stride,
+                has_bias: self.has_bias as u32,
+                accumulate: self.accumulate as u32,
+            };
+            b.set(ctx, &params);
+            b.record_with(pass, &*ctx.pipeline(&key)?, grid);
+        }
+        Ok(())
+    }
+}
+
+/// One-off dispatches for `mm` with the kernel the planner picks (tests, tools).
 pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
     let kernel = plan_matmul(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
     prepare_with(ctx, mm, kernel, stage)
 }
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
-pub fn prepare_with(
-    ctx: &GpuContext,
-    mm: &Matmul,
-    kernel: MatmulKernel,
-    stage: &'static str,
-) -> Result<Vec<Dispatch>> {
-    if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
-        return Err(KilnError::invalid(
-            "matmul",
-            format!(
-                "strides x={} y={} are smaller than k={} n={}",
-                mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
-            ),
-        ));
-    }
-    if mm.x_stride % 4 != 0 {
-        return Err(KilnError::invalid(
-            "matmul",
-            format!(
-                "x rows must be padded to a multiple of 4 floats, got a stride of {}",
-                mm.x_stride
-            ),
-        ));
-    }
-    let dummy;
-    let bias = match mm.bias {
-        Some(b) => b,
-        None => {
-            dummy = ctx.storage(16, "no-bias")?;
-            &dummy
-        }
-    };
-    let mut out = Vec::new();
-    for chunk in &mm.w.chunks {
-        let d = match kernel {
-            MatmulKernel::Gemv { ncols, shape } => {
-                if mm.x_stride % 4 != 0 {
-                    return Err(KilnError::invalid(
-                        "matmul",
-                        format!(
-                            "GEMV needs an x row stride that is a multiple of 4, got {}",
-                            mm.x_stride
-                        ),
-                    ));
-                }
-                if mm.m > ncols {
-                    return Err(KilnError::invalid(
-                        "matmul",
-                        format!("GEMV for {ncols} columns given m={}", mm.m),
-                    ));
-                }
-                let key = KernelKey::Gemv {
-                    format: mm.w.format,
-                    ncols: ncols as u8,
-                    rows: shape.rows as u8,
-                    wg: shape.wg as u16,
-                    subgroups: ctx.caps.subgroups,
-                };
-                let params = GemvParams {
-                    k: mm.w.k,
-                    n_rows: chunk.rows,
-                    row_offset: chunk.row_start,
-                    y_stride: mm.y_stride,
-                    x_stride: mm.x_stride,
-                    n_cols: mm.m,
-                    has_bias: mm.bias.is_some() as u32,
-                    accumulate: mm.accumulate as u32,
-                };
-                let pipeline = ctx.pipeline(&key)?;
-                let ub = ctx.uniform(&params, stage);
-                let bg = bind(
-                    ctx,
-                    &pipeline,
-                    stage,
-                    &[&ub, &chunk.buffer, mm.x, mm.y, bias],
-                );
-                Dispatch {
-                    label: stage,
-                    pipeline,
-                    bind_group: bg,
-                    workgroups: grid(chunk.rows.div_ceil(shape.rows)),
-                    params: Some(ub),
-                }
-            }
-            MatmulKernel::Gemm { tile } => {
-                let key = KernelKey::Gemm {
-                    format: mm.w.format,
-                    tile,
-                };
-                let (bm, bn, ..) = tile.dims();
-                let params = GemmParams {
-                    m: mm.m,
-                    k: mm.w.k,
-                    n_rows: chunk.rows,
-                    row_offset: chunk.row_start,
-                    x_stride: mm.x_stride,
-                    y_stride: mm.y_stride,
-                    has_bias: mm.bias.is_some() as u32,
-                    accumulate: mm.accumulate as u32,
-                };
-                let pipeline = ctx.pipeline(&key)?;
-                let ub = ctx.uniform(&params, stage);
-                let bg = bind(
-                    ctx,
-                    &pipeline,
-                    stage,
-                    &[&ub, &chunk.buffer, mm.x, mm.y, bias],
-                );
-                let gx = chunk.rows.div_ceil(bn);
-                let gy = mm.m.div_ceil(bm);
-                if gx > ctx.limits.max_compute_workgroups_per_dimension
-                    || gy > ctx.limits.max_compute_workgroups_per_dimension
-                {
-                    return Err(KilnError::invalid(
-                        "matmul",
-                        format!("grid {gx}x{gy} exceeds the adapter's limit"),
-                    ));
-                }
-                Dispatch {
-                    label: stage,
-                    pipeline,
-                    bind_group: bg,
-                    workgroups: [gx, gy, 1],
-                    params: Some(ub),
-                }
-            }
-        };
-        out.push(d);
-    }
-    Ok(out)
+pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
+    let bm = BoundMatmul::new(ctx, mm, stage)?;
+    bm.chunks
+        .into_iter()
+        .map(|(b, row_start, rows)| {
+            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m)?;
+            let params = MatmulParams {
+                m: mm.m,
+                k: bm.k,
+                n_rows: rows,
+                row_offset: row_start,
+                x_stride: bm.x_stride,
+                y_stride: bm.y_stride,
+                has_bias: bm.has_bias as u32,
+                accumulate: bm.accumulate as u32,
+            };
+            b.set(ctx, &params);
+            Ok(Dispatch { label: stage, pipeline: ctx.pipeline(&key)?, bind_group: b.bind_group, workgroups: grid, params: Some(b.params) })
+        })
+        .collect()
 }
 
 /// CPU reference: y[m, n] = sum_k w[n, k] x[m, k] (+ bias[n]) (+ y_in[m, n]), in f64.
