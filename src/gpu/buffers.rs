@@ -215,7 +215,12 @@ pub struct Bound {
 
 impl Bound {
     /// Binds a parameter buffer of `P` at binding 0 and `buffers` at 1, 2, … for `key`'s layout.
-    pub fn new<P: bytemuck::Pod>(ctx: &GpuContext, key: &crate::kernels::KernelKey, label: &'static str, buffers: &[&wgpu::Buffer]) -> crate::Result<Bound> {
+    pub fn new<P: bytemuck::Pod>(
+        ctx: &GpuContext,
+        key: &crate::kernels::KernelKey,
+        label: &'static str,
+        buffers: &[&wgpu::Buffer],
+    ) -> crate::Result<Bound> {
         let pipeline = ctx.pipeline(key)?;
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -226,14 +231,24 @@ impl Bound {
         let mut all: Vec<&wgpu::Buffer> = vec![&params];
         all.extend_from_slice(buffers);
         let bind_group = bind(ctx, &pipeline, label, &all);
-        Ok(Bound { label, bind_group, params })
+        Ok(Bound {
+            label,
+            bind_group,
+            params,
+        })
     }
 
     pub fn set<P: bytemuck::Pod>(&self, ctx: &GpuContext, params: &P) {
-        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(params));
+        ctx.queue
+            .write_buffer(&self.params, 0, bytemuck::bytes_of(params));
     }
 
-    pub fn record_with(&self, pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, grid: [u32; 3]) {
+    pub fn record_with(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pipeline: &wgpu::ComputePipeline,
+        grid: [u32; 3],
+    ) {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);

@@ -101,12 +101,19 @@ impl GpuContext {
                 count: None,
             })
             .collect();
-        let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some("kiln"), entries: &entries });
-        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("kiln"),
-            bind_group_layouts: &[Some(&bgl)],
-            immediate_size: 0,
-        });
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("kiln"),
+                entries: &entries,
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("kiln"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
         layouts.insert(bindings, (bgl, pl.clone()));
         pl
     }

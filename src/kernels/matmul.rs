@@ -39,20 +39,40 @@ pub struct Matmul<'a> {
 }
 
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
-pub fn launch(ctx: &GpuContext, kernel: MatmulKernel, format: crate::quant::WeightFormat, rows: u32, m: u32) -> Result<(KernelKey, [u32; 3])> {
+pub fn launch(
+    ctx: &GpuContext,
+    kernel: MatmulKernel,
+    format: crate::quant::WeightFormat,
+    rows: u32,
+    m: u32,
+) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape } => {
             if m > ncols {
-                return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
+                return Err(KilnError::invalid(
+                    "matmul",
+                    format!("GEMV for {ncols} columns given m={m}"),
+                ));
             }
-            let key = KernelKey::Gemv { format, ncols: ncols as u8, rows: shape.rows as u8, wg: shape.wg as u16, subgroups: ctx.caps.subgroups };
+            let key = KernelKey::Gemv {
+                format,
+                ncols: ncols as u8,
+                rows: shape.rows as u8,
+                wg: shape.wg as u16,
+                subgroups: ctx.caps.subgroups,
+            };
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
         MatmulKernel::Gemm { tile } => {
             let (bm, bn, ..) = tile.dims();
             let (gx, gy) = (rows.div_ceil(bn), m.div_ceil(bm));
-            if gx > ctx.limits.max_compute_workgroups_per_dimension || gy > ctx.limits.max_compute_workgroups_per_dimension {
-                return Err(KilnError::invalid("matmul", format!("grid {gx}x{gy} exceeds the adapter's limit")));
+            if gx > ctx.limits.max_compute_workgroups_per_dimension
+                || gy > ctx.limits.max_compute_workgroups_per_dimension
+            {
+                return Err(KilnError::invalid(
+                    "matmul",
+                    format!("grid {gx}x{gy} exceeds the adapter's limit"),
+                ));
             }
             Ok((KernelKey::Gemm { format, tile }, [gx, gy, 1]))
         }
@@ -76,12 +96,22 @@ pub struct BoundMatmul {
 impl BoundMatmul {
     pub fn new(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<BoundMatmul> {
         if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
-            return Err(KilnError::invalid("matmul", format!(
-                "strides x={} y={} are smaller than k={} n={}", mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
-            )));
+            return Err(KilnError::invalid(
+                "matmul",
+                format!(
+                    "strides x={} y={} are smaller than k={} n={}",
+                    mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
+                ),
+            ));
         }
         if mm.x_stride % 4 != 0 {
-            return Err(KilnError::invalid("matmul", format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride)));
+            return Err(KilnError::invalid(
+                "matmul",
+                format!(
+                    "x rows must be padded to a multiple of 4 floats, got a stride of {}",
+                    mm.x_stride
+                ),
+            ));
         }
         let dummy;
         let bias = match mm.bias {
@@ -92,13 +122,17 @@ impl BoundMatmul {
             }
         };
         // Any matmul key has the same bindings; the pipeline is chosen per step.
-        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
+        let key = KernelKey::Gemm {
+            format: mm.w.format,
+            tile: crate::plan::GemmTile::T32,
+        };
         let chunks = mm
             .w
             .chunks
             .iter()
             .map(|c| {
-                let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
+                let b =
+                    Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
                 Ok((b, c.row_start, c.rows))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -121,7 +155,13 @@ impl BoundMatmul {
     }
 
     /// Records Y[0..m] = X[0..m] · Wᵀ with `kernel` (or the planner's choice).
-    pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, kernel: Option<MatmulKernel>) -> Result<()> {
+    pub fn record(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: u32,
+        kernel: Option<MatmulKernel>,
+    ) -> Result<()> {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
         for (b, row_start, rows) in &self.chunks {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m)?;
@@ -149,7 +189,12 @@ pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec
 }
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
-pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
+pub fn prepare_with(
+    ctx: &GpuContext,
+    mm: &Matmul,
+    kernel: MatmulKernel,
+    stage: &'static str,
+) -> Result<Vec<Dispatch>> {
     let bm = BoundMatmul::new(ctx, mm, stage)?;
     bm.chunks
         .into_iter()
@@ -166,7 +211,13 @@ pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: 
                 accumulate: bm.accumulate as u32,
             };
             b.set(ctx, &params);
-            Ok(Dispatch { label: stage, pipeline: ctx.pipeline(&key)?, bind_group: b.bind_group, workgroups: grid, params: Some(b.params) })
+            Ok(Dispatch {
+                label: stage,
+                pipeline: ctx.pipeline(&key)?,
+                bind_group: b.bind_group,
+                workgroups: grid,
+                params: Some(b.params),
+            })
         })
         .collect()
 }

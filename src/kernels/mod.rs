@@ -140,15 +140,20 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read],
-            KernelKey::Embed { .. } | KernelKey::AttnGemm { .. } | KernelKey::RmsNorm { .. } | KernelKey::Elementwise { .. } => {
-                &[Uniform, Read, Read, ReadWrite]
+            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => {
+                &[Uniform, Read, Read, ReadWrite, Read]
             }
+            KernelKey::Embed { .. }
+            | KernelKey::AttnGemm { .. }
+            | KernelKey::RmsNorm { .. }
+            | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::AttnCombine | KernelKey::Argmax { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
-            KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
+            KernelKey::Rope {
+                to_cache: Some(_), ..
+            } => &[Uniform, ReadWrite, ReadWrite],
         }
     }
 

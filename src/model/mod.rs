@@ -1,5 +1,10 @@
-//! The model: architecture configuration and (next) weights and the forward pass.
+//! The model: architecture configuration, weights on the GPU, and sessions that run the
+//! forward pass.
 
 pub mod config;
+pub mod session;
+pub mod weights;
 
 pub use config::{Arch, ModelConfig};
+pub use session::{Output, Session, SessionOptions};
+pub use weights::Weights;

@@ -1,0 +1,158 @@
+//! End-to-end forward pass against the reference outputs in ../shared/testdata.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{gpus, testdata};
+use kiln::engine::Model;
+use kiln::gpu::GpuContext;
+use kiln::model::{Output, SessionOptions};
+
+fn f32s(path: &std::path::Path) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec(&std::fs::read(path).unwrap())
+}
+
+fn greedy_tokens() -> Vec<u32> {
+    std::fs::read_to_string(testdata().join("stories260K/greedy200.tokens.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect()
+}
+
+fn load(ctx: &Arc<GpuContext>, rel: &str) -> Model {
+    Model::load(ctx.clone(), testdata().join(rel), &mut |_| {}).unwrap()
+}
+
+fn opts(f16_kv: bool, ubatch: u32, all_logits: bool) -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        ubatch,
+        f16_kv,
+        all_logits,
+    }
+}
+
+/// (max |Δ|, RMS Δ, share of rows with the same argmax)
+fn compare(got: &[f32], want: &[f32], n_vocab: usize) -> (f32, f32, f32) {
+    assert_eq!(got.len(), want.len());
+    let mut max = 0f32;
+    let mut ss = 0f64;
+    for (a, b) in got.iter().zip(want) {
+        let d = (a - b).abs();
+        assert!(d.is_finite(), "non-finite logit");
+        max = max.max(d);
+        ss += (d as f64) * (d as f64);
+    }
+    let rows = got.len() / n_vocab;
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .fold(0, |bi, (i, &v)| if v > r[bi] { i } else { bi })
+    };
+    let same = (0..rows)
+        .filter(|&r| {
+            argmax(&got[r * n_vocab..][..n_vocab]) == argmax(&want[r * n_vocab..][..n_vocab])
+        })
+        .count();
+    (
+        max,
+        (ss / got.len() as f64).sqrt() as f32,
+        same as f32 / rows as f32,
+    )
+}
+
+/// Teacher-forced logits with an F32 KV cache match the float64 reference within 1e-3.
+#[test]
+fn stories260k_teacher_forced_logits() {
+    let ids = greedy_tokens();
+    let want = f32s(&testdata().join("stories260K/logits_numpy_f64ref.f32"));
+    for g in gpus() {
+        let model = load(&g.ctx, "stories260K/stories260K.gguf");
+        // In one prefill step, and in steps of 7 tokens (ragged chunks through the cache).
+        for ubatch in [256, 7] {
+            let mut s = model.session(opts(false, ubatch, true)).unwrap();
+            let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
+            let (max, rms, same) = compare(&got, &want, 512);
+            eprintln!(
+                "[{}] stories260K ubatch {ubatch}: max |Δ| {max:.2e}, rms {rms:.2e}, argmax {same}",
+                g.name
+            );
+            assert!(max < 1e-3, "[{}] ubatch {ubatch}: max |Δ| {max}", g.name);
+        }
+    }
+}
+
+/// Greedy decoding from BOS reproduces the reference's 200 tokens.
+#[test]
+fn stories260k_greedy_200_tokens() {
+    let ids = greedy_tokens();
+    for g in gpus() {
+        let model = load(&g.ctx, "stories260K/stories260K.gguf");
+        let mut s = model.session(opts(true, 64, false)).unwrap();
+        let mut tok = ids[0];
+        let mut out = vec![tok];
+        for _ in 0..200 {
+            tok = s.next_greedy(&[tok]).unwrap();
+            out.push(tok);
+        }
+        assert_eq!(out, ids, "[{}] greedy tokens differ", g.name);
+    }
+}
+
+/// Prefill of a 40-token prompt then decode gives the same logits as feeding the tokens one
+/// by one.
+#[test]
+fn prefill_matches_token_by_token() {
+    let ids = greedy_tokens();
+    let g = &gpus()[0];
+    for file in [
+        "stories260K/stories260K.gguf",
+        "derived/stories260K-pad256-Q4_K_M.gguf",
+    ] {
+        let model = load(&g.ctx, file);
+        let mut a = model.session(opts(false, 64, false)).unwrap();
+        let mut b = model.session(opts(false, 64, false)).unwrap();
+        let la = a.forward(&ids[..40], Output::LastLogits).unwrap();
+        let mut lb = Vec::new();
+        for &t in &ids[..40] {
+            lb = b.forward(&[t], Output::LastLogits).unwrap();
+        }
+        let (max, ..) = compare(&la, &lb, 512);
+        assert!(max < 1e-3, "{file}: prefill vs one by one: max |Δ| {max}");
+        let (na, nb) = (
+            a.forward(&ids[40..41], Output::LastLogits).unwrap(),
+            b.forward(&ids[40..41], Output::LastLogits).unwrap(),
+        );
+        let (max, ..) = compare(&na, &nb, 512);
+        assert!(max < 1e-3, "{file}: decode after prefill: max |Δ| {max}");
+    }
+}
+
+/// Every quantized variant: max |Δ| 0.1, RMS 0.02, argmax equal on >= 99% of rows, with the
+/// default F16 KV cache.
+#[test]
+fn derived_models_teacher_forced() {
+    let ids = greedy_tokens();
+    for g in gpus() {
+        for q in ["f32", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"] {
+            let model = load(&g.ctx, &format!("derived/stories260K-pad256-{q}.gguf"));
+            let want = f32s(&testdata().join(format!(
+                "derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32"
+            )));
+            let mut s = model.session(opts(true, 256, true)).unwrap();
+            let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
+            let (max, rms, same) = compare(&got, &want, 512);
+            eprintln!(
+                "[{}] {q}: max |Δ| {max:.3e}, rms {rms:.3e}, argmax {same:.3}",
+                g.name
+            );
+            assert!(
+                max < 0.1 && rms < 0.02 && same >= 0.99,
+                "[{}] {q}: max {max} rms {rms} argmax {same}",
+                g.name
+            );
+        }
+    }
+}
