@@ -3,6 +3,11 @@ use clap::Parser;
 use kiln::cli::{self, Cli};
 
 fn main() {
+    // Without a session runtime dir, libwayland (probed by Mesa's Vulkan and EGL drivers on
+    // headless machines) prints an error line per probe; point it somewhere harmless.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let cli = Cli::parse();
     let filter = match cli.verbose {
         0 => "warn",

@@ -1,7 +1,9 @@
 //! The command line: argument parsing, terminal output, exit codes.
 
+pub mod eval;
 pub mod info;
 pub mod inspect;
+pub mod load;
 
 use clap::{Parser, Subcommand};
 
@@ -56,11 +58,14 @@ pub enum Command {
     Info(info::InfoArgs),
     /// Show a GGUF file's metadata, architecture, tensors and format mix.
     Inspect(inspect::InspectArgs),
+    /// Teacher-forced evaluation of token ids: logits, mean NLL and perplexity.
+    Eval(eval::EvalArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info(a) => info::run(&a),
         Command::Inspect(a) => inspect::run(&a),
+        Command::Eval(a) => eval::run(&a),
     }
 }

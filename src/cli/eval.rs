@@ -1,0 +1,87 @@
+//! `kiln eval`: teacher-forced evaluation of a token sequence. Row i of the logits is the
+//! prediction after ids[0..=i]; prints mean negative log-likelihood and perplexity.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::cli::load::{load_model, open_session, ModelArgs};
+use crate::model::Output;
+use crate::{KilnError, Result};
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Whitespace-separated token ids.
+    #[arg(long)]
+    pub tokens: PathBuf,
+    /// Write raw f32 logits here, one row per position.
+    #[arg(long = "logits-out")]
+    pub logits_out: Option<PathBuf>,
+}
+
+pub fn run(args: &EvalArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.tokens).map_err(|e| KilnError::File {
+        path: args.tokens.clone(),
+        message: e.to_string(),
+    })?;
+    let ids = text
+        .split_whitespace()
+        .map(|t| {
+            t.parse::<u32>().map_err(|_| KilnError::File {
+                path: args.tokens.clone(),
+                message: format!("{t:?} is not a token id"),
+            })
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        return Err(KilnError::File {
+            path: args.tokens.clone(),
+            message: "no token ids".into(),
+        });
+    }
+    let model = load_model(&args.model)?;
+    let mut session = open_session(&model, &args.model, ids.len() as u32, true)?;
+    let t = Instant::now();
+    let logits = session.forward(&ids, Output::AllLogits)?;
+    let secs = t.elapsed().as_secs_f64();
+    let v = model.cfg.n_vocab as usize;
+    let mut nll = 0f64;
+    for i in 0..ids.len() - 1 {
+        let row = &logits[i * v..(i + 1) * v];
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        nll += lse - row[ids[i + 1] as usize] as f64;
+    }
+    if let Some(out) = &args.logits_out {
+        std::fs::write(out, bytemuck::cast_slice(&logits)).map_err(|e| KilnError::File {
+            path: out.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    let mut o = std::io::stdout().lock();
+    if ids.len() > 1 {
+        let mean = nll / (ids.len() - 1) as f64;
+        writeln!(
+            o,
+            "tokens {}  mean NLL {mean:.6}  perplexity {:.4}",
+            ids.len(),
+            mean.exp()
+        )?;
+    } else {
+        writeln!(o, "tokens 1 (no next-token predictions to score)")?;
+    }
+    eprintln!(
+        "{} tokens in {:.3} s ({:.1} tok/s)",
+        ids.len(),
+        secs,
+        ids.len() as f64 / secs
+    );
+    Ok(())
+}
