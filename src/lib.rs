@@ -14,5 +14,6 @@ pub mod model;
 pub mod plan;
 pub mod quant;
 pub mod sample;
+pub mod synth;
 
 pub use error::{KilnError, Result};

@@ -4,6 +4,7 @@ pub mod eval;
 pub mod info;
 pub mod inspect;
 pub mod load;
+pub mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -60,6 +61,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Teacher-forced evaluation of token ids: logits, mean NLL and perplexity.
     Eval(eval::EvalArgs),
+    /// Write a synthetic model (real shapes and format mix, random weights) as GGUF.
+    Synth(synth::SynthArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -67,5 +70,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Info(a) => info::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Eval(a) => eval::run(&a),
+        Command::Synth(a) => synth::run(&a),
     }
 }

@@ -1,6 +1,8 @@
 //! GGUF files: memory-mapped, parsed with gguf-rs, and validated before anything is trusted:
 //! every tensor's type, shape and byte range is checked against the file.
 
+pub mod writer;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,118 @@
+//! A small GGUF v3 writer: metadata and tensors, for synthetic models and test files.
+
+use std::io::Write;
+
+use crate::quant::WeightFormat;
+
+/// A metadata value.
+#[derive(Debug, Clone)]
+pub enum MetaValue {
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    ArrStr(Vec<String>),
+    ArrF32(Vec<f32>),
+    ArrI32(Vec<i32>),
+}
+
+const ALIGN: u64 = 32;
+
+/// Collects metadata and tensors, then writes them in GGUF v3 layout.
+#[derive(Default)]
+pub struct GgufWriter {
+    meta: Vec<(String, MetaValue)>,
+    tensors: Vec<(String, WeightFormat, Vec<u64>, Vec<u8>)>,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+impl GgufWriter {
+    pub fn meta(&mut self, key: &str, v: MetaValue) {
+        self.meta.push((key.to_string(), v));
+    }
+
+    /// `dims` innermost first (row length first), `data` in the GGUF block layout.
+    pub fn tensor(&mut self, name: &str, format: WeightFormat, dims: Vec<u64>, data: Vec<u8>) {
+        self.tensors.push((name.to_string(), format, dims, data));
+    }
+
+    /// The header and tensor table (everything before the tensor data).
+    fn header(&self) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend_from_slice(b"GGUF");
+        h.extend_from_slice(&3u32.to_le_bytes());
+        h.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        h.extend_from_slice(&(self.meta.len() as u64).to_le_bytes());
+        for (k, v) in &self.meta {
+            put_str(&mut h, k);
+            match v {
+                MetaValue::U32(x) => {
+                    h.extend_from_slice(&4u32.to_le_bytes());
+                    h.extend_from_slice(&x.to_le_bytes());
+                }
+                MetaValue::I32(x) => {
+                    h.extend_from_slice(&5u32.to_le_bytes());
+                    h.extend_from_slice(&x.to_le_bytes());
+                }
+                MetaValue::F32(x) => {
+                    h.extend_from_slice(&6u32.to_le_bytes());
+                    h.extend_from_slice(&x.to_le_bytes());
+                }
+                MetaValue::Bool(x) => {
+                    h.extend_from_slice(&7u32.to_le_bytes());
+                    h.push(*x as u8);
+                }
+                MetaValue::Str(s) => {
+                    h.extend_from_slice(&8u32.to_le_bytes());
+                    put_str(&mut h, s);
+                }
+                MetaValue::ArrStr(a) => {
+                    h.extend_from_slice(&9u32.to_le_bytes());
+                    h.extend_from_slice(&8u32.to_le_bytes());
+                    h.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|s| put_str(&mut h, s));
+                }
+                MetaValue::ArrF32(a) => {
+                    h.extend_from_slice(&9u32.to_le_bytes());
+                    h.extend_from_slice(&6u32.to_le_bytes());
+                    h.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes()));
+                }
+                MetaValue::ArrI32(a) => {
+                    h.extend_from_slice(&9u32.to_le_bytes());
+                    h.extend_from_slice(&5u32.to_le_bytes());
+                    h.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|x| h.extend_from_slice(&x.to_le_bytes()));
+                }
+            }
+        }
+        let mut offset = 0u64;
+        for (name, format, dims, data) in &self.tensors {
+            put_str(&mut h, name);
+            h.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            dims.iter()
+                .for_each(|d| h.extend_from_slice(&d.to_le_bytes()));
+            h.extend_from_slice(&format.ggml_type().to_le_bytes());
+            h.extend_from_slice(&offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(ALIGN) * ALIGN;
+        }
+        h
+    }
+
+    pub fn write(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let h = self.header();
+        out.write_all(&h)?;
+        let pad = |n: u64| vec![0u8; ((ALIGN - n % ALIGN) % ALIGN) as usize];
+        out.write_all(&pad(h.len() as u64))?;
+        for (_, _, _, data) in &self.tensors {
+            out.write_all(data)?;
+            out.write_all(&pad(data.len() as u64))?;
+        }
+        Ok(())
+    }
+}
