@@ -20,7 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = if path == "synthetic" {
         let p = std::env::temp_dir().join("kiln-synthetic-tinyllama-q4_k_m.gguf");
         let (preset, ft) = kiln::synth::parse_spec("tinyllama-1.1b:q4_k_m")?;
-        kiln::synth::build(&preset, ft)?.write(&mut std::io::BufWriter::new(std::fs::File::create(&p)?))?;
+        kiln::synth::build(&preset, ft)?
+            .write(&mut std::io::BufWriter::new(std::fs::File::create(&p)?))?;
         p.to_string_lossy().to_string()
     } else {
         path
@@ -29,26 +30,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load(ctx, &path, &mut |_| {})?;
     eprintln!("loaded {} in {:.2} s", path, t.elapsed().as_secs_f64());
     let n_ctx = (n_prompt + n_decode + 1) as u32;
-    let mut s = model.session(SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false })?;
+    let mut s = model.session(SessionOptions {
+        n_ctx,
+        ubatch: 512,
+        f16_kv: true,
+        all_logits: false,
+    })?;
     // A fixed prompt: token ids spread over the vocabulary.
     let v = model.cfg.n_vocab as usize;
-    let prompt: Vec<u32> = (0..n_prompt).map(|i| (1 + (i * 7919) % (v - 1)) as u32).collect();
+    let prompt: Vec<u32> = (0..n_prompt)
+        .map(|i| (1 + (i * 7919) % (v - 1)) as u32)
+        .collect();
     // Warm-up step, so pipeline compilation is not timed.
     s.forward(&prompt[..1], Output::Argmax)?;
     s.reset();
     let t = Instant::now();
     let mut tok = s.forward(&prompt, Output::Argmax)?[0] as u32;
     let prefill = t.elapsed().as_secs_f64();
-    println!("prefill: {n_prompt} tokens in {:.2} ms ({:.1} tok/s)", prefill * 1e3, n_prompt as f64 / prefill);
+    println!(
+        "prefill: {n_prompt} tokens in {:.2} ms ({:.1} tok/s)",
+        prefill * 1e3,
+        n_prompt as f64 / prefill
+    );
     let t = Instant::now();
     let mut times = Vec::with_capacity(n_decode);
+    let mut sum = kiln::model::StepTiming::default();
     for i in 0..n_decode {
         let ts = Instant::now();
         tok = s.forward(&[tok], Output::Argmax)?[0] as u32;
         times.push(ts.elapsed().as_secs_f64() * 1e3);
+        let st = s.timing;
+        sum.encode += st.encode;
+        sum.submit += st.submit;
+        sum.wait += st.wait;
         if std::env::var("PROFILE").as_deref() == Ok("1") {
-            println!("token {i}: id {tok}, {:.3} ms", times[i]);
+            println!(
+                "token {i}: id {tok}, {:.3} ms (encode {:.3}, submit {:.3}, wait {:.3})",
+                times[i],
+                st.encode * 1e3,
+                st.submit * 1e3,
+                st.wait * 1e3
+            );
         }
+    }
+    let n = n_decode as f64;
+    println!(
+        "per decode token: encode {:.3} ms, submit {:.3} ms, wait+readback {:.3} ms",
+        sum.encode / n * 1e3,
+        sum.submit / n * 1e3,
+        sum.wait / n * 1e3
+    );
+    // GPU time of one decode step from timestamp queries (a separate step, so the timing
+    // readback does not slow the loop above).
+    if s.enable_gpu_timing().is_ok() {
+        s.forward(&[tok], Output::Argmax)?;
+        println!("GPU time of one decode step: {:.3} ms", s.timing.gpu * 1e3);
     }
     let decode = t.elapsed().as_secs_f64();
     times.sort_by(|a, b| a.total_cmp(b));

@@ -211,6 +211,9 @@ pub struct Bound {
     pub label: &'static str,
     pub bind_group: wgpu::BindGroup,
     pub params: wgpu::Buffer,
+    /// The parameters last written: decode steps mostly repeat them, and an unchanged
+    /// buffer needs no queue write.
+    last: std::cell::RefCell<Vec<u8>>,
 }
 
 impl Bound {
@@ -235,12 +238,19 @@ impl Bound {
             label,
             bind_group,
             params,
+            last: Default::default(),
         })
     }
 
+    /// Writes the parameters for the next submit, unless they are what the buffer holds.
     pub fn set<P: bytemuck::Pod>(&self, ctx: &GpuContext, params: &P) {
-        ctx.queue
-            .write_buffer(&self.params, 0, bytemuck::bytes_of(params));
+        let bytes = bytemuck::bytes_of(params);
+        let mut last = self.last.borrow_mut();
+        if last.as_slice() != bytes {
+            ctx.queue.write_buffer(&self.params, 0, bytes);
+            last.clear();
+            last.extend_from_slice(bytes);
+        }
     }
 
     pub fn record_with(

@@ -6,5 +6,5 @@ pub mod session;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use session::{Output, Session, SessionOptions};
+pub use session::{Output, Session, SessionOptions, StepTiming};
 pub use weights::Weights;

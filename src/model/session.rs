@@ -34,6 +34,30 @@ pub struct SessionOptions {
     pub all_logits: bool,
 }
 
+impl SessionOptions {
+    pub fn new(n_ctx: u32) -> SessionOptions {
+        SessionOptions {
+            n_ctx,
+            ubatch: 512,
+            f16_kv: true,
+            all_logits: false,
+        }
+    }
+}
+
+/// Where the time of the last step went (CPU side), in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    /// Recording the command buffer.
+    pub encode: f64,
+    /// queue.submit.
+    pub submit: f64,
+    /// Waiting for the GPU and reading the result back.
+    pub wait: f64,
+    /// GPU time of the step's passes from timestamp queries (0 when not profiling).
+    pub gpu: f64,
+}
+
 /// What a step returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
@@ -92,6 +116,9 @@ pub struct Session {
     argmax: Bound,
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
+    /// Timing of the last step.
+    pub timing: StepTiming,
+    timer: Option<crate::gpu::timer::PassTimer>,
 }
 
 impl Session {
@@ -377,7 +404,15 @@ impl Session {
             lm_head_last,
             argmax,
             _buffers: keep,
+            timing: StepTiming::default(),
+            timer: None,
         })
+    }
+
+    /// Measure each step's GPU time with timestamp queries (when the adapter has them).
+    pub fn enable_gpu_timing(&mut self) -> Result<()> {
+        self.timer = Some(crate::gpu::timer::PassTimer::new(&self.ctx, 2)?);
+        Ok(())
     }
 
     /// Tokens in the KV cache.
@@ -418,6 +453,7 @@ impl Session {
         let c = &self.cfg;
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
         let pipe = |k: &KernelKey| ctx.pipeline(k);
+        let _ = &c;
         let sub = ctx.caps.subgroups;
         let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub })?;
         let norm = |b: &Bound, rows: u32, n: u32, stride: u32, pass: &mut wgpu::ComputePass<'_>| {
@@ -597,9 +633,11 @@ impl Session {
 
     /// One forward step: one command buffer, one submit, one readback (when `read`).
     fn step(&mut self, tokens: &[u32], out: Output, read: bool) -> Result<Vec<f32>> {
+        let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
-        let c = &self.cfg;
+        let c = self.cfg.clone();
+        let mut timer = self.timer.take();
         let (se, v) = (pad4(c.n_embd), c.n_vocab);
         ctx.queue
             .write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
@@ -609,9 +647,10 @@ impl Session {
                 label: Some("step"),
             });
         {
+            let tw = timer.as_mut().and_then(|t| t.pass("layers"));
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("layers"),
-                timestamp_writes: None,
+                timestamp_writes: tw,
             });
             self.record_step(&mut pass, m)?;
             if out == Output::AllLogits {
@@ -650,9 +689,10 @@ impl Session {
                 se as u64 * 4,
             );
             {
+                let tw = timer.as_mut().and_then(|t| t.pass("head"));
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("head"),
-                    timestamp_writes: None,
+                    timestamp_writes: tw,
                 });
                 self.out_norm_last.set(
                     &*ctx,
@@ -697,12 +737,33 @@ impl Session {
                 enc.copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, read_bytes);
             }
         }
+        if let Some(t) = &timer {
+            t.resolve(&mut enc);
+        }
+        let t1 = std::time::Instant::now();
         ctx.queue.submit([enc.finish()]);
+        let t2 = std::time::Instant::now();
         self.pos += m;
+        let gpu = match timer.as_mut() {
+            Some(t) => t.read(&ctx)?.iter().map(|(_, ns)| ns * 1e-9).sum(),
+            None => 0.0,
+        };
+        self.timer = timer;
+        let bytes = if read {
+            self.read(read_bytes)?
+        } else {
+            Vec::new()
+        };
+        let t3 = std::time::Instant::now();
+        self.timing = StepTiming {
+            encode: (t1 - t0).as_secs_f64(),
+            submit: (t2 - t1).as_secs_f64(),
+            wait: (t3 - t2).as_secs_f64(),
+            gpu,
+        };
         if !read {
             return Ok(Vec::new());
         }
-        let bytes = self.read(read_bytes)?;
         if out == Output::Argmax {
             let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             return Ok(vec![id as f32]);
