@@ -98,6 +98,24 @@ fn stories260k_greedy_200_tokens() {
             out.push(tok);
         }
         assert_eq!(out, ids, "[{}] greedy tokens differ", g.name);
+        // The same with steps chained on the GPU (no host round trip between tokens), with
+        // a stop after 150 tokens and a restart from there.
+        let mut s = model.session(opts(true, 64, false)).unwrap();
+        let mut chained = vec![ids[0]];
+        let mut n = 0;
+        let got = s
+            .generate_greedy_chained(ids[0], 200, &mut |_| {
+                n += 1;
+                n < 150
+            })
+            .unwrap();
+        chained.extend(&got);
+        assert_eq!(s.position(), 150, "[{}] position after a stop", g.name);
+        let rest = s
+            .generate_greedy_chained(*chained.last().unwrap(), 50, &mut |_| true)
+            .unwrap();
+        chained.extend(&rest);
+        assert_eq!(chained, ids, "[{}] chained greedy tokens differ", g.name);
     }
 }
 

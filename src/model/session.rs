@@ -108,6 +108,9 @@ pub struct Session {
     out_id: wgpu::Buffer,
     readback: wgpu::Buffer,
     embed: Vec<(Bound, u32, u32)>,
+    embed_fed_back: Vec<(Bound, u32, u32)>,
+    /// Two readback slots for chained decoding: one being read while the next is written.
+    chain_stage: [wgpu::Buffer; 2],
     layers: Vec<LayerOps>,
     out_norm_all: Bound,
     out_norm_last: Bound,
@@ -203,25 +206,27 @@ impl Session {
                 stage,
             )
         };
-        let embed = weights
-            .token_embd
-            .chunks
-            .iter()
-            .map(|ch| {
-                Ok((
-                    Bound::new::<EmbedParams>(
-                        &ctx,
-                        &KernelKey::Embed {
-                            format: weights.token_embd.format,
-                        },
-                        "embed",
-                        &[&ch.buffer, &ids, &x],
-                    )?,
-                    ch.row_start,
-                    ch.rows,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // Two gathers: token ids written by the host, or the id the previous step sampled on
+        // the GPU (chained greedy decoding never waits for the host between steps).
+        let bind_embed = |ids_buf: &wgpu::Buffer| {
+            weights
+                .token_embd
+                .chunks
+                .iter()
+                .map(|ch| {
+                    let key = KernelKey::Embed {
+                        format: weights.token_embd.format,
+                    };
+                    Ok((
+                        Bound::new::<EmbedParams>(&ctx, &key, "embed", &[&ch.buffer, ids_buf, &x])?,
+                        ch.row_start,
+                        ch.rows,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        let embed = bind_embed(&ids)?;
+        let embed_fed_back = bind_embed(&out_id)?;
         let mut layers = Vec::new();
         let mut k_caches = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
@@ -378,6 +383,19 @@ impl Session {
             "sample",
             &[&logits, &out_id],
         )?;
+        let stage = |i: usize| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(if i == 0 {
+                    "chain readback 0"
+                } else {
+                    "chain readback 1"
+                }),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let chain_stage = [stage(0), stage(1)];
         let mut keep = vec![
             xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial, xn_last,
         ];
@@ -397,6 +415,8 @@ impl Session {
             out_id,
             readback,
             embed,
+            embed_fed_back,
+            chain_stage,
             layers,
             out_norm_all,
             out_norm_last,
@@ -448,7 +468,12 @@ impl Session {
     }
 
     /// Runs `tokens` (at most `ubatch`) through the model at the current position.
-    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, m: u32) -> Result<()> {
+    fn record_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: u32,
+        ids_on_gpu: bool,
+    ) -> Result<()> {
         let ctx = &*self.ctx;
         let c = &self.cfg;
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
@@ -472,7 +497,12 @@ impl Session {
         let embed_pipe = pipe(&KernelKey::Embed {
             format: self._weights.token_embd.format,
         })?;
-        for (b, row_start, rows) in &self.embed {
+        let embed = if ids_on_gpu {
+            &self.embed_fed_back
+        } else {
+            &self.embed
+        };
+        for (b, row_start, rows) in embed {
             b.set(
                 ctx,
                 &EmbedParams {
@@ -652,7 +682,7 @@ impl Session {
                 label: Some("layers"),
                 timestamp_writes: tw,
             });
-            self.record_step(&mut pass, m)?;
+            self.record_step(&mut pass, m, false)?;
             if out == Output::AllLogits {
                 self.out_norm_all.set(
                     &*ctx,
@@ -803,6 +833,136 @@ impl Session {
             .to_vec();
         self.readback.unmap();
         Ok(data)
+    }
+
+    /// Greedy decoding with the steps chained on the GPU: step k+1 reads the token step k
+    /// sampled straight from GPU memory and is submitted before the host reads token k, so
+    /// the GPU never waits for the host. `first` is the token to feed; `on_token` gets each
+    /// new token and returns false to stop. Returns the tokens generated (at most `max_new`).
+    pub fn generate_greedy_chained(
+        &mut self,
+        first: u32,
+        max_new: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        let ctx = self.ctx.clone();
+        let room = (self.opts.n_ctx - self.pos) as usize;
+        let max_new = max_new.min(room);
+        let mut out = Vec::new();
+        if max_new == 0 {
+            return Ok(out);
+        }
+        ctx.queue
+            .write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
+        let mut submitted = Vec::with_capacity(2);
+        let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
+            let mut enc = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("chained step"),
+                });
+            s.encode_decode_step(&mut enc, true)?;
+            enc.copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
+            let idx = ctx.queue.submit([enc.finish()]);
+            s.pos += 1;
+            Ok(idx)
+        };
+        submitted.push(submit(self, 0)?);
+        for k in 0..max_new {
+            if k + 1 < max_new {
+                submitted.push(submit(self, k + 1)?);
+            }
+            let slot = &self.chain_stage[k % 2];
+            let (tx, rx) = std::sync::mpsc::channel();
+            slot.map_async(wgpu::MapMode::Read, 0..4, move |r| {
+                let _ = tx.send(r);
+            });
+            ctx.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(submitted[k].clone()),
+                    timeout: Some(ctx.poll_timeout),
+                })
+                .map_err(|e| KilnError::Gpu {
+                    context: "a decode step".into(),
+                    message: e.to_string(),
+                })?;
+            match rx.recv_timeout(ctx.poll_timeout) {
+                Ok(Ok(())) => {}
+                _ => {
+                    return Err(KilnError::GpuTimeout {
+                        what: "reading a sampled token".into(),
+                        seconds: ctx.poll_timeout.as_secs(),
+                    })
+                }
+            }
+            let tok = {
+                let view = slot.get_mapped_range(0..4).map_err(|e| KilnError::Gpu {
+                    context: "reading a token".into(),
+                    message: e.to_string(),
+                })?;
+                u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+            };
+            slot.unmap();
+            out.push(tok);
+            if !on_token(tok) {
+                // The step already queued after this one ran on a token we do not want.
+                if k + 1 < max_new {
+                    ctx.wait_idle("a decode step")?;
+                    self.pos -= 1;
+                }
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records one decode step (m = 1) through argmax into `out_id`.
+    fn encode_decode_step(&self, enc: &mut wgpu::CommandEncoder, ids_on_gpu: bool) -> Result<()> {
+        let ctx = &*self.ctx;
+        let c = &self.cfg;
+        let (se, v) = (pad4(c.n_embd), c.n_vocab);
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("layers"),
+                timestamp_writes: None,
+            });
+            self.record_step(&mut pass, 1, ids_on_gpu)?;
+        }
+        enc.copy_buffer_to_buffer(&self.x, 0, &self.x_last, 0, se as u64 * 4);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("head"),
+            timestamp_writes: None,
+        });
+        let norm = ctx.pipeline(&KernelKey::RmsNorm {
+            subgroups: ctx.caps.subgroups,
+        })?;
+        self.out_norm_last.set(
+            ctx,
+            &RmsNormParams {
+                n: c.n_embd,
+                x_stride: se,
+                y_stride: se,
+                eps: c.rms_eps,
+            },
+        );
+        self.out_norm_last.record_with(&mut pass, &norm, grid(1));
+        self.lm_head_last.record(ctx, &mut pass, 1, None)?;
+        self.argmax.set(
+            ctx,
+            &ArgmaxParams {
+                n: v,
+                stride: v,
+                _pad: [0; 2],
+            },
+        );
+        self.argmax.record_with(
+            &mut pass,
+            &*ctx.pipeline(&KernelKey::Argmax {
+                subgroups: ctx.caps.subgroups,
+            })?,
+            [1, 1, 1],
+        );
+        Ok(())
     }
 
     /// Greedy next token after feeding `tokens`.
