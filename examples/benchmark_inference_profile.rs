@@ -74,6 +74,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let n = n_decode as f64;
+    // Chained greedy decoding: the next step is queued before the host reads a token.
+    s.reset();
+    let tok0 = s.forward(&prompt, Output::Argmax)?[0] as u32;
+    let t_chain = Instant::now();
+    let toks = s.generate_greedy_chained(tok0, n_decode, &mut |_| true)?;
+    let chain = t_chain.elapsed().as_secs_f64();
+    println!(
+        "decode, chained steps: {} tokens in {:.2} ms ({:.1} tok/s)",
+        toks.len(),
+        chain * 1e3,
+        toks.len() as f64 / chain
+    );
     println!(
         "per decode token: encode {:.3} ms, submit {:.3} ms, wait+readback {:.3} ms",
         sum.encode / n * 1e3,
