@@ -31,11 +31,7 @@ fn weights(ctx: &GpuContext, format: WeightFormat, n: usize, k: usize) -> Weight
 
 /// GPU seconds per run of `ds`, averaged over `iters` runs recorded into one timed pass.
 fn gpu_time(ctx: &GpuContext, timer: &mut PassTimer, ds: &[Dispatch], iters: u64) -> Duration {
-    let mut enc = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("bench"),
-        });
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench") });
     {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("bench"),
@@ -60,31 +56,18 @@ fn benches(c: &mut Criterion) {
 
     let (n, k) = if small() { (4096, 2048) } else { (65536, 8192) };
     let mut g = c.benchmark_group(format!("gemv_{n}x{k}"));
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     for format in WeightFormat::ALL {
         let w = weights(&ctx, format, n, k);
         let x = ctx.upload_f32(&vec![0.01f32; k], "x").unwrap();
         let y = ctx.storage((n * 4) as u64, "y").unwrap();
-        let mm = Matmul {
-            w: &w,
-            x: &x,
-            y: &y,
-            bias: None,
-            m: 1,
-            x_stride: k as u32,
-            y_stride: n as u32,
-            accumulate: false,
-        };
+        let mm =
+            Matmul { w: &w, x: &x, y: &y, bias: None, m: 1, x_stride: k as u32, y_stride: n as u32, accumulate: false };
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
             plans = [(64, 4), (128, 4)]
-                .map(|(wg, rows)| MatmulKernel::Gemv {
-                    ncols: 1,
-                    shape: GemvShape { wg, rows },
-                })
+                .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } })
                 .to_vec();
         }
         g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
@@ -97,15 +80,9 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
 
-    let (m, k, n) = if small() {
-        (128, 512, 1024)
-    } else {
-        (512, 2048, 5632)
-    };
+    let (m, k, n) = if small() { (128, 512, 1024) } else { (512, 2048, 5632) };
     let mut g = c.benchmark_group(format!("gemm_{m}x{k}x{n}"));
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     for format in WeightFormat::ALL {
         let w = weights(&ctx, format, n, k);
         let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
@@ -122,9 +99,7 @@ fn benches(c: &mut Criterion) {
         };
         let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
-            plans = GemmTile::ALL
-                .map(|tile| MatmulKernel::Gemm { tile })
-                .to_vec();
+            plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
         }
         // "elements" are floating-point operations: criterion prints them as elem/s.
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));

@@ -20,8 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = if path == "synthetic" {
         let p = std::env::temp_dir().join("kiln-synthetic-tinyllama-q4_k_m.gguf");
         let (preset, ft) = kiln::synth::parse_spec("tinyllama-1.1b:q4_k_m")?;
-        kiln::synth::build(&preset, ft)?
-            .write(&mut std::io::BufWriter::new(std::fs::File::create(&p)?))?;
+        kiln::synth::build(&preset, ft)?.write(&mut std::io::BufWriter::new(std::fs::File::create(&p)?))?;
         p.to_string_lossy().to_string()
     } else {
         path
@@ -30,28 +29,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load(ctx, &path, &mut |_| {})?;
     eprintln!("loaded {} in {:.2} s", path, t.elapsed().as_secs_f64());
     let n_ctx = (n_prompt + n_decode + 1) as u32;
-    let mut s = model.session(SessionOptions {
-        n_ctx,
-        ubatch: 512,
-        f16_kv: true,
-        all_logits: false,
-    })?;
+    let mut s = model.session(SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false })?;
     // A fixed prompt: token ids spread over the vocabulary.
     let v = model.cfg.n_vocab as usize;
-    let prompt: Vec<u32> = (0..n_prompt)
-        .map(|i| (1 + (i * 7919) % (v - 1)) as u32)
-        .collect();
+    let prompt: Vec<u32> = (0..n_prompt).map(|i| (1 + (i * 7919) % (v - 1)) as u32).collect();
     // Warm-up step, so pipeline compilation is not timed.
     s.forward(&prompt[..1], Output::Argmax)?;
     s.reset();
     let t = Instant::now();
     let mut tok = s.forward(&prompt, Output::Argmax)?[0] as u32;
     let prefill = t.elapsed().as_secs_f64();
-    println!(
-        "prefill: {n_prompt} tokens in {:.2} ms ({:.1} tok/s)",
-        prefill * 1e3,
-        n_prompt as f64 / prefill
-    );
+    println!("prefill: {n_prompt} tokens in {:.2} ms ({:.1} tok/s)", prefill * 1e3, n_prompt as f64 / prefill);
     let t = Instant::now();
     let mut times = Vec::with_capacity(n_decode);
     let mut sum = kiln::model::StepTiming::default();

@@ -12,25 +12,13 @@ pub struct Disabled {
 }
 
 impl Disabled {
-    pub const NONE: Disabled = Disabled {
-        subgroup: false,
-        f16: false,
-        coopmat: false,
-    };
-    pub const ALL: Disabled = Disabled {
-        subgroup: true,
-        f16: true,
-        coopmat: true,
-    };
+    pub const NONE: Disabled = Disabled { subgroup: false, f16: false, coopmat: false };
+    pub const ALL: Disabled = Disabled { subgroup: true, f16: true, coopmat: true };
 
     /// Parses a comma-separated list; unknown words are returned as an error so typos surface.
     pub fn parse(list: &str) -> Result<Disabled, String> {
         let mut d = Disabled::default();
-        let words: BTreeSet<&str> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|w| !w.is_empty())
-            .collect();
+        let words: BTreeSet<&str> = list.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
         for w in words {
             match w.to_ascii_lowercase().as_str() {
                 "subgroup" | "subgroups" => d.subgroup = true,
@@ -57,18 +45,13 @@ impl Disabled {
 
 /// `PROFILE=1` turns on per-stage GPU timing.
 pub fn profile_from_env() -> bool {
-    matches!(
-        std::env::var("PROFILE").as_deref(),
-        Ok("1") | Ok("true") | Ok("yes")
-    )
+    matches!(std::env::var("PROFILE").as_deref(), Ok("1") | Ok("true") | Ok("yes"))
 }
 
 /// `KILN_MAX_BINDING=<bytes>` lowers the storage-binding limit kiln plans with, to exercise
 /// tensor splitting on adapters with large limits (tests use it).
 pub fn max_binding_from_env() -> Option<u64> {
-    std::env::var("KILN_MAX_BINDING")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
+    std::env::var("KILN_MAX_BINDING").ok().and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]

@@ -17,21 +17,12 @@ pub struct Model {
 
 impl Model {
     /// Opens and validates `path`, then uploads its weights (`progress` gets bytes uploaded).
-    pub fn load(
-        ctx: Arc<GpuContext>,
-        path: impl AsRef<Path>,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<Model> {
+    pub fn load(ctx: Arc<GpuContext>, path: impl AsRef<Path>, progress: &mut dyn FnMut(u64)) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let cfg = ModelConfig::from_gguf(&file)?;
         cfg.validate_tensors(&file)?;
         let weights = Arc::new(Weights::upload(&ctx, &file, &cfg, progress)?);
-        Ok(Model {
-            ctx,
-            file,
-            cfg,
-            weights,
-        })
+        Ok(Model { ctx, file, cfg, weights })
     }
 
     pub fn session(&self, opts: SessionOptions) -> Result<Session> {

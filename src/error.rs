@@ -26,11 +26,7 @@ pub enum KilnError {
     Shader { label: String, message: String },
 
     #[error("{what} needs {needed} bytes but the adapter allows at most {limit} bytes per buffer")]
-    TooLarge {
-        what: String,
-        needed: u64,
-        limit: u64,
-    },
+    TooLarge { what: String, needed: u64, limit: u64 },
 
     #[error("invalid {what}: {message}")]
     InvalidInput { what: String, message: String },
@@ -49,10 +45,7 @@ pub type Result<T, E = KilnError> = std::result::Result<T, E>;
 
 impl KilnError {
     pub fn invalid(what: impl Into<String>, message: impl Into<String>) -> Self {
-        KilnError::InvalidInput {
-            what: what.into(),
-            message: message.into(),
-        }
+        KilnError::InvalidInput { what: what.into(), message: message.into() }
     }
 
     /// Writing to a pipe whose reader went away (`kiln … | head`): not an error to report.

@@ -16,10 +16,7 @@ fn main() {
     };
     let env = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    tracing_subscriber::fmt()
-        .with_env_filter(env)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(env).with_writer(std::io::stderr).init();
     if let Err(e) = cli::run(cli) {
         if e.is_broken_pipe() {
             return;

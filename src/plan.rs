@@ -19,12 +19,7 @@ pub enum GemmTile {
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 4] = [
-        GemmTile::T32,
-        GemmTile::T64,
-        GemmTile::T128x64,
-        GemmTile::T128,
-    ];
+    pub const ALL: [GemmTile; 4] = [GemmTile::T32, GemmTile::T64, GemmTile::T128x64, GemmTile::T128];
     /// (BM, BN, BK, TM, TN)
     pub fn dims(self) -> (u32, u32, u32, u32, u32) {
         match self {
@@ -88,16 +83,9 @@ pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) 
             // Best of the sweep on an H200 (profiling/results/h200-kernels-2026-11-21.txt).
             GemvShape { wg: 128, rows: 4 }
         };
-        return MatmulKernel::Gemv {
-            ncols: m.max(1),
-            shape,
-        };
+        return MatmulKernel::Gemv { ncols: m.max(1), shape };
     }
-    let tile = if caps.cpu_adapter || m < 64 || n < 128 {
-        GemmTile::T32
-    } else {
-        GemmTile::T128
-    };
+    let tile = if caps.cpu_adapter || m < 64 || n < 128 { GemmTile::T32 } else { GemmTile::T128 };
     MatmulKernel::Gemm { tile }
 }
 
@@ -106,56 +94,34 @@ mod tests {
     use super::*;
 
     fn gpu() -> Caps {
-        Caps {
-            subgroups: true,
-            f16: true,
-            ..Caps::baseline()
-        }
+        Caps { subgroups: true, f16: true, ..Caps::baseline() }
     }
 
     #[test]
     fn decode_goes_to_gemv_and_prefill_to_gemm() {
         let c = gpu();
-        assert!(matches!(
-            plan_matmul(1, 4096, 4096, WeightFormat::Q4K, &c),
-            MatmulKernel::Gemv { ncols: 1, .. }
-        ));
-        assert!(matches!(
-            plan_matmul(8, 4096, 4096, WeightFormat::Q6K, &c),
-            MatmulKernel::Gemv { ncols: 8, .. }
-        ));
+        assert!(matches!(plan_matmul(1, 4096, 4096, WeightFormat::Q4K, &c), MatmulKernel::Gemv { ncols: 1, .. }));
+        assert!(matches!(plan_matmul(8, 4096, 4096, WeightFormat::Q6K, &c), MatmulKernel::Gemv { ncols: 8, .. }));
         assert!(matches!(
             plan_matmul(9, 4096, 4096, WeightFormat::F16, &c),
-            MatmulKernel::Gemm {
-                tile: GemmTile::T32
-            }
+            MatmulKernel::Gemm { tile: GemmTile::T32 }
         ));
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
-            MatmulKernel::Gemm {
-                tile: GemmTile::T128
-            }
+            MatmulKernel::Gemm { tile: GemmTile::T128 }
         ));
     }
 
     #[test]
     fn cpu_adapters_get_small_shapes() {
-        let c = Caps {
-            cpu_adapter: true,
-            ..gpu()
-        };
+        let c = Caps { cpu_adapter: true, ..gpu() };
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::F32, &c),
-            MatmulKernel::Gemm {
-                tile: GemmTile::T32
-            }
+            MatmulKernel::Gemm { tile: GemmTile::T32 }
         ));
         assert!(matches!(
             plan_matmul(1, 4096, 4096, WeightFormat::F32, &c),
-            MatmulKernel::Gemv {
-                shape: GemvShape { wg: 64, .. },
-                ..
-            }
+            MatmulKernel::Gemv { shape: GemvShape { wg: 64, .. }, .. }
         ));
     }
 

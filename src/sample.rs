@@ -49,11 +49,7 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler {
-            cfg,
-            rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
-            cand: Vec::new(),
-        }
+        Sampler { cfg, rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cand: Vec::new() }
     }
 
     fn next_f64(&mut self) -> f64 {
@@ -77,22 +73,12 @@ impl Sampler {
             for &t in &history[start..] {
                 if let Some(e) = cand.get_mut(t as usize) {
                     // llama.cpp: divide positive logits, multiply negative ones.
-                    e.1 = if e.1 > 0.0 {
-                        e.1 / c.repeat_penalty
-                    } else {
-                        e.1 * c.repeat_penalty
-                    };
+                    e.1 = if e.1 > 0.0 { e.1 / c.repeat_penalty } else { e.1 * c.repeat_penalty };
                 }
             }
         }
         if c.is_greedy() {
-            let best = cand
-                .iter()
-                .fold(
-                    (0u32, f32::NEG_INFINITY),
-                    |b, &e| if e.1 > b.1 { e } else { b },
-                )
-                .0;
+            let best = cand.iter().fold((0u32, f32::NEG_INFINITY), |b, &e| if e.1 > b.1 { e } else { b }).0;
             self.cand = cand;
             return best;
         }
@@ -124,10 +110,7 @@ impl Sampler {
         }
         cand.truncate(keep);
         // Temperature on the survivors, then draw.
-        let weights: Vec<f64> = cand
-            .iter()
-            .map(|e| (((e.1 - max) / c.temperature) as f64).exp())
-            .collect();
+        let weights: Vec<f64> = cand.iter().map(|e| (((e.1 - max) / c.temperature) as f64).exp()).collect();
         let total: f64 = weights.iter().sum();
         let mut r = self.next_f64() * total;
         let mut pick = cand[cand.len() - 1].0;
@@ -153,15 +136,9 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_maximum() {
-        let mut s = Sampler::new(SamplerConfig {
-            temperature: 0.0,
-            ..Default::default()
-        });
+        let mut s = Sampler::new(SamplerConfig { temperature: 0.0, ..Default::default() });
         let l = logits();
-        let best = l
-            .iter()
-            .enumerate()
-            .fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
+        let best = l.iter().enumerate().fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
         assert_eq!(s.sample(&l, &[]), best as u32);
     }
 
@@ -186,16 +163,8 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy() {
         let l = logits();
-        let mut s = Sampler::new(SamplerConfig {
-            top_k: 1,
-            temperature: 1.5,
-            seed: 3,
-            ..Default::default()
-        });
-        let mut g = Sampler::new(SamplerConfig {
-            temperature: 0.0,
-            ..Default::default()
-        });
+        let mut s = Sampler::new(SamplerConfig { top_k: 1, temperature: 1.5, seed: 3, ..Default::default() });
+        let mut g = Sampler::new(SamplerConfig { temperature: 0.0, ..Default::default() });
         for _ in 0..20 {
             assert_eq!(s.sample(&l, &[]), g.sample(&l, &[]));
         }
@@ -206,11 +175,7 @@ mod tests {
         let mut l = vec![0.0f32; 10];
         l[3] = 2.0;
         l[5] = 1.9;
-        let mut s = Sampler::new(SamplerConfig {
-            temperature: 0.0,
-            repeat_penalty: 1.5,
-            ..Default::default()
-        });
+        let mut s = Sampler::new(SamplerConfig { temperature: 0.0, repeat_penalty: 1.5, ..Default::default() });
         assert_eq!(s.sample(&l, &[3]), 5);
         assert_eq!(s.sample(&l, &[]), 3);
     }

@@ -157,28 +157,17 @@ pub fn tensor_format(ft: FileType, name: &str, layer: Option<u32>, n_layer: u32)
 /// "tinyllama-1.1b:q4_k_m" → (preset, file type).
 pub fn parse_spec(spec: &str) -> Result<(Preset, FileType)> {
     let (p, f) = spec.split_once(':').unwrap_or((spec, "q4_k_m"));
-    let preset = PRESETS
-        .iter()
-        .find(|x| x.name == p)
-        .copied()
-        .ok_or_else(|| {
-            KilnError::invalid(
-                "--synthetic",
-                format!(
-                    "unknown preset {p:?} (presets: {})",
-                    PRESETS
-                        .iter()
-                        .map(|x| x.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
-    let ft = FileType::parse(f).ok_or_else(|| {
+    let preset = PRESETS.iter().find(|x| x.name == p).copied().ok_or_else(|| {
         KilnError::invalid(
             "--synthetic",
-            format!("unknown format {f:?} (q4_k_m, q5_k_m, q6_k, q8_0, f16)"),
+            format!(
+                "unknown preset {p:?} (presets: {})",
+                PRESETS.iter().map(|x| x.name).collect::<Vec<_>>().join(", ")
+            ),
         )
+    })?;
+    let ft = FileType::parse(f).ok_or_else(|| {
+        KilnError::invalid("--synthetic", format!("unknown format {f:?} (q4_k_m, q5_k_m, q6_k, q8_0, f16)"))
     })?;
     Ok((preset, ft))
 }
@@ -221,9 +210,8 @@ fn vocab(n: u32) -> (Vec<String>, Vec<f32>, Vec<i32>) {
 fn random_matrix(format: WeightFormat, rows: usize, k: usize, seed: u64) -> Result<Vec<u8>> {
     let slab_rows = rows.min(16);
     let slab = random_blocks(format, slab_rows * k, seed)?;
-    let total = format
-        .tensor_bytes(rows, k)
-        .ok_or_else(|| KilnError::invalid("synthetic model", "tensor too large"))?;
+    let total =
+        format.tensor_bytes(rows, k).ok_or_else(|| KilnError::invalid("synthetic model", "tensor too large"))?;
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
         let n = slab.len().min(total - out.len());
@@ -243,10 +231,7 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
     let mut w = GgufWriter::default();
     let key = |k: &str| format!("{a}.{k}");
     w.meta("general.architecture", MetaValue::Str(a.into()));
-    w.meta(
-        "general.name",
-        MetaValue::Str(format!("synthetic {} {}", p.name, ft.name())),
-    );
+    w.meta("general.name", MetaValue::Str(format!("synthetic {} {}", p.name, ft.name())));
     w.meta("general.file_type", MetaValue::U32(ft.ggml_ftype()));
     w.meta(&key("context_length"), MetaValue::U32(p.n_ctx));
     w.meta(&key("embedding_length"), MetaValue::U32(p.n_embd));
@@ -258,10 +243,7 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
     w.meta(&key("attention.value_length"), MetaValue::U32(p.head_dim));
     w.meta(&key("rope.dimension_count"), MetaValue::U32(p.head_dim));
     w.meta(&key("rope.freq_base"), MetaValue::F32(p.rope_base));
-    w.meta(
-        &key("attention.layer_norm_rms_epsilon"),
-        MetaValue::F32(1e-5),
-    );
+    w.meta(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
     let (tokens, scores, types) = vocab(p.n_vocab);
     w.meta("tokenizer.ggml.model", MetaValue::Str("llama".into()));
     w.meta("tokenizer.ggml.tokens", MetaValue::ArrStr(tokens));
@@ -279,62 +261,31 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
         p.n_vocab as usize,
     );
     let mut seed = 1u64;
-    let mut mat =
-        |w: &mut GgufWriter, name: &str, layer: Option<u32>, rows: usize, k: usize| -> Result<()> {
-            // token_embd keeps the base type, as llama.cpp does for *_K_M.
-            let fmt = tensor_format(ft, name, layer, p.n_layer);
-            seed += 1;
-            w.tensor(
-                name,
-                fmt,
-                vec![k as u64, rows as u64],
-                random_matrix(fmt, rows, k, seed)?,
-            );
-            Ok(())
-        };
+    let mut mat = |w: &mut GgufWriter, name: &str, layer: Option<u32>, rows: usize, k: usize| -> Result<()> {
+        // token_embd keeps the base type, as llama.cpp does for *_K_M.
+        let fmt = tensor_format(ft, name, layer, p.n_layer);
+        seed += 1;
+        w.tensor(name, fmt, vec![k as u64, rows as u64], random_matrix(fmt, rows, k, seed)?);
+        Ok(())
+    };
     mat(&mut w, "token_embd.weight", None, v, e)?;
-    w.tensor(
-        "output_norm.weight",
-        WeightFormat::F32,
-        vec![e as u64],
-        norm_weights(e),
-    );
+    w.tensor("output_norm.weight", WeightFormat::F32, vec![e as u64], norm_weights(e));
     if !p.tied {
         mat(&mut w, "output.weight", None, v, e)?;
     }
     for i in 0..p.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
-        w.tensor(
-            &n("attn_norm.weight"),
-            WeightFormat::F32,
-            vec![e as u64],
-            norm_weights(e),
-        );
+        w.tensor(&n("attn_norm.weight"), WeightFormat::F32, vec![e as u64], norm_weights(e));
         mat(&mut w, &n("attn_q.weight"), Some(i), q, e)?;
         mat(&mut w, &n("attn_k.weight"), Some(i), kv, e)?;
         mat(&mut w, &n("attn_v.weight"), Some(i), kv, e)?;
         mat(&mut w, &n("attn_output.weight"), Some(i), e, q)?;
         if a == "qwen3" {
             let hd = p.head_dim as usize;
-            w.tensor(
-                &n("attn_q_norm.weight"),
-                WeightFormat::F32,
-                vec![hd as u64],
-                norm_weights(hd),
-            );
-            w.tensor(
-                &n("attn_k_norm.weight"),
-                WeightFormat::F32,
-                vec![hd as u64],
-                norm_weights(hd),
-            );
+            w.tensor(&n("attn_q_norm.weight"), WeightFormat::F32, vec![hd as u64], norm_weights(hd));
+            w.tensor(&n("attn_k_norm.weight"), WeightFormat::F32, vec![hd as u64], norm_weights(hd));
         }
-        w.tensor(
-            &n("ffn_norm.weight"),
-            WeightFormat::F32,
-            vec![e as u64],
-            norm_weights(e),
-        );
+        w.tensor(&n("ffn_norm.weight"), WeightFormat::F32, vec![e as u64], norm_weights(e));
         mat(&mut w, &n("ffn_gate.weight"), Some(i), ff, e)?;
         mat(&mut w, &n("ffn_up.weight"), Some(i), ff, e)?;
         mat(&mut w, &n("ffn_down.weight"), Some(i), e, ff)?;
@@ -350,24 +301,12 @@ mod tests {
     fn q4_k_m_mix_follows_llama_cpp() {
         // 22 layers (TinyLlama): layers 0-1, 19-21 and every third from 4 get Q6_K.
         let q6: Vec<u32> = (0..22)
-            .filter(|&i| {
-                tensor_format(FileType::Q4KM, "blk.x.ffn_down.weight", Some(i), 22)
-                    == WeightFormat::Q6K
-            })
+            .filter(|&i| tensor_format(FileType::Q4KM, "blk.x.ffn_down.weight", Some(i), 22) == WeightFormat::Q6K)
             .collect();
         assert_eq!(q6, vec![0, 1, 4, 7, 10, 13, 16, 19, 20, 21]);
-        assert_eq!(
-            tensor_format(FileType::Q4KM, "output.weight", None, 22),
-            WeightFormat::Q6K
-        );
-        assert_eq!(
-            tensor_format(FileType::Q4KM, "token_embd.weight", None, 22),
-            WeightFormat::Q4K
-        );
-        assert_eq!(
-            tensor_format(FileType::Q4KM, "blk.3.attn_q.weight", Some(3), 22),
-            WeightFormat::Q4K
-        );
+        assert_eq!(tensor_format(FileType::Q4KM, "output.weight", None, 22), WeightFormat::Q6K);
+        assert_eq!(tensor_format(FileType::Q4KM, "token_embd.weight", None, 22), WeightFormat::Q4K);
+        assert_eq!(tensor_format(FileType::Q4KM, "blk.3.attn_q.weight", Some(3), 22), WeightFormat::Q4K);
     }
 
     #[test]

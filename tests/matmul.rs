@@ -36,13 +36,7 @@ fn case(format: WeightFormat, n: usize, k: usize, m: usize, seed: u64) -> Case {
     let weights = quantize(format, &w).expect("quantize");
     let mut w_ref = vec![0f32; n * k];
     dequantize(format, &weights, n * k, &mut w_ref).expect("dequantize");
-    Case {
-        weights,
-        w_ref,
-        x: randn(&mut r, m * k, 1.0),
-        bias: randn(&mut r, n, 1.0),
-        y0: randn(&mut r, m * n, 1.0),
-    }
+    Case { weights, w_ref, x: randn(&mut r, m * k, 1.0), bias: randn(&mut r, n, 1.0), y0: randn(&mut r, m * n, 1.0) }
 }
 
 fn run_case(
@@ -80,15 +74,7 @@ fn run_case(
     let ds = matmul::prepare_with(ctx, &mm, kernel, "test").expect("prepare");
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
     let got = ctx.read_f32(&y, m * n).unwrap();
-    let want = matmul::reference(
-        &c.w_ref,
-        n,
-        k,
-        &c.x,
-        m,
-        bias.then_some(&c.bias[..]),
-        accumulate.then_some(&c.y0[..]),
-    );
+    let want = matmul::reference(&c.w_ref, n, k, &c.x, m, bias.then_some(&c.bias[..]), accumulate.then_some(&c.y0[..]));
     assert_close(what, &got, &want, TOL);
 }
 
@@ -105,17 +91,7 @@ fn gemv_every_format() {
                 let n = 37;
                 let kernel = MatmulKernel::Gemv { ncols: m, shape };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                run_case(
-                    &g.ctx,
-                    format,
-                    n,
-                    k,
-                    m as usize,
-                    kernel,
-                    m == 3,
-                    m == 8,
-                    &what,
-                );
+                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, &what);
             }
         }
     }
@@ -128,11 +104,7 @@ fn gemm_every_format() {
             for (m, n, tile) in [(9usize, 45usize, GemmTile::T32), (70, 130, GemmTile::T128)] {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
-                let what = format!(
-                    "[{}] gemm {} m={m} n={n} k={k} {tile:?}",
-                    g.name,
-                    format.name()
-                );
+                let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
                 run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, &what);
             }
         }
@@ -161,12 +133,7 @@ fn planner_choice_runs_for_decode_and_prefill() {
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
         let got = g.ctx.read_f32(&y, m * n).unwrap();
-        assert_close(
-            &format!("planned m={m}"),
-            &got,
-            &matmul::reference(&c.w_ref, n, k, &c.x, m, None, None),
-            TOL,
-        );
+        assert_close(&format!("planned m={m}"), &got, &matmul::reference(&c.w_ref, n, k, &c.x, m, None, None), TOL);
     }
 }
 
@@ -174,41 +141,22 @@ fn planner_choice_runs_for_decode_and_prefill() {
 #[test]
 fn split_tensors_match_unsplit_results() {
     let ctx = small_binding_gpu(4096);
-    for format in [
-        WeightFormat::F32,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4K,
-        WeightFormat::Q6K,
-    ] {
+    for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
         let k = k_for(format, 2, 96);
         let n = 120;
         let c = case(format, n, k, 1, 5);
         let w = WeightTensor::upload(&ctx, "w", format, n, k, &c.weights).unwrap();
-        assert!(
-            w.chunks.len() > 1,
-            "{} should be split, got {} chunk",
-            format.name(),
-            w.chunks.len()
-        );
+        assert!(w.chunks.len() > 1, "{} should be split, got {} chunk", format.name(), w.chunks.len());
         for kernel in [
-            MatmulKernel::Gemv {
-                ncols: 1,
-                shape: GemvShape { wg: 64, rows: 4 },
-            },
-            MatmulKernel::Gemm {
-                tile: GemmTile::T32,
-            },
+            MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 } },
+            MatmulKernel::Gemm { tile: GemmTile::T32 },
         ] {
             run_case(
                 &ctx,
                 format,
                 n,
                 k,
-                if matches!(kernel, MatmulKernel::Gemm { .. }) {
-                    20
-                } else {
-                    1
-                },
+                if matches!(kernel, MatmulKernel::Gemm { .. }) { 20 } else { 1 },
                 kernel,
                 true,
                 false,

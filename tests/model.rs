@@ -26,12 +26,7 @@ fn load(ctx: &Arc<GpuContext>, rel: &str) -> Model {
 }
 
 fn opts(f16_kv: bool, ubatch: u32, all_logits: bool) -> SessionOptions {
-    SessionOptions {
-        n_ctx: 256,
-        ubatch,
-        f16_kv,
-        all_logits,
-    }
+    SessionOptions { n_ctx: 256, ubatch, f16_kv, all_logits }
 }
 
 /// (max |Δ|, RMS Δ, share of rows with the same argmax)
@@ -46,21 +41,11 @@ fn compare(got: &[f32], want: &[f32], n_vocab: usize) -> (f32, f32, f32) {
         ss += (d as f64) * (d as f64);
     }
     let rows = got.len() / n_vocab;
-    let argmax = |r: &[f32]| {
-        r.iter()
-            .enumerate()
-            .fold(0, |bi, (i, &v)| if v > r[bi] { i } else { bi })
-    };
+    let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |bi, (i, &v)| if v > r[bi] { i } else { bi });
     let same = (0..rows)
-        .filter(|&r| {
-            argmax(&got[r * n_vocab..][..n_vocab]) == argmax(&want[r * n_vocab..][..n_vocab])
-        })
+        .filter(|&r| argmax(&got[r * n_vocab..][..n_vocab]) == argmax(&want[r * n_vocab..][..n_vocab]))
         .count();
-    (
-        max,
-        (ss / got.len() as f64).sqrt() as f32,
-        same as f32 / rows as f32,
-    )
+    (max, (ss / got.len() as f64).sqrt() as f32, same as f32 / rows as f32)
 }
 
 /// Teacher-forced logits with an F32 KV cache match the float64 reference within 1e-3.
@@ -75,10 +60,7 @@ fn stories260k_teacher_forced_logits() {
             let mut s = model.session(opts(false, ubatch, true)).unwrap();
             let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
             let (max, rms, same) = compare(&got, &want, 512);
-            eprintln!(
-                "[{}] stories260K ubatch {ubatch}: max |Δ| {max:.2e}, rms {rms:.2e}, argmax {same}",
-                g.name
-            );
+            eprintln!("[{}] stories260K ubatch {ubatch}: max |Δ| {max:.2e}, rms {rms:.2e}, argmax {same}", g.name);
             assert!(max < 1e-3, "[{}] ubatch {ubatch}: max |Δ| {max}", g.name);
         }
     }
@@ -111,9 +93,7 @@ fn stories260k_greedy_200_tokens() {
             .unwrap();
         chained.extend(&got);
         assert_eq!(s.position(), 150, "[{}] position after a stop", g.name);
-        let rest = s
-            .generate_greedy_chained(*chained.last().unwrap(), 50, &mut |_| true)
-            .unwrap();
+        let rest = s.generate_greedy_chained(*chained.last().unwrap(), 50, &mut |_| true).unwrap();
         chained.extend(&rest);
         assert_eq!(chained, ids, "[{}] chained greedy tokens differ", g.name);
     }
@@ -125,10 +105,7 @@ fn stories260k_greedy_200_tokens() {
 fn prefill_matches_token_by_token() {
     let ids = greedy_tokens();
     let g = &gpus()[0];
-    for file in [
-        "stories260K/stories260K.gguf",
-        "derived/stories260K-pad256-Q4_K_M.gguf",
-    ] {
+    for file in ["stories260K/stories260K.gguf", "derived/stories260K-pad256-Q4_K_M.gguf"] {
         let model = load(&g.ctx, file);
         let mut a = model.session(opts(false, 64, false)).unwrap();
         let mut b = model.session(opts(false, 64, false)).unwrap();
@@ -156,21 +133,12 @@ fn derived_models_teacher_forced() {
     for g in gpus() {
         for q in ["f32", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"] {
             let model = load(&g.ctx, &format!("derived/stories260K-pad256-{q}.gguf"));
-            let want = f32s(&testdata().join(format!(
-                "derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32"
-            )));
+            let want = f32s(&testdata().join(format!("derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32")));
             let mut s = model.session(opts(true, 256, true)).unwrap();
             let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
             let (max, rms, same) = compare(&got, &want, 512);
-            eprintln!(
-                "[{}] {q}: max |Δ| {max:.3e}, rms {rms:.3e}, argmax {same:.3}",
-                g.name
-            );
-            assert!(
-                max < 0.1 && rms < 0.02 && same >= 0.99,
-                "[{}] {q}: max {max} rms {rms} argmax {same}",
-                g.name
-            );
+            eprintln!("[{}] {q}: max |Δ| {max:.3e}, rms {rms:.3e}, argmax {same:.3}", g.name);
+            assert!(max < 0.1 && rms < 0.02 && same >= 0.99, "[{}] {q}: max {max} rms {rms} argmax {same}", g.name);
         }
     }
 }

@@ -28,21 +28,16 @@ fn gather_reproduces_ggml_dequantization_exactly() {
             ("f16", WeightFormat::F16),
             ("bf16", WeightFormat::BF16),
         ] {
-            let blocks =
-                std::fs::read(dir.join(format!("{name}.blocks.bin"))).expect("qvectors blocks");
-            let want: Vec<f32> = bytemuck::pod_collect_to_vec(
-                &std::fs::read(dir.join(format!("{name}.dequant.f32"))).unwrap(),
-            );
+            let blocks = std::fs::read(dir.join(format!("{name}.blocks.bin"))).expect("qvectors blocks");
+            let want: Vec<f32> =
+                bytemuck::pod_collect_to_vec(&std::fs::read(dir.join(format!("{name}.dequant.f32"))).unwrap());
             let (rows, k) = (16usize, 256usize);
             let table = WeightTensor::upload(&g.ctx, name, format, rows, k, &blocks).unwrap();
             // Every row, in a scrambled order with a repeat.
             let ids: Vec<u32> = vec![3, 0, 15, 8, 1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 3];
             let idb = g.ctx.upload(bytemuck::cast_slice(&ids), "ids").unwrap();
             let out = g.ctx.storage((ids.len() * k * 4) as u64, "out").unwrap();
-            run(
-                &g.ctx,
-                &embed::prepare(&g.ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap(),
-            );
+            run(&g.ctx, &embed::prepare(&g.ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap());
             let got = g.ctx.read_f32(&out, ids.len() * k).unwrap();
             let want_rows = embed::reference(&want, k, &ids);
             for (i, (a, b)) in got.iter().zip(&want_rows).enumerate() {
@@ -73,17 +68,9 @@ fn gather_on_split_table() {
         let ids: Vec<u32> = vec![39, 0, 17, 21, 5, 39];
         let idb = ctx.upload(bytemuck::cast_slice(&ids), "ids").unwrap();
         let out = ctx.storage((ids.len() * k * 4) as u64, "out").unwrap();
-        run(
-            &ctx,
-            &embed::prepare(&ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap(),
-        );
+        run(&ctx, &embed::prepare(&ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap());
         let got = ctx.read_f32(&out, ids.len() * k).unwrap();
-        assert_eq!(
-            got,
-            embed::reference(&table_ref, k, &ids),
-            "split gather {}",
-            format.name()
-        );
+        assert_eq!(got, embed::reference(&table_ref, k, &ids), "split gather {}", format.name());
     }
 }
 
@@ -94,28 +81,12 @@ fn rms_norm_rows() {
             let mut r = rng(n as u64);
             let x = randn(&mut r, rows * n, 2.0);
             let w = randn(&mut r, n, 1.0);
-            let (xb, wb) = (
-                g.ctx.upload_f32(&x, "x").unwrap(),
-                g.ctx.upload_f32(&w, "w").unwrap(),
-            );
+            let (xb, wb) = (g.ctx.upload_f32(&x, "x").unwrap(), g.ctx.upload_f32(&w, "w").unwrap());
             let y = g.ctx.storage((rows * n * 4) as u64, "y").unwrap();
-            let p = norm::RmsNormParams {
-                n: n as u32,
-                x_stride: n as u32,
-                y_stride: n as u32,
-                eps: 1e-5,
-            };
-            run(
-                &g.ctx,
-                &[norm::prepare(&g.ctx, &xb, &wb, &y, rows as u32, p, "norm").unwrap()],
-            );
+            let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: n as u32, eps: 1e-5 };
+            run(&g.ctx, &[norm::prepare(&g.ctx, &xb, &wb, &y, rows as u32, p, "norm").unwrap()]);
             let got = g.ctx.read_f32(&y, rows * n).unwrap();
-            assert_close(
-                &format!("[{}] rms_norm {rows}x{n}", g.name),
-                &got,
-                &norm::reference(&x, &w, n, 1e-5),
-                1e-5,
-            );
+            assert_close(&format!("[{}] rms_norm {rows}x{n}", g.name), &got, &norm::reference(&x, &w, n, 1e-5), 1e-5);
         }
     }
 }
@@ -126,23 +97,12 @@ fn elementwise_ops() {
         let n = 1003;
         let mut r = rng(7);
         let (a, b) = (randn(&mut r, n, 3.0), randn(&mut r, n, 1.0));
-        let (ab, bb) = (
-            g.ctx.upload_f32(&a, "a").unwrap(),
-            g.ctx.upload_f32(&b, "b").unwrap(),
-        );
+        let (ab, bb) = (g.ctx.upload_f32(&a, "a").unwrap(), g.ctx.upload_f32(&b, "b").unwrap());
         for op in [EltOp::SiluMul, EltOp::Add] {
             let out = g.ctx.storage((n * 4) as u64, "out").unwrap();
-            run(
-                &g.ctx,
-                &[elementwise::prepare(&g.ctx, op, &ab, &bb, &out, n as u32, "elt").unwrap()],
-            );
+            run(&g.ctx, &[elementwise::prepare(&g.ctx, op, &ab, &bb, &out, n as u32, "elt").unwrap()]);
             let got = g.ctx.read_f32(&out, n).unwrap();
-            assert_close(
-                &format!("[{}] {op:?}", g.name),
-                &got,
-                &elementwise::reference(op, &a, &b),
-                1e-6,
-            );
+            assert_close(&format!("[{}] {op:?}", g.name), &got, &elementwise::reference(op, &a, &b), 1e-6);
         }
     }
 }
@@ -161,10 +121,7 @@ fn argmax_picks_lowest_index_of_maximum() {
         } // row 3: all equal
         let xb = g.ctx.upload_f32(&x, "logits").unwrap();
         let ids = g.ctx.storage(16, "ids").unwrap();
-        run(
-            &g.ctx,
-            &[argmax::prepare(&g.ctx, &xb, &ids, rows as u32, n as u32, n as u32).unwrap()],
-        );
+        run(&g.ctx, &[argmax::prepare(&g.ctx, &xb, &ids, rows as u32, n as u32, n as u32).unwrap()]);
         let got = g.ctx.read_u32(&ids, rows).unwrap();
         assert_eq!(got, argmax::reference(&x, n), "[{}] argmax", g.name);
         assert_eq!(got, vec![5, 100, 31999, 0]);
@@ -197,36 +154,20 @@ fn rope_in_place_and_into_cache() {
                 let x = randn(&mut rng(hd as u64), (t * h * hd) as usize, 1.0);
                 let want = rope::reference(&x, mode, &p);
                 let xb = g.ctx.upload_f32(&x, "x").unwrap();
-                run(
-                    &g.ctx,
-                    &[rope::prepare_in_place(&g.ctx, mode, &xb, p, "rope").unwrap()],
-                );
+                run(&g.ctx, &[rope::prepare_in_place(&g.ctx, mode, &xb, p, "rope").unwrap()]);
                 let got = g.ctx.read_f32(&xb, x.len()).unwrap();
-                let what = format!(
-                    "[{}] rope {mode:?} t={t} h={h} hd={hd} rot={nr} pos0={pos0}",
-                    g.name
-                );
+                let what = format!("[{}] rope {mode:?} t={t} h={h} hd={hd} rot={nr} pos0={pos0}", g.name);
                 assert_close(&what, &got, &want, 2e-4);
 
                 // The same rotation written into rows pos0.. of an f32 and an f16 cache.
                 for f16_cache in [false, true] {
                     let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
                     let rows = (pos0 + t) as usize;
-                    let cache = g
-                        .ctx
-                        .storage(rows as u64 * (h * hd) as u64 * kv.bytes_per_elem(), "cache")
-                        .unwrap();
+                    let cache = g.ctx.storage(rows as u64 * (h * hd) as u64 * kv.bytes_per_elem(), "cache").unwrap();
                     let src = g.ctx.upload_f32(&x, "src").unwrap();
-                    run(
-                        &g.ctx,
-                        &[
-                            rope::prepare_to_cache(&g.ctx, Some(mode), kv, &src, &cache, p, "kv")
-                                .unwrap(),
-                        ],
-                    );
+                    run(&g.ctx, &[rope::prepare_to_cache(&g.ctx, Some(mode), kv, &src, &cache, p, "kv").unwrap()]);
                     let off = pos0 as usize * (h * hd) as usize;
-                    let got =
-                        read_cache(&g.ctx, &cache, kv, rows * (h * hd) as usize)[off..].to_vec();
+                    let got = read_cache(&g.ctx, &cache, kv, rows * (h * hd) as usize)[off..].to_vec();
                     let tol = if f16_cache { 2e-3 } else { 2e-4 };
                     assert_close(&format!("{what} -> {kv:?} cache"), &got, &want, tol);
                 }
@@ -240,10 +181,7 @@ fn read_cache(ctx: &GpuContext, buf: &wgpu::Buffer, kv: KvKind, n: usize) -> Vec
         KvKind::F32 => ctx.read_f32(buf, n).unwrap(),
         _ => {
             let bytes = ctx.read_bytes(buf, 0, (n * 2) as u64).unwrap();
-            bytes
-                .chunks(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect()
+            bytes.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
         }
     }
 }
@@ -253,10 +191,7 @@ fn cache_bytes(vals: &[f32], kv: KvKind) -> (Vec<u8>, Vec<f32>) {
         KvKind::F32 => (bytemuck::cast_slice(vals).to_vec(), vals.to_vec()),
         _ => {
             let h: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
-            (
-                bytemuck::cast_slice(&h).to_vec(),
-                h.iter().map(|v| v.to_f32()).collect(),
-            )
+            (bytemuck::cast_slice(&h).to_vec(), h.iter().map(|v| v.to_f32()).collect())
         }
     }
 }
@@ -267,12 +202,7 @@ fn cache_bytes(vals: &[f32], kv: KvKind) -> (Vec<u8>, Vec<f32>) {
 fn attention_prefill_and_decode() {
     for g in gpus() {
         for (nh, nkv, hd, n_ctx) in [(8u32, 2u32, 16u32, 300u32), (4, 4, 64, 40)] {
-            let shape = AttnShape {
-                n_head: nh,
-                n_kv_head: nkv,
-                head_dim: hd,
-                n_ctx,
-            };
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
             for f16_cache in [false, true] {
                 let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
                 let mut r = rng((nh * hd) as u64);
@@ -286,23 +216,10 @@ fn attention_prefill_and_decode() {
                     let qb = g.ctx.upload_f32(&q, "q").unwrap();
                     let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
                     let kv_len = pos0 + m;
-                    let want = attention::reference(
-                        &shape,
-                        &q,
-                        &k_vals,
-                        &v_vals,
-                        m as usize,
-                        pos0 as usize,
-                    );
-                    let what = format!(
-                        "[{}] attention nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}",
-                        g.name
-                    );
+                    let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
+                    let what = format!("[{}] attention nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
 
-                    let scores = g
-                        .ctx
-                        .storage((nh * m * kv_len * 4) as u64, "scores")
-                        .unwrap();
+                    let scores = g.ctx.storage((nh * m * kv_len * 4) as u64, "scores").unwrap();
                     let pa = PrefillArgs {
                         q: &qb,
                         k_cache: &k_cache,
@@ -312,18 +229,12 @@ fn attention_prefill_and_decode() {
                         m,
                         pos0,
                     };
-                    run(
-                        &g.ctx,
-                        &attention::prepare_prefill(&g.ctx, kv, &shape, &pa).unwrap(),
-                    );
+                    run(&g.ctx, &attention::prepare_prefill(&g.ctx, kv, &shape, &pa).unwrap());
                     let got = g.ctx.read_f32(&out, want.len()).unwrap();
                     assert_close(&format!("{what} prefill"), &got, &want, 1e-4);
 
                     if m == 1 {
-                        let partial = g
-                            .ctx
-                            .storage(shape.decode_scratch_len() as u64 * 4, "partial")
-                            .unwrap();
+                        let partial = g.ctx.storage(shape.decode_scratch_len() as u64 * 4, "partial").unwrap();
                         let da = DecodeArgs {
                             q: &qb,
                             k_cache: &k_cache,
@@ -332,10 +243,7 @@ fn attention_prefill_and_decode() {
                             out: &out,
                             kv_len,
                         };
-                        run(
-                            &g.ctx,
-                            &attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap(),
-                        );
+                        run(&g.ctx, &attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap());
                         let got = g.ctx.read_f32(&out, want.len()).unwrap();
                         assert_close(&format!("{what} decode"), &got, &want, 1e-4);
                     }

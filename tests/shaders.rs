@@ -11,11 +11,7 @@ fn every_variant_validates_and_translates() {
     let caps = Caps::baseline();
     let mut failures = Vec::new();
     let variants = KernelKey::all_variants();
-    assert!(
-        variants.len() > 100,
-        "expected every format x variant, got {}",
-        variants.len()
-    );
+    assert!(variants.len() > 100, "expected every format x variant, got {}", variants.len());
     for key in &variants {
         let src = key.source(&caps).expect("compose");
         let (needs_f16, needs_subgroup) = key.needs();
@@ -36,10 +32,7 @@ fn every_variant_validates_and_translates() {
         };
         let entry = key.entry();
 
-        let spv_opts = naga::back::spv::Options {
-            lang_version: (1, 3),
-            ..Default::default()
-        };
+        let spv_opts = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
         let spv_pipe = naga::back::spv::PipelineOptions {
             shader_stage: naga::ShaderStage::Compute,
             entry_point: entry.to_string(),
@@ -48,10 +41,7 @@ fn every_variant_validates_and_translates() {
             failures.push(format!("{key:?}: SPIR-V: {e}"));
         }
 
-        let msl_opts = naga::back::msl::Options {
-            lang_version: (2, 4),
-            ..Default::default()
-        };
+        let msl_opts = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
         let msl_pipe = naga::back::msl::PipelineOptions {
             entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
             ..Default::default()
@@ -60,25 +50,14 @@ fn every_variant_validates_and_translates() {
             failures.push(format!("{key:?}: MSL: {e}"));
         }
 
-        let hlsl_opts = naga::back::hlsl::Options {
-            shader_model: naga::back::hlsl::ShaderModel::V6_2,
-            ..Default::default()
-        };
-        let hlsl_pipe = naga::back::hlsl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-        };
+        let hlsl_opts =
+            naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+        let hlsl_pipe =
+            naga::back::hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, entry.to_string())) };
         let mut hlsl = String::new();
-        if let Err(e) = naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &hlsl_pipe)
-            .write(&module, &info, None)
-        {
+        if let Err(e) = naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &hlsl_pipe).write(&module, &info, None) {
             failures.push(format!("{key:?}: HLSL: {e}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} variants failed:\n{}",
-        failures.len(),
-        variants.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
 }

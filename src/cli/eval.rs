@@ -22,24 +22,17 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.tokens).map_err(|e| KilnError::File {
-        path: args.tokens.clone(),
-        message: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(&args.tokens)
+        .map_err(|e| KilnError::File { path: args.tokens.clone(), message: e.to_string() })?;
     let ids = text
         .split_whitespace()
         .map(|t| {
-            t.parse::<u32>().map_err(|_| KilnError::File {
-                path: args.tokens.clone(),
-                message: format!("{t:?} is not a token id"),
-            })
+            t.parse::<u32>()
+                .map_err(|_| KilnError::File { path: args.tokens.clone(), message: format!("{t:?} is not a token id") })
         })
         .collect::<Result<Vec<u32>>>()?;
     if ids.is_empty() {
-        return Err(KilnError::File {
-            path: args.tokens.clone(),
-            message: "no token ids".into(),
-        });
+        return Err(KilnError::File { path: args.tokens.clone(), message: "no token ids".into() });
     }
     let model = load_model(&args.model)?;
     let mut session = open_session(&model, &args.model, ids.len() as u32, true)?;
@@ -51,37 +44,20 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     for i in 0..ids.len() - 1 {
         let row = &logits[i * v..(i + 1) * v];
         let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max
-            + row
-                .iter()
-                .map(|&x| (x as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
+        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
         nll += lse - row[ids[i + 1] as usize] as f64;
     }
     if let Some(out) = &args.logits_out {
-        std::fs::write(out, bytemuck::cast_slice(&logits)).map_err(|e| KilnError::File {
-            path: out.clone(),
-            message: e.to_string(),
-        })?;
+        std::fs::write(out, bytemuck::cast_slice(&logits))
+            .map_err(|e| KilnError::File { path: out.clone(), message: e.to_string() })?;
     }
     let mut o = std::io::stdout().lock();
     if ids.len() > 1 {
         let mean = nll / (ids.len() - 1) as f64;
-        writeln!(
-            o,
-            "tokens {}  mean NLL {mean:.6}  perplexity {:.4}",
-            ids.len(),
-            mean.exp()
-        )?;
+        writeln!(o, "tokens {}  mean NLL {mean:.6}  perplexity {:.4}", ids.len(), mean.exp())?;
     } else {
         writeln!(o, "tokens 1 (no next-token predictions to score)")?;
     }
-    eprintln!(
-        "{} tokens in {:.3} s ({:.1} tok/s)",
-        ids.len(),
-        secs,
-        ids.len() as f64 / secs
-    );
+    eprintln!("{} tokens in {:.3} s ({:.1} tok/s)", ids.len(), secs, ids.len() as f64 / secs);
     Ok(())
 }

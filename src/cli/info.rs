@@ -32,23 +32,15 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     let opts = args.gpu.options()?;
     let (_inst, list) = list_adapters(opts.backend);
     if list.is_empty() {
-        return Err(crate::KilnError::NoAdapter {
-            detail: String::new(),
-        });
+        return Err(crate::KilnError::NoAdapter { detail: String::new() });
     }
     // Which adapter `kiln run` would pick with these flags.
     let chosen = GpuContext::new(&opts);
-    let chosen_name = chosen
-        .as_ref()
-        .ok()
-        .map(|c| (c.info.name.clone(), c.info.backend));
+    let chosen_name = chosen.as_ref().ok().map(|c| (c.info.name.clone(), c.info.backend));
     for (_, r) in &list {
         let i = &r.info;
-        let mark = if chosen_name.as_ref() == Some(&(i.name.clone(), i.backend)) {
-            "  <- kiln uses this one"
-        } else {
-            ""
-        };
+        let mark =
+            if chosen_name.as_ref() == Some(&(i.name.clone(), i.backend)) { "  <- kiln uses this one" } else { "" };
         writeln!(o, "[{}] {}{}", r.index, i.name, mark)?;
         writeln!(
             o,
@@ -67,11 +59,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 "yes"
             }
         };
-        writeln!(
-            o,
-            "    SHADER_F16: {}",
-            used(wgpu::Features::SHADER_F16, off.f16)
-        )?;
+        writeln!(o, "    SHADER_F16: {}", used(wgpu::Features::SHADER_F16, off.f16))?;
         writeln!(
             o,
             "    SUBGROUP: {} (subgroup size {}..{})",
@@ -85,11 +73,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY)),
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES))
         )?;
-        writeln!(
-            o,
-            "    COOPERATIVE_MATRIX: {}",
-            used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
-        )?;
+        writeln!(o, "    COOPERATIVE_MATRIX: {}", used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat))?;
         let l = &r.limits;
         writeln!(
             o,
@@ -103,10 +87,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         // GL drivers can claim compute and not run it: open the adapter and try one dispatch.
         let mut unusable = r.unusable.clone();
         if unusable.is_none() && i.backend == wgpu::Backend::Gl {
-            let probe = crate::gpu::ContextOptions {
-                gpu: Some(r.index.to_string()),
-                ..opts.clone()
-            };
+            let probe = crate::gpu::ContextOptions { gpu: Some(r.index.to_string()), ..opts.clone() };
             if let Err(e) = GpuContext::new(&probe) {
                 unusable = Some(e.to_string());
             }

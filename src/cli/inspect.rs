@@ -23,18 +23,11 @@ fn short(v: &Value) -> String {
     match v {
         Value::Array(a) => {
             let head: Vec<String> = a.iter().take(4).map(short).collect();
-            format!(
-                "[{}{}] ({} items)",
-                head.join(", "),
-                if a.len() > 4 { ", …" } else { "" },
-                a.len()
-            )
+            format!("[{}{}] ({} items)", head.join(", "), if a.len() > 4 { ", …" } else { "" }, a.len())
         }
-        Value::String(s) if s.chars().count() > 80 => format!(
-            "{:?}… ({} bytes)",
-            s.chars().take(80).collect::<String>(),
-            s.len()
-        ),
+        Value::String(s) if s.chars().count() > 80 => {
+            format!("{:?}… ({} bytes)", s.chars().take(80).collect::<String>(), s.len())
+        }
         other => other.to_string(),
     }
 }
@@ -78,13 +71,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             writeln!(
                 o,
                 "  heads {} (KV {}), head dim {}, RoPE {:?} over {} dims, base {}, scale {}",
-                c.n_head,
-                c.n_kv_head,
-                c.head_dim,
-                c.rope_mode,
-                c.n_rot,
-                c.rope_base,
-                c.rope_freq_scale
+                c.n_head, c.n_kv_head, c.head_dim, c.rope_mode, c.n_rot, c.rope_base, c.rope_freq_scale
             )?;
             writeln!(
                 o,
@@ -104,47 +91,18 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     }
     let total: u64 = f.tensors.iter().map(|t| t.bytes).sum();
     let params: u64 = f.tensors.iter().map(|t| t.n_elements()).sum();
-    writeln!(
-        o,
-        "\nformats ({:.1}M parameters, {}):",
-        params as f64 / 1e6,
-        human(total)
-    )?;
+    writeln!(o, "\nformats ({:.1}M parameters, {}):", params as f64 / 1e6, human(total))?;
     for (name, (n, bytes, elems)) in &mix {
-        let bpw = if *elems > 0 {
-            *bytes as f64 * 8.0 / *elems as f64
-        } else {
-            0.0
-        };
-        writeln!(
-            o,
-            "  {name:<12} {n:>5} tensors  {:>12}  {bpw:.2} bits/weight",
-            human(*bytes)
-        )?;
+        let bpw = if *elems > 0 { *bytes as f64 * 8.0 / *elems as f64 } else { 0.0 };
+        writeln!(o, "  {name:<12} {n:>5} tensors  {:>12}  {bpw:.2} bits/weight", human(*bytes))?;
     }
     writeln!(o, "\ntensors:")?;
-    let shown = if args.all {
-        f.tensors.len()
-    } else {
-        f.tensors.len().min(40)
-    };
+    let shown = if args.all { f.tensors.len() } else { f.tensors.len().min(40) };
     for t in &f.tensors[..shown] {
-        writeln!(
-            o,
-            "  {:<32} {:<10} {:?}  {} bytes at {}",
-            t.name,
-            t.type_name(),
-            t.dims,
-            t.bytes,
-            t.offset
-        )?;
+        writeln!(o, "  {:<32} {:<10} {:?}  {} bytes at {}", t.name, t.type_name(), t.dims, t.bytes, t.offset)?;
     }
     if shown < f.tensors.len() {
-        writeln!(
-            o,
-            "  … {} more (--all to list them)",
-            f.tensors.len() - shown
-        )?;
+        writeln!(o, "  … {} more (--all to list them)", f.tensors.len() - shown)?;
     }
     Ok(())
 }

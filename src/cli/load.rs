@@ -42,12 +42,7 @@ pub fn load_model(args: &ModelArgs) -> Result<Model> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    bar.set_message(
-        args.model
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default(),
-    );
+    bar.set_message(args.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
     let t = Instant::now();
     let model = Model::load(ctx, &args.model, &mut |b| bar.set_position(b));
     bar.finish_and_clear();
@@ -62,21 +57,11 @@ pub fn load_model(args: &ModelArgs) -> Result<Model> {
 
 /// Sizes a session: context from -c or the model (capped by what fits), the batch so the
 /// attention scratch fits one binding.
-pub fn open_session(
-    model: &Model,
-    args: &ModelArgs,
-    min_ctx: u32,
-    all_logits: bool,
-) -> Result<Session> {
+pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: bool) -> Result<Session> {
     let f16_kv = match args.kv_type.as_str() {
         "f16" => true,
         "f32" => false,
-        other => {
-            return Err(KilnError::invalid(
-                "--kv-type",
-                format!("{other:?} (expected f16 or f32)"),
-            ))
-        }
+        other => return Err(KilnError::invalid("--kv-type", format!("{other:?} (expected f16 or f32)"))),
     };
     let c = &model.cfg;
     let ctx = &model.ctx;
@@ -111,10 +96,5 @@ pub fn open_session(
         tracing::info!("ubatch lowered from {ubatch} to {fit} so attention scores fit one binding");
         ubatch = fit;
     }
-    model.session(SessionOptions {
-        n_ctx,
-        ubatch,
-        f16_kv,
-        all_logits,
-    })
+    model.session(SessionOptions { n_ctx, ubatch, f16_kv, all_logits })
 }

@@ -12,11 +12,7 @@ use crate::gpu::{parse_backend, ContextOptions};
 use crate::{KilnError, Result};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "kiln",
-    version,
-    about = "Portable GPU inference for Llama-family GGUF models"
-)]
+#[command(name = "kiln", version, about = "Portable GPU inference for Llama-family GGUF models")]
 pub struct Cli {
     /// More logging (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -42,10 +38,7 @@ impl GpuArgs {
         opts.gpu = self.gpu.clone();
         opts.backend = match &self.backend {
             Some(b) => Some(parse_backend(b).ok_or_else(|| {
-                KilnError::invalid(
-                    "--backend",
-                    format!("unknown backend {b:?} (expected vulkan, metal, dx12 or gl)"),
-                )
+                KilnError::invalid("--backend", format!("unknown backend {b:?} (expected vulkan, metal, dx12 or gl)"))
             })?),
             None => None,
         };

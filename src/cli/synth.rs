@@ -19,20 +19,10 @@ pub struct SynthArgs {
 pub fn run(args: &SynthArgs) -> Result<()> {
     let (preset, ft) = parse_spec(&args.preset)?;
     let w = build(&preset, ft)?;
-    let file = std::fs::File::create(&args.output).map_err(|e| KilnError::File {
-        path: args.output.clone(),
-        message: e.to_string(),
-    })?;
+    let file = std::fs::File::create(&args.output)
+        .map_err(|e| KilnError::File { path: args.output.clone(), message: e.to_string() })?;
     let mut out = std::io::BufWriter::new(file);
-    w.write(&mut out).map_err(|e| KilnError::File {
-        path: args.output.clone(),
-        message: e.to_string(),
-    })?;
-    eprintln!(
-        "wrote {} ({}:{})",
-        args.output.display(),
-        preset.name,
-        ft.name()
-    );
+    w.write(&mut out).map_err(|e| KilnError::File { path: args.output.clone(), message: e.to_string() })?;
+    eprintln!("wrote {} ({}:{})", args.output.display(), preset.name, ft.name());
     Ok(())
 }

@@ -97,44 +97,32 @@ pub struct GgufFile {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let err = |m: String| KilnError::File {
-            path: path.clone(),
-            message: m,
-        };
+        let err = |m: String| KilnError::File { path: path.clone(), message: m };
         let file = std::fs::File::open(&path).map_err(|e| err(format!("cannot open: {e}")))?;
         // SAFETY: the file is mapped read-only; kiln does not modify it, and a change made by
         // another process while kiln runs can corrupt results but not memory safety of the
         // slices we hand out (they stay within the mapping).
-        let map =
-            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
         if map.len() < 8 || &map[..4] != b"GGUF" {
-            return Err(err(
-                "not a GGUF file (bad magic); kiln reads GGUF v2/v3 model files".into(),
-            ));
+            return Err(err("not a GGUF file (bad magic); kiln reads GGUF v2/v3 model files".into()));
         }
         let version = u32::from_le_bytes([map[4], map[5], map[6], map[7]]);
         if !(2..=3).contains(&version) {
-            return Err(err(format!(
-                "GGUF version {version} is not supported (kiln reads versions 2 and 3)"
-            )));
+            return Err(err(format!("GGUF version {version} is not supported (kiln reads versions 2 and 3)")));
         }
         let map = std::sync::Arc::new(map);
         // gguf-rs reads the header from after the magic; it never reads the tensor data.
-        let reader = MapReader {
-            map: map.clone(),
-            pos: 4,
-        };
-        let mut container =
-            gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
-        let model = container
-            .decode()
-            .map_err(|e| err(format!("malformed GGUF header: {e}")))?;
+        let reader = MapReader { map: map.clone(), pos: 4 };
+        let mut container = gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
+        let model = container.decode().map_err(|e| err(format!("malformed GGUF header: {e}")))?;
         let data_offset = model.data_offset();
         let alignment = model.alignment();
         let file_len = map.len() as u64;
         // A vocabulary-only file has no tensor data, and need not pad up to where it would start.
         if data_offset > file_len && !model.tensors().is_empty() {
-            return Err(err(format!("truncated: the tensor data would start at byte {data_offset}, past the end ({file_len} bytes)")));
+            return Err(err(format!(
+                "truncated: the tensor data would start at byte {data_offset}, past the end ({file_len} bytes)"
+            )));
         }
         let mut tensors = Vec::with_capacity(model.tensors().len());
         let mut seen = std::collections::HashSet::new();
@@ -144,10 +132,7 @@ impl GgufFile {
             }
             let dims: Vec<u64> = t.shape.clone();
             if dims.is_empty() || dims.iter().any(|&d| d == 0) {
-                return Err(err(format!(
-                    "tensor {} has an empty shape {dims:?}",
-                    t.name
-                )));
+                return Err(err(format!("tensor {} has an empty shape {dims:?}", t.name)));
             }
             let n = dims
                 .iter()
@@ -159,66 +144,36 @@ impl GgufFile {
                     let k = dims[0] as usize;
                     let rows = (n / dims[0]) as usize;
                     f.tensor_bytes(rows, k).ok_or_else(|| {
-                        err(format!(
-                            "tensor {}: row length {k} is not a whole number of {} blocks",
-                            t.name,
-                            f.name()
-                        ))
+                        err(format!("tensor {}: row length {k} is not a whole number of {} blocks", t.name, f.name()))
                     })? as u64
                 }
                 None => 0,
             };
             if t.offset % alignment != 0 {
-                return Err(err(format!(
-                    "tensor {} data offset {} is not aligned to {alignment}",
-                    t.name, t.offset
-                )));
+                return Err(err(format!("tensor {} data offset {} is not aligned to {alignment}", t.name, t.offset)));
             }
-            let start = data_offset
-                .checked_add(t.offset)
-                .ok_or_else(|| err(format!("tensor {} offset overflows", t.name)))?;
-            let end = start
-                .checked_add(bytes)
-                .ok_or_else(|| err(format!("tensor {} size overflows", t.name)))?;
+            let start =
+                data_offset.checked_add(t.offset).ok_or_else(|| err(format!("tensor {} offset overflows", t.name)))?;
+            let end = start.checked_add(bytes).ok_or_else(|| err(format!("tensor {} size overflows", t.name)))?;
             if end > file_len {
                 return Err(err(format!(
                     "truncated: tensor {} needs bytes {start}..{end} but the file has {file_len}; re-download or re-convert the model",
                     t.name
                 )));
             }
-            tensors.push(TensorInfo {
-                name: t.name.clone(),
-                ggml_type: t.kind,
-                format,
-                dims,
-                offset: start,
-                bytes,
-            });
+            tensors.push(TensorInfo { name: t.name.clone(), ggml_type: t.kind, format, dims, offset: start, bytes });
         }
         // Overlapping tensor data means a corrupt table.
-        let mut ranges: Vec<(u64, u64, &str)> = tensors
-            .iter()
-            .filter(|t| t.bytes > 0)
-            .map(|t| (t.offset, t.offset + t.bytes, t.name.as_str()))
-            .collect();
+        let mut ranges: Vec<(u64, u64, &str)> =
+            tensors.iter().filter(|t| t.bytes > 0).map(|t| (t.offset, t.offset + t.bytes, t.name.as_str())).collect();
         ranges.sort();
         for w in ranges.windows(2) {
             if w[1].0 < w[0].1 {
-                return Err(err(format!(
-                    "tensors {} and {} overlap in the file",
-                    w[0].2, w[1].2
-                )));
+                return Err(err(format!("tensors {} and {} overlap in the file", w[0].2, w[1].2)));
             }
         }
         let metadata = model.metadata().clone();
-        Ok(GgufFile {
-            path,
-            map,
-            version,
-            metadata,
-            tensors,
-            alignment,
-        })
+        Ok(GgufFile { path, map, version, metadata, tensors, alignment })
     }
 
     pub fn file_len(&self) -> u64 {
@@ -235,10 +190,7 @@ impl GgufFile {
     }
 
     fn bad_key(&self, key: &str, want: &str) -> KilnError {
-        KilnError::File {
-            path: self.path.clone(),
-            message: format!("metadata {key} should be {want}"),
-        }
+        KilnError::File { path: self.path.clone(), message: format!("metadata {key} should be {want}") }
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -248,40 +200,28 @@ impl GgufFile {
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.bad_key(key, "an unsigned integer")),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.bad_key(key, "an unsigned integer")),
         }
     }
 
     pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|f| Some(f as f32))
-                .ok_or_else(|| self.bad_key(key, "a number")),
+            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| self.bad_key(key, "a number")),
         }
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.bad_key(key, "a string")),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.bad_key(key, "a string")),
         }
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.bad_key(key, "a boolean")),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.bad_key(key, "a boolean")),
         }
     }
 

@@ -95,8 +95,7 @@ impl GgufWriter {
         for (name, format, dims, data) in &self.tensors {
             put_str(&mut h, name);
             h.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            dims.iter()
-                .for_each(|d| h.extend_from_slice(&d.to_le_bytes()));
+            dims.iter().for_each(|d| h.extend_from_slice(&d.to_le_bytes()));
             h.extend_from_slice(&format.ggml_type().to_le_bytes());
             h.extend_from_slice(&offset.to_le_bytes());
             offset += (data.len() as u64).div_ceil(ALIGN) * ALIGN;

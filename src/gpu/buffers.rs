@@ -29,9 +29,7 @@ impl GpuContext {
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
     }
@@ -56,12 +54,11 @@ impl GpuContext {
     }
 
     pub fn uniform<T: Pod>(&self, value: &T, label: &str) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::bytes_of(value),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
     }
 
     /// Copies `size` bytes from `buf` to the host. Waits for the GPU (bounded by the poll
@@ -74,11 +71,7 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("readback"),
-            });
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size4);
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -90,10 +83,7 @@ impl GpuContext {
         match rx.recv_timeout(self.poll_timeout) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                return Err(KilnError::Gpu {
-                    context: "mapping a readback buffer".into(),
-                    message: e.to_string(),
-                })
+                return Err(KilnError::Gpu { context: "mapping a readback buffer".into(), message: e.to_string() })
             }
             Err(_) => {
                 return Err(KilnError::Gpu {
@@ -104,10 +94,7 @@ impl GpuContext {
         }
         let data = staging
             .get_mapped_range(..)
-            .map_err(|e| KilnError::Gpu {
-                context: "reading a buffer back".into(),
-                message: e.to_string(),
-            })?
+            .map_err(|e| KilnError::Gpu { context: "reading a buffer back".into(), message: e.to_string() })?
             .to_vec();
         staging.unmap();
         Ok(data[..size as usize].to_vec())
@@ -152,22 +139,13 @@ impl WeightTensor {
         gguf_bytes: &[u8],
     ) -> Result<WeightTensor> {
         let bad = |m: String| KilnError::invalid(format!("tensor {name}"), m);
-        let row_bytes = format.row_bytes(k).ok_or_else(|| {
-            bad(format!(
-                "row length {k} is not a whole number of {} blocks",
-                format.name()
-            ))
-        })?;
+        let row_bytes = format
+            .row_bytes(k)
+            .ok_or_else(|| bad(format!("row length {k} is not a whole number of {} blocks", format.name())))?;
         if gguf_bytes.len() < rows * row_bytes {
-            return Err(bad(format!(
-                "has {} bytes, expected {}",
-                gguf_bytes.len(),
-                rows * row_bytes
-            )));
+            return Err(bad(format!("has {} bytes, expected {}", gguf_bytes.len(), rows * row_bytes)));
         }
-        let gpu_row = format
-            .gpu_row_bytes(k)
-            .ok_or_else(|| bad("row too large".into()))? as u64;
+        let gpu_row = format.gpu_row_bytes(k).ok_or_else(|| bad("row too large".into()))? as u64;
         // Rows per chunk: the largest count whose bytes (with padding) fit one binding.
         let budget = ctx.max_binding.saturating_sub(TAIL_PAD + 4);
         let rows_per_chunk = (budget / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
@@ -185,23 +163,13 @@ impl WeightTensor {
             let src = &gguf_bytes[r0 * row_bytes..(r0 + n) * row_bytes];
             let gpu_bytes = crate::quant::repack_for_gpu(format, src)?;
             let buffer = ctx.upload(&gpu_bytes, &format!("{name}[{r0}..{}]", r0 + n))?;
-            chunks.push(WeightChunk {
-                buffer,
-                row_start: r0 as u32,
-                rows: n as u32,
-            });
+            chunks.push(WeightChunk { buffer, row_start: r0 as u32, rows: n as u32 });
             r0 += n;
             if rows == 0 {
                 break;
             }
         }
-        Ok(WeightTensor {
-            name: name.to_string(),
-            format,
-            rows: rows as u32,
-            k: k as u32,
-            chunks,
-        })
+        Ok(WeightTensor { name: name.to_string(), format, rows: rows as u32, k: k as u32, chunks })
     }
 }
 
@@ -234,12 +202,7 @@ impl Bound {
         let mut all: Vec<&wgpu::Buffer> = vec![&params];
         all.extend_from_slice(buffers);
         let bind_group = bind(ctx, &pipeline, label, &all);
-        Ok(Bound {
-            label,
-            bind_group,
-            params,
-            last: Default::default(),
-        })
+        Ok(Bound { label, bind_group, params, last: Default::default() })
     }
 
     /// Writes the parameters for the next submit, unless they are what the buffer holds.
@@ -253,12 +216,7 @@ impl Bound {
         }
     }
 
-    pub fn record_with(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        pipeline: &wgpu::ComputePipeline,
-        grid: [u32; 3],
-    ) {
+    pub fn record_with(&self, pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, grid: [u32; 3]) {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
@@ -306,30 +264,17 @@ pub fn bind(
     let entries: Vec<wgpu::BindGroupEntry> = buffers
         .iter()
         .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry {
-            binding: i as u32,
-            resource: b.as_entire_binding(),
-        })
+        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
         .collect();
-    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
-        layout: &layout,
-        entries: &entries,
-    })
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries })
 }
 
 /// Records dispatches into one compute pass and submits them (tests, tools).
 pub fn run_dispatches(ctx: &GpuContext, dispatches: &[&Dispatch]) -> Result<()> {
-    let mut enc = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("kiln"),
-        });
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
     {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("kiln"),
-            timestamp_writes: None,
-        });
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
         for d in dispatches {
             d.record(&mut pass);
         }

@@ -88,12 +88,7 @@ fn backends_for(backend: Option<wgpu::Backend>) -> wgpu::Backends {
         Some(wgpu::Backend::Metal) => wgpu::Backends::METAL,
         Some(wgpu::Backend::Dx12) => wgpu::Backends::DX12,
         Some(wgpu::Backend::Gl) => wgpu::Backends::GL,
-        _ => {
-            wgpu::Backends::VULKAN
-                | wgpu::Backends::METAL
-                | wgpu::Backends::DX12
-                | wgpu::Backends::GL
-        }
+        _ => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::GL,
     }
 }
 
@@ -121,10 +116,7 @@ fn unusable_reason(
     info: &wgpu::AdapterInfo,
     downlevel: &wgpu::DownlevelCapabilities,
 ) -> Option<String> {
-    if !downlevel
-        .flags
-        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
-    {
+    if !downlevel.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
         return Some(format!(
             "no compute shaders ({} {}); kiln needs OpenGL 4.3+ or ES 3.1+ on GL, or a Vulkan, Metal or DX12 driver",
             info.driver, info.driver_info
@@ -134,11 +126,7 @@ fn unusable_reason(
         return Some(format!(
             "only {} storage buffers per shader stage (kiln needs 6){}",
             limits.max_storage_buffers_per_shader_stage,
-            if info.backend == wgpu::Backend::Gl {
-                "; this GL driver lacks compute storage buffers"
-            } else {
-                ""
-            }
+            if info.backend == wgpu::Backend::Gl { "; this GL driver lacks compute storage buffers" } else { "" }
         ));
     }
     if limits.max_compute_invocations_per_workgroup < 256 {
@@ -165,12 +153,9 @@ fn instance(backend: Option<wgpu::Backend>) -> wgpu::Instance {
 
 /// Every adapter on every backend, best first: discrete, integrated, virtual, CPU; native
 /// APIs before GL for the same device.
-pub fn list_adapters(
-    backend: Option<wgpu::Backend>,
-) -> (wgpu::Instance, Vec<(wgpu::Adapter, AdapterReport)>) {
+pub fn list_adapters(backend: Option<wgpu::Backend>) -> (wgpu::Instance, Vec<(wgpu::Adapter, AdapterReport)>) {
     let inst = instance(backend);
-    let mut adapters: Vec<wgpu::Adapter> =
-        pollster::block_on(inst.enumerate_adapters(backends_for(backend)));
+    let mut adapters: Vec<wgpu::Adapter> = pollster::block_on(inst.enumerate_adapters(backends_for(backend)));
     adapters.sort_by_key(|a| {
         let i = a.get_info();
         (type_rank(i.device_type), backend_rank(i.backend))
@@ -182,13 +167,7 @@ pub fn list_adapters(
             let info = a.get_info();
             let limits = a.limits();
             let unusable = unusable_reason(&limits, &info, &a.get_downlevel_capabilities());
-            let report = AdapterReport {
-                index,
-                info,
-                features: a.features(),
-                limits,
-                unusable,
-            };
+            let report = AdapterReport { index, info, features: a.features(), limits, unusable };
             (a, report)
         })
         .collect();
@@ -228,24 +207,12 @@ impl GpuContext {
         };
         let chosen = match &opts.gpu {
             Some(want) => {
-                let by_index = want
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|i| list.iter().find(|(_, r)| r.index == i));
+                let by_index = want.trim().parse::<usize>().ok().and_then(|i| list.iter().find(|(_, r)| r.index == i));
                 let lower = want.to_ascii_lowercase();
-                let by_name = || {
-                    list.iter()
-                        .find(|(_, r)| r.info.name.to_ascii_lowercase().contains(&lower))
-                };
+                let by_name = || list.iter().find(|(_, r)| r.info.name.to_ascii_lowercase().contains(&lower));
                 match by_index.or_else(by_name) {
                     Some(c) => c,
-                    None => {
-                        return Err(KilnError::AdapterNotFound {
-                            wanted: want.clone(),
-                            available: names(),
-                        })
-                    }
+                    None => return Err(KilnError::AdapterNotFound { wanted: want.clone(), available: names() }),
                 }
             }
             None => match list.iter().find(|(_, r)| r.unusable.is_none()) {
@@ -253,39 +220,23 @@ impl GpuContext {
                 None => {
                     let why = list
                         .iter()
-                        .map(|(_, r)| {
-                            format!(
-                                "{}: {}",
-                                r.info.name,
-                                r.unusable.clone().unwrap_or_default()
-                            )
-                        })
+                        .map(|(_, r)| format!("{}: {}", r.info.name, r.unusable.clone().unwrap_or_default()))
                         .collect::<Vec<_>>()
                         .join("; ");
-                    return Err(KilnError::NoAdapter {
-                        detail: format!(" (none is usable: {why})"),
-                    });
+                    return Err(KilnError::NoAdapter { detail: format!(" (none is usable: {why})") });
                 }
             },
         };
         let (adapter, report) = chosen;
         if let Some(reason) = &report.unusable {
-            return Err(KilnError::AdapterUnusable {
-                adapter: report.info.name.clone(),
-                reason: reason.clone(),
-            });
+            return Err(KilnError::AdapterUnusable { adapter: report.info.name.clone(), reason: reason.clone() });
         }
         Self::open(adapter, report, opts)
     }
 
-    fn open(
-        adapter: &wgpu::Adapter,
-        report: &AdapterReport,
-        opts: &ContextOptions,
-    ) -> Result<Arc<GpuContext>> {
+    fn open(adapter: &wgpu::Adapter, report: &AdapterReport, opts: &ContextOptions) -> Result<Arc<GpuContext>> {
         let offered = report.features;
-        let mut wanted =
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let mut wanted = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         if !opts.disable.f16 {
             wanted |= wgpu::Features::SHADER_F16;
         }
@@ -307,12 +258,8 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-            KilnError::RequestDevice {
-                adapter: report.info.name.clone(),
-                reason: e.to_string(),
-            }
-        })?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| KilnError::RequestDevice { adapter: report.info.name.clone(), reason: e.to_string() })?;
         let info = report.info.clone();
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size > 0;
         let caps = Caps {
@@ -325,9 +272,7 @@ impl GpuContext {
             subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
         };
-        let adapter_binding = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
+        let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding = match opts.max_binding_override {
             Some(v) => v.min(adapter_binding).max(256),
             None => adapter_binding,
@@ -364,28 +309,18 @@ impl GpuContext {
     /// Blocks until all submitted work is done, or fails after `poll_timeout`.
     pub fn wait_idle(&self, what: &str) -> Result<()> {
         self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(self.poll_timeout),
-            })
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(self.poll_timeout) })
             .map(|_| ())
             .map_err(|e| match e {
-                wgpu::PollError::Timeout => KilnError::GpuTimeout {
-                    what: what.to_string(),
-                    seconds: self.poll_timeout.as_secs(),
-                },
-                other => KilnError::Gpu {
-                    context: what.to_string(),
-                    message: other.to_string(),
-                },
+                wgpu::PollError::Timeout => {
+                    KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() }
+                }
+                other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
             })
     }
 
     /// Short adapter description for logs and reports.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({:?}, {:?})",
-            self.info.name, self.info.backend, self.info.device_type
-        )
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
     }
 }

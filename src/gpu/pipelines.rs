@@ -25,13 +25,7 @@ impl PipelineCache {
 impl GpuContext {
     /// The pipeline for `key`, compiling it the first time it is asked for.
     pub fn pipeline(&self, key: &KernelKey) -> Result<Arc<wgpu::ComputePipeline>> {
-        if let Some(p) = self
-            .pipelines
-            .map
-            .lock()
-            .ok()
-            .and_then(|m| m.get(key).cloned())
-        {
+        if let Some(p) = self.pipelines.map.lock().ok().and_then(|m| m.get(key).cloned()) {
             return Ok(p);
         }
         let src = key.source(&self.caps)?;
@@ -48,24 +42,19 @@ impl GpuContext {
                 wgpu::ShaderRuntimeChecks::unchecked(),
             )
         };
-        let pipeline = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&src.label),
-                layout: Some(&layout),
-                module: &module,
-                entry_point: Some(key.entry()),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &src.overrides,
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&src.label),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some(key.entry()),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &src.overrides,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
         if let Some(err) = pollster::block_on(scope.pop()) {
-            return Err(KilnError::Shader {
-                label: src.label,
-                message: err.to_string(),
-            });
+            return Err(KilnError::Shader { label: src.label, message: err.to_string() });
         }
         let pipeline = Arc::new(pipeline);
         if let Ok(mut m) = self.pipelines.map.lock() {
@@ -103,17 +92,12 @@ impl GpuContext {
             .collect();
         let bgl = self
             .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("kiln"),
-                entries: &entries,
-            });
-        let pl = self
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("kiln"),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: 0,
-            });
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some("kiln"), entries: &entries });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("kiln"),
+            bind_group_layouts: &[Some(&bgl)],
+            immediate_size: 0,
+        });
         layouts.insert(bindings, (bgl, pl.clone()));
         pl
     }

@@ -5,88 +5,31 @@ use crate::error::{KilnError, Result};
 
 /// Every WGSL file kiln ships, embedded at build time. Composition can only name these.
 pub const FILES: &[(&str, &str)] = &[
-    (
-        "common/quant.wgsl",
-        include_str!("../../wgsl/common/quant.wgsl"),
-    ),
-    (
-        "common/reduce_subgroup.wgsl",
-        include_str!("../../wgsl/common/reduce_subgroup.wgsl"),
-    ),
-    (
-        "common/reduce_shared.wgsl",
-        include_str!("../../wgsl/common/reduce_shared.wgsl"),
-    ),
-    (
-        "common/kv_f32.wgsl",
-        include_str!("../../wgsl/common/kv_f32.wgsl"),
-    ),
-    (
-        "common/kv_f16_native.wgsl",
-        include_str!("../../wgsl/common/kv_f16_native.wgsl"),
-    ),
-    (
-        "common/kv_f16_packed.wgsl",
-        include_str!("../../wgsl/common/kv_f16_packed.wgsl"),
-    ),
-    (
-        "formats/f32.wgsl",
-        include_str!("../../wgsl/formats/f32.wgsl"),
-    ),
-    (
-        "formats/f16.wgsl",
-        include_str!("../../wgsl/formats/f16.wgsl"),
-    ),
-    (
-        "formats/bf16.wgsl",
-        include_str!("../../wgsl/formats/bf16.wgsl"),
-    ),
-    (
-        "formats/q8_0.wgsl",
-        include_str!("../../wgsl/formats/q8_0.wgsl"),
-    ),
-    (
-        "formats/q4_k.wgsl",
-        include_str!("../../wgsl/formats/q4_k.wgsl"),
-    ),
-    (
-        "formats/q5_k.wgsl",
-        include_str!("../../wgsl/formats/q5_k.wgsl"),
-    ),
-    (
-        "formats/q6_k.wgsl",
-        include_str!("../../wgsl/formats/q6_k.wgsl"),
-    ),
+    ("common/quant.wgsl", include_str!("../../wgsl/common/quant.wgsl")),
+    ("common/reduce_subgroup.wgsl", include_str!("../../wgsl/common/reduce_subgroup.wgsl")),
+    ("common/reduce_shared.wgsl", include_str!("../../wgsl/common/reduce_shared.wgsl")),
+    ("common/kv_f32.wgsl", include_str!("../../wgsl/common/kv_f32.wgsl")),
+    ("common/kv_f16_native.wgsl", include_str!("../../wgsl/common/kv_f16_native.wgsl")),
+    ("common/kv_f16_packed.wgsl", include_str!("../../wgsl/common/kv_f16_packed.wgsl")),
+    ("formats/f32.wgsl", include_str!("../../wgsl/formats/f32.wgsl")),
+    ("formats/f16.wgsl", include_str!("../../wgsl/formats/f16.wgsl")),
+    ("formats/bf16.wgsl", include_str!("../../wgsl/formats/bf16.wgsl")),
+    ("formats/q8_0.wgsl", include_str!("../../wgsl/formats/q8_0.wgsl")),
+    ("formats/q4_k.wgsl", include_str!("../../wgsl/formats/q4_k.wgsl")),
+    ("formats/q5_k.wgsl", include_str!("../../wgsl/formats/q5_k.wgsl")),
+    ("formats/q6_k.wgsl", include_str!("../../wgsl/formats/q6_k.wgsl")),
     ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
     ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
-    (
-        "gemm_micro_4x4.wgsl",
-        include_str!("../../wgsl/gemm_micro_4x4.wgsl"),
-    ),
-    (
-        "gemm_micro_8x8.wgsl",
-        include_str!("../../wgsl/gemm_micro_8x8.wgsl"),
-    ),
+    ("gemm_micro_4x4.wgsl", include_str!("../../wgsl/gemm_micro_4x4.wgsl")),
+    ("gemm_micro_8x8.wgsl", include_str!("../../wgsl/gemm_micro_8x8.wgsl")),
     ("embed.wgsl", include_str!("../../wgsl/embed.wgsl")),
-    (
-        "attention_prefill.wgsl",
-        include_str!("../../wgsl/attention_prefill.wgsl"),
-    ),
+    ("attention_prefill.wgsl", include_str!("../../wgsl/attention_prefill.wgsl")),
     ("softmax.wgsl", include_str!("../../wgsl/softmax.wgsl")),
-    (
-        "attention_decode.wgsl",
-        include_str!("../../wgsl/attention_decode.wgsl"),
-    ),
-    (
-        "attention_combine.wgsl",
-        include_str!("../../wgsl/attention_combine.wgsl"),
-    ),
+    ("attention_decode.wgsl", include_str!("../../wgsl/attention_decode.wgsl")),
+    ("attention_combine.wgsl", include_str!("../../wgsl/attention_combine.wgsl")),
     ("rope.wgsl", include_str!("../../wgsl/rope.wgsl")),
     ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
-    (
-        "elementwise.wgsl",
-        include_str!("../../wgsl/elementwise.wgsl"),
-    ),
+    ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
 ];
 
@@ -95,10 +38,7 @@ fn file(name: &str) -> Result<&'static str> {
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, text)| *text)
-        .ok_or_else(|| KilnError::Shader {
-            label: name.to_string(),
-            message: "no such WGSL file".into(),
-        })
+        .ok_or_else(|| KilnError::Shader { label: name.to_string(), message: "no such WGSL file".into() })
 }
 
 /// A composed shader, ready for naga or wgpu.
@@ -122,10 +62,7 @@ pub struct Composer {
 
 impl Composer {
     pub fn new(label: impl Into<String>) -> Composer {
-        Composer {
-            label: label.into(),
-            ..Default::default()
-        }
+        Composer { label: label.into(), ..Default::default() }
     }
     pub fn enable_f16(mut self, on: bool) -> Self {
         self.enable_f16 = on;
@@ -163,11 +100,7 @@ impl Composer {
             text.push_str(&format!("\n// ---- {name} ----\n"));
             text.push_str(file(name)?);
         }
-        Ok(ShaderSource {
-            label: self.label,
-            text,
-            overrides: self.overrides,
-        })
+        Ok(ShaderSource { label: self.label, text, overrides: self.overrides })
     }
 }
 
@@ -176,15 +109,10 @@ pub fn validate(
     src: &ShaderSource,
     caps: naga::valid::Capabilities,
 ) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
-    let module = naga::front::wgsl::parse_str(&src.text).map_err(|e| KilnError::Shader {
-        label: src.label.clone(),
-        message: e.emit_to_string(&src.text),
-    })?;
+    let module = naga::front::wgsl::parse_str(&src.text)
+        .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
         .validate(&module)
-        .map_err(|e| KilnError::Shader {
-            label: src.label.clone(),
-            message: e.emit_to_string(&src.text),
-        })?;
+        .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
     Ok((module, info))
 }

@@ -17,8 +17,7 @@ impl PassTimer {
         if !ctx.caps.timestamps {
             return Err(KilnError::AdapterUnusable {
                 adapter: ctx.info.name.clone(),
-                reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer"
-                    .into(),
+                reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
             });
         }
         let capacity = passes * 2;
@@ -33,13 +32,7 @@ impl PassTimer {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        Ok(PassTimer {
-            set,
-            resolve,
-            capacity,
-            labels: Vec::new(),
-            period_ns: ctx.queue.get_timestamp_period() as f64,
-        })
+        Ok(PassTimer { set, resolve, capacity, labels: Vec::new(), period_ns: ctx.queue.get_timestamp_period() as f64 })
     }
 
     /// Timestamp writes for the next pass (None once the set is full).
@@ -76,12 +69,7 @@ impl PassTimer {
             .labels
             .drain(..)
             .enumerate()
-            .map(|(i, l)| {
-                (
-                    l,
-                    ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * self.period_ns,
-                )
-            })
+            .map(|(i, l)| (l, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * self.period_ns))
             .collect();
         Ok(out)
     }

@@ -22,25 +22,10 @@ pub fn prepare(
     n: u32,
     stride: u32,
 ) -> Result<Dispatch> {
-    let pipeline = ctx.pipeline(&KernelKey::Argmax {
-        subgroups: ctx.caps.subgroups,
-    })?;
-    let ub = ctx.uniform(
-        &ArgmaxParams {
-            n,
-            stride,
-            _pad: [0; 2],
-        },
-        "sample",
-    );
+    let pipeline = ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?;
+    let ub = ctx.uniform(&ArgmaxParams { n, stride, _pad: [0; 2] }, "sample");
     let bg = bind(ctx, &pipeline, "sample", &[&ub, logits, ids]);
-    Ok(Dispatch {
-        label: "sample",
-        pipeline,
-        bind_group: bg,
-        workgroups: [rows, 1, 1],
-        params: Some(ub),
-    })
+    Ok(Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: [rows, 1, 1], params: Some(ub) })
 }
 
 /// Lowest index of the maximum, per row.

@@ -29,19 +29,13 @@ impl AttnShape {
         if self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
             return Err(KilnError::invalid(
                 "attention",
-                format!(
-                    "{} heads do not divide into {} KV heads",
-                    self.n_head, self.n_kv_head
-                ),
+                format!("{} heads do not divide into {} KV heads", self.n_head, self.n_kv_head),
             ));
         }
         if self.head_dim > ATTN_MAX_HEAD_DIM || self.head_dim % 2 != 0 {
             return Err(KilnError::invalid(
                 "attention",
-                format!(
-                    "head dim {} (kiln supports even sizes up to {ATTN_MAX_HEAD_DIM})",
-                    self.head_dim
-                ),
+                format!("head dim {} (kiln supports even sizes up to {ATTN_MAX_HEAD_DIM})", self.head_dim),
             ));
         }
         Ok(())
@@ -119,11 +113,7 @@ fn tile_grid(m: u32, n: u32, batches: u32) -> [u32; 3] {
 
 /// Parameters and grids of the three prefill dispatches (Q·Kᵀ, softmax, P·V) for m queries
 /// at positions pos0.. over a cache holding pos0 + m rows.
-pub fn prefill_launches(
-    shape: &AttnShape,
-    m: u32,
-    pos0: u32,
-) -> Result<[(AttnGemmParams, [u32; 3]); 2], KilnError> {
+pub fn prefill_launches(shape: &AttnShape, m: u32, pos0: u32) -> Result<[(AttnGemmParams, [u32; 3]); 2], KilnError> {
     shape.check()?;
     let kv_len = pos0 + m;
     if kv_len > shape.n_ctx {
@@ -173,81 +163,33 @@ pub fn prefill_launches(
 /// The softmax between the two prefill GEMMs.
 pub fn softmax_launch(shape: &AttnShape, m: u32, pos0: u32) -> (SoftmaxParams, [u32; 3]) {
     let kv_len = pos0 + m;
-    (
-        SoftmaxParams {
-            n_cols: kv_len,
-            row_stride: kv_len,
-            m,
-            pos0,
-        },
-        grid(shape.n_head * m),
-    )
+    (SoftmaxParams { n_cols: kv_len, row_stride: kv_len, m, pos0 }, grid(shape.n_head * m))
 }
 
 /// Three dispatches: Q·Kᵀ, causal softmax, P·V.
-pub fn prepare_prefill(
-    ctx: &GpuContext,
-    kv: KvKind,
-    shape: &AttnShape,
-    a: &PrefillArgs,
-) -> Result<Vec<Dispatch>> {
+pub fn prepare_prefill(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &PrefillArgs) -> Result<Vec<Dispatch>> {
     let [(qk, g_qk), (pv, g_pv)] = prefill_launches(shape, a.m, a.pos0)?;
     let (sp, g_sm) = softmax_launch(shape, a.m, a.pos0);
     let pipeline = ctx.pipeline(&KernelKey::AttnGemm { kv })?;
     let ub = ctx.uniform(&qk, "attention.qk");
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "attention.qk",
-        &[&ub, a.q, a.k_cache, a.scores],
-    );
-    let d_qk = Dispatch {
-        label: "attention",
-        pipeline: pipeline.clone(),
-        bind_group: bg,
-        workgroups: g_qk,
-        params: Some(ub),
-    };
-    let sm_pipe = ctx.pipeline(&KernelKey::Softmax {
-        subgroups: ctx.caps.subgroups,
-    })?;
+    let bg = bind(ctx, &pipeline, "attention.qk", &[&ub, a.q, a.k_cache, a.scores]);
+    let d_qk =
+        Dispatch { label: "attention", pipeline: pipeline.clone(), bind_group: bg, workgroups: g_qk, params: Some(ub) };
+    let sm_pipe = ctx.pipeline(&KernelKey::Softmax { subgroups: ctx.caps.subgroups })?;
     let ub = ctx.uniform(&sp, "attention.softmax");
     let bg = bind(ctx, &sm_pipe, "attention.softmax", &[&ub, a.scores]);
-    let d_sm = Dispatch {
-        label: "attention",
-        pipeline: sm_pipe,
-        bind_group: bg,
-        workgroups: g_sm,
-        params: Some(ub),
-    };
+    let d_sm = Dispatch { label: "attention", pipeline: sm_pipe, bind_group: bg, workgroups: g_sm, params: Some(ub) };
     let ub = ctx.uniform(&pv, "attention.pv");
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "attention.pv",
-        &[&ub, a.scores, a.v_cache, a.out],
-    );
-    let d_pv = Dispatch {
-        label: "attention",
-        pipeline,
-        bind_group: bg,
-        workgroups: g_pv,
-        params: Some(ub),
-    };
+    let bg = bind(ctx, &pipeline, "attention.pv", &[&ub, a.scores, a.v_cache, a.out]);
+    let d_pv = Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: g_pv, params: Some(ub) };
     Ok(vec![d_qk, d_sm, d_pv])
 }
 
 /// Parameters and grids of decode attention (split pass, combine pass) at kv_len positions.
-pub fn decode_launch(
-    shape: &AttnShape,
-    kv_len: u32,
-) -> Result<(AttnDecodeParams, [u32; 3], [u32; 3]), KilnError> {
+pub fn decode_launch(shape: &AttnShape, kv_len: u32) -> Result<(AttnDecodeParams, [u32; 3], [u32; 3]), KilnError> {
     shape.check()?;
     if kv_len == 0 || kv_len > shape.n_ctx {
-        return Err(KilnError::invalid(
-            "attention",
-            format!("kv length {kv_len} outside 1..={}", shape.n_ctx),
-        ));
+        return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
     let p = AttnDecodeParams {
         head_dim: shape.head_dim,
@@ -259,11 +201,7 @@ pub fn decode_launch(
         q_stride: shape.head_dim,
         scale: 1.0 / (shape.head_dim as f32).sqrt(),
     };
-    Ok((
-        p,
-        [shape.n_head, kv_len.div_ceil(ATTN_CHUNK), 1],
-        [shape.n_head, 1, 1],
-    ))
+    Ok((p, [shape.n_head, kv_len.div_ceil(ATTN_CHUNK), 1], [shape.n_head, 1, 1]))
 }
 
 /// Buffers of one decode attention (a single query token at position kv_len - 1).
@@ -278,60 +216,24 @@ pub struct DecodeArgs<'a> {
 }
 
 /// Two dispatches: split attention and combine.
-pub fn prepare_decode(
-    ctx: &GpuContext,
-    kv: KvKind,
-    shape: &AttnShape,
-    a: &DecodeArgs,
-) -> Result<Vec<Dispatch>> {
+pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &DecodeArgs) -> Result<Vec<Dispatch>> {
     let (p, g1, g2) = decode_launch(shape, a.kv_len)?;
-    let pipe = ctx.pipeline(&KernelKey::AttnDecode {
-        kv,
-        subgroups: ctx.caps.subgroups,
-    })?;
+    let pipe = ctx.pipeline(&KernelKey::AttnDecode { kv, subgroups: ctx.caps.subgroups })?;
     let ub = ctx.uniform(&p, "attention.decode");
-    let bg = bind(
-        ctx,
-        &pipe,
-        "attention.decode",
-        &[&ub, a.q, a.k_cache, a.v_cache, a.partial],
-    );
-    let d1 = Dispatch {
-        label: "attention",
-        pipeline: pipe,
-        bind_group: bg,
-        workgroups: g1,
-        params: Some(ub),
-    };
+    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, a.partial]);
+    let d1 = Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g1, params: Some(ub) };
     let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
     let ub = ctx.uniform(&p, "attention.combine");
     let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
-    let d2 = Dispatch {
-        label: "attention",
-        pipeline: pipe,
-        bind_group: bg,
-        workgroups: g2,
-        params: Some(ub),
-    };
+    let d2 = Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) };
     Ok(vec![d1, d2])
 }
 
 /// CPU reference for causal attention of m queries at positions pos0.. over a cache of
 /// kv_len rows (f64). q: [m, n_head*hd]; caches: [n_ctx, n_kv*hd]. Returns [m, n_head*hd].
-pub fn reference(
-    shape: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    m: usize,
-    pos0: usize,
-) -> Vec<f32> {
-    let (nh, hd, kvs, g) = (
-        shape.n_head as usize,
-        shape.head_dim as usize,
-        shape.kv_stride() as usize,
-        shape.group() as usize,
-    );
+pub fn reference(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32], m: usize, pos0: usize) -> Vec<f32> {
+    let (nh, hd, kvs, g) =
+        (shape.n_head as usize, shape.head_dim as usize, shape.kv_stride() as usize, shape.group() as usize);
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; m * nh * hd];
     for i in 0..m {
@@ -340,20 +242,13 @@ pub fn reference(
             let kvh = h / g;
             let qv = &q[i * nh * hd + h * hd..][..hd];
             let s: Vec<f64> = (0..=last)
-                .map(|j| {
-                    (0..hd)
-                        .map(|d| qv[d] as f64 * k[j * kvs + kvh * hd + d] as f64)
-                        .sum::<f64>()
-                        * scale
-                })
+                .map(|j| (0..hd).map(|d| qv[d] as f64 * k[j * kvs + kvh * hd + d] as f64).sum::<f64>() * scale)
                 .collect();
             let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
             let sum: f64 = e.iter().sum();
             for d in 0..hd {
-                let acc: f64 = (0..=last)
-                    .map(|j| e[j] * v[j * kvs + kvh * hd + d] as f64)
-                    .sum();
+                let acc: f64 = (0..=last).map(|j| e[j] * v[j * kvs + kvh * hd + d] as f64).sum();
                 out[i * nh * hd + h * hd + d] = (acc / sum) as f32;
             }
         }

@@ -33,13 +33,7 @@ pub fn prepare(
     let pipeline = ctx.pipeline(&KernelKey::Elementwise { op })?;
     let ub = ctx.uniform(&EltParams { n, _pad: [0; 3] }, stage);
     let bg = bind(ctx, &pipeline, stage, &[&ub, a, b, out]);
-    Ok(Dispatch {
-        label: stage,
-        pipeline,
-        bind_group: bg,
-        workgroups: grid(n.div_ceil(WG_ELT)),
-        params: Some(ub),
-    })
+    Ok(Dispatch { label: stage, pipeline, bind_group: bg, workgroups: grid(n.div_ceil(WG_ELT)), params: Some(ub) })
 }
 
 pub fn reference(op: EltOp, a: &[f32], b: &[f32]) -> Vec<f32> {

@@ -27,9 +27,7 @@ pub fn prepare(
     n_tokens: u32,
     out_stride: u32,
 ) -> Result<Vec<Dispatch>> {
-    let key = KernelKey::Embed {
-        format: table.format,
-    };
+    let key = KernelKey::Embed { format: table.format };
     let pipeline = ctx.pipeline(&key)?;
     let threads = n_tokens * table.k.div_ceil(8);
     table
@@ -59,11 +57,5 @@ pub fn prepare(
 
 /// CPU reference: rows of an already-dequantized table.
 pub fn reference(table: &[f32], k: usize, ids: &[u32]) -> Vec<f32> {
-    ids.iter()
-        .flat_map(|&id| {
-            table[id as usize * k..(id as usize + 1) * k]
-                .iter()
-                .copied()
-        })
-        .collect()
+    ids.iter().flat_map(|&id| table[id as usize * k..(id as usize + 1) * k].iter().copied()).collect()
 }

@@ -49,10 +49,7 @@ pub fn launch(
     match kernel {
         MatmulKernel::Gemv { ncols, shape } => {
             if m > ncols {
-                return Err(KilnError::invalid(
-                    "matmul",
-                    format!("GEMV for {ncols} columns given m={m}"),
-                ));
+                return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
             }
             let key = KernelKey::Gemv {
                 format,
@@ -69,10 +66,7 @@ pub fn launch(
             if gx > ctx.limits.max_compute_workgroups_per_dimension
                 || gy > ctx.limits.max_compute_workgroups_per_dimension
             {
-                return Err(KilnError::invalid(
-                    "matmul",
-                    format!("grid {gx}x{gy} exceeds the adapter's limit"),
-                ));
+                return Err(KilnError::invalid("matmul", format!("grid {gx}x{gy} exceeds the adapter's limit")));
             }
             Ok((KernelKey::Gemm { format, tile }, [gx, gy, 1]))
         }
@@ -98,19 +92,13 @@ impl BoundMatmul {
         if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
             return Err(KilnError::invalid(
                 "matmul",
-                format!(
-                    "strides x={} y={} are smaller than k={} n={}",
-                    mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows
-                ),
+                format!("strides x={} y={} are smaller than k={} n={}", mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows),
             ));
         }
         if mm.x_stride % 4 != 0 {
             return Err(KilnError::invalid(
                 "matmul",
-                format!(
-                    "x rows must be padded to a multiple of 4 floats, got a stride of {}",
-                    mm.x_stride
-                ),
+                format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride),
             ));
         }
         let dummy;
@@ -122,20 +110,15 @@ impl BoundMatmul {
             }
         };
         // Any matmul key has the same bindings; the pipeline is chosen per step.
-        let key = KernelKey::Gemm {
-            format: mm.w.format,
-            tile: crate::plan::GemmTile::T32,
-        };
-        let chunks = mm
-            .w
-            .chunks
-            .iter()
-            .map(|c| {
-                let b =
-                    Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
-                Ok((b, c.row_start, c.rows))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
+        let chunks =
+            mm.w.chunks
+                .iter()
+                .map(|c| {
+                    let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
+                    Ok((b, c.row_start, c.rows))
+                })
+                .collect::<Result<Vec<_>>>()?;
         Ok(BoundMatmul {
             stage,
             format: mm.w.format,
@@ -189,12 +172,7 @@ pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec
 }
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
-pub fn prepare_with(
-    ctx: &GpuContext,
-    mm: &Matmul,
-    kernel: MatmulKernel,
-    stage: &'static str,
-) -> Result<Vec<Dispatch>> {
+pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
     let bm = BoundMatmul::new(ctx, mm, stage)?;
     bm.chunks
         .into_iter()

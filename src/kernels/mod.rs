@@ -77,45 +77,17 @@ fn reduce_file(subgroups: bool) -> &'static str {
 /// Every pipeline kiln can build. Hashing a key finds its pipeline; `source` composes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKey {
-    Gemv {
-        format: WeightFormat,
-        ncols: u8,
-        rows: u8,
-        wg: u16,
-        subgroups: bool,
-    },
-    Gemm {
-        format: WeightFormat,
-        tile: GemmTile,
-    },
-    Embed {
-        format: WeightFormat,
-    },
-    AttnGemm {
-        kv: KvKind,
-    },
-    Softmax {
-        subgroups: bool,
-    },
-    AttnDecode {
-        kv: KvKind,
-        subgroups: bool,
-    },
+    Gemv { format: WeightFormat, ncols: u8, rows: u8, wg: u16, subgroups: bool },
+    Gemm { format: WeightFormat, tile: GemmTile },
+    Embed { format: WeightFormat },
+    AttnGemm { kv: KvKind },
+    Softmax { subgroups: bool },
+    AttnDecode { kv: KvKind, subgroups: bool },
     AttnCombine,
-    Rope {
-        neox: bool,
-        to_cache: Option<KvKind>,
-        rope: bool,
-    },
-    RmsNorm {
-        subgroups: bool,
-    },
-    Elementwise {
-        op: elementwise::EltOp,
-    },
-    Argmax {
-        subgroups: bool,
-    },
+    Rope { neox: bool, to_cache: Option<KvKind>, rope: bool },
+    RmsNorm { subgroups: bool },
+    Elementwise { op: elementwise::EltOp },
+    Argmax { subgroups: bool },
 }
 
 /// Work sizes shared by host and shader.
@@ -140,9 +112,7 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => {
-                &[Uniform, Read, Read, ReadWrite, Read]
-            }
+            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read],
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
@@ -151,17 +121,13 @@ impl KernelKey {
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::AttnCombine | KernelKey::Argmax { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
-            KernelKey::Rope {
-                to_cache: Some(_), ..
-            } => &[Uniform, ReadWrite, ReadWrite],
+            KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
         }
     }
 
     pub fn entry(&self) -> &'static str {
         match self {
-            KernelKey::Rope {
-                to_cache: Some(_), ..
-            } => "to_cache",
+            KernelKey::Rope { to_cache: Some(_), .. } => "to_cache",
             _ => "main",
         }
     }
@@ -171,13 +137,7 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv {
-                format,
-                ncols,
-                rows,
-                wg,
-                subgroups,
-            } => c
+            KernelKey::Gemv { format, ncols, rows, wg, subgroups } => c
                 .const_u32("WG", wg as u32)
                 .const_u32("ROWS", rows as u32)
                 .const_u32("NCOLS", ncols as u32)
@@ -219,11 +179,9 @@ impl KernelKey {
                     .include("attention_prefill.wgsl")
                     .build()
             }
-            KernelKey::Softmax { subgroups } => c
-                .const_u32("WG", WG_ROW)
-                .include(reduce_file(subgroups))
-                .include("softmax.wgsl")
-                .build(),
+            KernelKey::Softmax { subgroups } => {
+                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("softmax.wgsl").build()
+            }
             KernelKey::AttnDecode { kv, subgroups } => c
                 .enable_f16(kv.needs_f16())
                 .const_u32("WG", ATTN_WG)
@@ -233,16 +191,10 @@ impl KernelKey {
                 .include(reduce_file(subgroups))
                 .include("attention_decode.wgsl")
                 .build(),
-            KernelKey::AttnCombine => c
-                .const_u32("WG", ATTN_WG)
-                .const_u32("CHUNK", ATTN_CHUNK)
-                .include("attention_combine.wgsl")
-                .build(),
-            KernelKey::Rope {
-                neox,
-                to_cache,
-                rope,
-            } => {
+            KernelKey::AttnCombine => {
+                c.const_u32("WG", ATTN_WG).const_u32("CHUNK", ATTN_CHUNK).include("attention_combine.wgsl").build()
+            }
+            KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
                 c.enable_f16(kv.needs_f16())
                     .const_u32("WG", WG_ELT)
@@ -252,21 +204,15 @@ impl KernelKey {
                     .include("rope.wgsl")
                     .build()
             }
-            KernelKey::RmsNorm { subgroups } => c
-                .const_u32("WG", WG_ROW)
-                .include(reduce_file(subgroups))
-                .include("rms_norm.wgsl")
-                .build(),
-            KernelKey::Elementwise { op } => c
-                .const_u32("WG", WG_ELT)
-                .const_u32("OP", op as u32)
-                .include("elementwise.wgsl")
-                .build(),
-            KernelKey::Argmax { subgroups } => c
-                .const_u32("WG", WG_ROW)
-                .include(reduce_file(subgroups))
-                .include("argmax.wgsl")
-                .build(),
+            KernelKey::RmsNorm { subgroups } => {
+                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("rms_norm.wgsl").build()
+            }
+            KernelKey::Elementwise { op } => {
+                c.const_u32("WG", WG_ELT).const_u32("OP", op as u32).include("elementwise.wgsl").build()
+            }
+            KernelKey::Argmax { subgroups } => {
+                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
+            }
         }
     }
 
@@ -279,9 +225,7 @@ impl KernelKey {
             | KernelKey::Argmax { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
-            KernelKey::Rope { to_cache, .. } => {
-                (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false)
-            }
+            KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             _ => (false, false),
         }
     }
@@ -293,21 +237,8 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
-                    for (wg, rows) in [
-                        (64u16, 4u8),
-                        (256, 2),
-                        (128, 2),
-                        (256, 1),
-                        (128, 4),
-                        (64, 8),
-                    ] {
-                        v.push(KernelKey::Gemv {
-                            format,
-                            ncols,
-                            rows,
-                            wg,
-                            subgroups,
-                        });
+                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1), (128, 4), (64, 8)] {
+                        v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups });
                     }
                 }
             }
@@ -323,20 +254,12 @@ impl KernelKey {
             }
             for neox in [false, true] {
                 for rope in [false, true] {
-                    v.push(KernelKey::Rope {
-                        neox,
-                        to_cache: Some(kv),
-                        rope,
-                    });
+                    v.push(KernelKey::Rope { neox, to_cache: Some(kv), rope });
                 }
             }
         }
         for neox in [false, true] {
-            v.push(KernelKey::Rope {
-                neox,
-                to_cache: None,
-                rope: true,
-            });
+            v.push(KernelKey::Rope { neox, to_cache: None, rope: true });
         }
         v.push(KernelKey::AttnCombine);
         for subgroups in [false, true] {

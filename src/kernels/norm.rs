@@ -25,18 +25,10 @@ pub fn prepare(
     params: RmsNormParams,
     stage: &'static str,
 ) -> Result<Dispatch> {
-    let pipeline = ctx.pipeline(&KernelKey::RmsNorm {
-        subgroups: ctx.caps.subgroups,
-    })?;
+    let pipeline = ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?;
     let ub = ctx.uniform(&params, stage);
     let bg = bind(ctx, &pipeline, stage, &[&ub, x, w, y]);
-    Ok(Dispatch {
-        label: stage,
-        pipeline,
-        bind_group: bg,
-        workgroups: grid(rows),
-        params: Some(ub),
-    })
+    Ok(Dispatch { label: stage, pipeline, bind_group: bg, workgroups: grid(rows), params: Some(ub) })
 }
 
 pub fn reference(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
@@ -44,9 +36,7 @@ pub fn reference(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
         .flat_map(|row| {
             let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
             let inv = 1.0 / (ss / n as f64 + eps as f64).sqrt();
-            row.iter()
-                .zip(w)
-                .map(move |(&v, &g)| (v as f64 * inv * g as f64) as f32)
+            row.iter().zip(w).map(move |(&v, &g)| (v as f64 * inv * g as f64) as f32)
         })
         .collect()
 }

@@ -37,10 +37,7 @@ fn check(p: &RopeParams) -> Result<()> {
     if p.head_dim % 2 != 0 || p.n_rot % 2 != 0 || p.n_rot > p.head_dim {
         return Err(KilnError::invalid(
             "rope",
-            format!(
-                "head_dim {} / n_rot {} must be even with n_rot <= head_dim",
-                p.head_dim, p.n_rot
-            ),
+            format!("head_dim {} / n_rot {} must be even with n_rot <= head_dim", p.head_dim, p.n_rot),
         ));
     }
     Ok(())
@@ -59,11 +56,7 @@ pub fn prepare_in_place(
     stage: &'static str,
 ) -> Result<Dispatch> {
     check(&p)?;
-    let key = KernelKey::Rope {
-        neox: mode == RopeMode::Neox,
-        to_cache: None,
-        rope: true,
-    };
+    let key = KernelKey::Rope { neox: mode == RopeMode::Neox, to_cache: None, rope: true };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, stage);
     let bg = bind(ctx, &pipeline, stage, &[&ub, x]);
@@ -87,11 +80,7 @@ pub fn prepare_to_cache(
     stage: &'static str,
 ) -> Result<Dispatch> {
     check(&p)?;
-    let key = KernelKey::Rope {
-        neox: mode == Some(RopeMode::Neox),
-        to_cache: Some(kv),
-        rope: mode.is_some(),
-    };
+    let key = KernelKey::Rope { neox: mode == Some(RopeMode::Neox), to_cache: Some(kv), rope: mode.is_some() };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, stage);
     let bg = bind(ctx, &pipeline, stage, &[&ub, src, cache]);
@@ -113,9 +102,7 @@ pub fn reference(x: &[f32], mode: RopeMode, p: &RopeParams) -> Vec<f32> {
         for h in 0..p.n_heads as usize {
             let b = t * p.src_stride as usize + h * hd;
             for i in 0..nr / 2 {
-                let th = pos
-                    * p.freq_scale as f64
-                    * (p.freq_base as f64).powf(-2.0 * i as f64 / nr as f64);
+                let th = pos * p.freq_scale as f64 * (p.freq_base as f64).powf(-2.0 * i as f64 / nr as f64);
                 let (a, c) = match mode {
                     RopeMode::Norm => (b + 2 * i, b + 2 * i + 1),
                     RopeMode::Neox => (b + i, b + i + nr / 2),

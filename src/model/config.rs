@@ -65,18 +65,12 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig> {
-        let bad = |m: String| KilnError::File {
-            path: f.path.clone(),
-            message: m,
-        };
+        let bad = |m: String| KilnError::File { path: f.path.clone(), message: m };
         let arch_name = f
             .get_str("general.architecture")?
             .ok_or_else(|| bad("metadata key general.architecture is missing".into()))?;
         let arch = Arch::parse(arch_name).ok_or_else(|| {
-            bad(format!(
-                "architecture {arch_name:?} is not supported (kiln runs {})",
-                Arch::SUPPORTED
-            ))
+            bad(format!("architecture {arch_name:?} is not supported (kiln runs {})", Arch::SUPPORTED))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let u32_of = |k: &str| -> Result<u32> {
@@ -86,9 +80,9 @@ impl ModelConfig {
         let opt_u32 = |k: &str| -> Result<Option<u32>> {
             match f.get_u64(&key(k))? {
                 None => Ok(None),
-                Some(v) => u32::try_from(v)
-                    .map(Some)
-                    .map_err(|_| bad(format!("metadata {} = {v} is out of range", key(k)))),
+                Some(v) => {
+                    u32::try_from(v).map(Some).map_err(|_| bad(format!("metadata {} = {v} is out of range", key(k))))
+                }
             }
         };
         let n_embd = u32_of("embedding_length")?;
@@ -97,55 +91,41 @@ impl ModelConfig {
         let n_head = u32_of("attention.head_count")?;
         let n_kv_head = opt_u32("attention.head_count_kv")?.unwrap_or(n_head);
         if n_head == 0 || n_kv_head == 0 || n_layer == 0 || n_embd == 0 {
-            return Err(bad(format!("zero-sized model: {n_layer} layers, {n_embd} embedding, {n_head} heads, {n_kv_head} KV heads")));
+            return Err(bad(format!(
+                "zero-sized model: {n_layer} layers, {n_embd} embedding, {n_head} heads, {n_kv_head} KV heads"
+            )));
         }
         if n_head % n_kv_head != 0 {
-            return Err(bad(format!(
-                "{n_head} attention heads do not divide into {n_kv_head} KV heads"
-            )));
+            return Err(bad(format!("{n_head} attention heads do not divide into {n_kv_head} KV heads")));
         }
         let head_dim = match opt_u32("attention.key_length")? {
             Some(d) => d,
             None => {
                 if n_embd % n_head != 0 {
-                    return Err(bad(format!(
-                        "embedding length {n_embd} is not a multiple of {n_head} heads"
-                    )));
+                    return Err(bad(format!("embedding length {n_embd} is not a multiple of {n_head} heads")));
                 }
                 n_embd / n_head
             }
         };
         let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 || head_dim % 2 != 0 {
-            return Err(bad(format!(
-                "RoPE over {n_rot} of {head_dim} head dimensions is not supported"
-            )));
+            return Err(bad(format!("RoPE over {n_rot} of {head_dim} head dimensions is not supported")));
         }
-        let rms_eps = f
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-5);
+        let rms_eps = f.get_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
         let rope_base = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
         let rope_freq_scale = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => 1.0,
             Some("linear") => {
                 let factor = f.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
                 if factor <= 0.0 {
-                    return Err(bad(format!(
-                        "RoPE scaling factor {factor} must be positive"
-                    )));
+                    return Err(bad(format!("RoPE scaling factor {factor} must be positive")));
                 }
                 1.0 / factor
             }
-            Some(other) => {
-                return Err(bad(format!(
-                    "RoPE scaling {other:?} is not supported (kiln supports linear)"
-                )))
-            }
+            Some(other) => return Err(bad(format!("RoPE scaling {other:?} is not supported (kiln supports linear)"))),
         };
         let n_ctx_train = opt_u32("context_length")?.unwrap_or(2048);
-        let embd = f
-            .tensor("token_embd.weight")
-            .ok_or_else(|| bad("tensor token_embd.weight is missing".into()))?;
+        let embd = f.tensor("token_embd.weight").ok_or_else(|| bad("tensor token_embd.weight is missing".into()))?;
         let n_vocab = match opt_u32("vocab_size")? {
             Some(v) => v,
             None => embd.rows_k().0 as u32,
@@ -188,10 +168,7 @@ impl ModelConfig {
             self.kv_dim() as usize,
             self.n_vocab as usize,
         );
-        let mut t = vec![
-            ("token_embd.weight".to_string(), v, e),
-            ("output_norm.weight".to_string(), 1, e),
-        ];
+        let mut t = vec![("token_embd.weight".to_string(), v, e), ("output_norm.weight".to_string(), 1, e)];
         if !self.tied_embeddings {
             t.push(("output.weight".to_string(), v, e));
         }
@@ -224,10 +201,7 @@ impl ModelConfig {
         for (name, rows, k) in self.expected_tensors() {
             let t = f.tensor(&name).ok_or_else(|| KilnError::File {
                 path: f.path.clone(),
-                message: format!(
-                    "tensor {name} is missing (needed by the {} architecture)",
-                    self.arch.name()
-                ),
+                message: format!("tensor {name} is missing (needed by the {} architecture)", self.arch.name()),
             })?;
             if t.format.is_none() {
                 return Err(KilnError::File {
@@ -238,10 +212,7 @@ impl ModelConfig {
             if t.rows_k() != (rows, k) {
                 return Err(KilnError::File {
                     path: f.path.clone(),
-                    message: format!(
-                        "tensor {name} has shape {:?}, expected [{k}, {rows}]",
-                        t.dims
-                    ),
+                    message: format!("tensor {name} has shape {:?}, expected [{k}, {rows}]", t.dims),
                 });
             }
         }

@@ -36,12 +36,7 @@ pub struct SessionOptions {
 
 impl SessionOptions {
     pub fn new(n_ctx: u32) -> SessionOptions {
-        SessionOptions {
-            n_ctx,
-            ubatch: 512,
-            f16_kv: true,
-            all_logits: false,
-        }
+        SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false }
     }
 }
 
@@ -136,20 +131,12 @@ impl Session {
         if q % 4 != 0 || kvd % 2 != 0 {
             return Err(KilnError::invalid(
                 "model",
-                format!(
-                    "{} heads of {} dimensions are not supported",
-                    c.n_head, c.head_dim
-                ),
+                format!("{} heads of {} dimensions are not supported", c.n_head, c.head_dim),
             ));
         }
         let b = opts.ubatch.max(1);
         let (se, sf) = (pad4(e), pad4(ff));
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            n_ctx: opts.n_ctx,
-        };
+        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, n_ctx: opts.n_ctx };
         shape.check()?;
         let kv = KvKind::for_cache(opts.f16_kv, &ctx.caps);
         let f = |n: u64| n * 4;
@@ -193,16 +180,7 @@ impl Session {
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new(
                 &ctx,
-                &Matmul {
-                    w,
-                    x: xbuf,
-                    y: ybuf,
-                    bias,
-                    m: 0,
-                    x_stride: xs,
-                    y_stride: ys,
-                    accumulate: acc,
-                },
+                &Matmul { w, x: xbuf, y: ybuf, bias, m: 0, x_stride: xs, y_stride: ys, accumulate: acc },
                 stage,
             )
         };
@@ -214,9 +192,7 @@ impl Session {
                 .chunks
                 .iter()
                 .map(|ch| {
-                    let key = KernelKey::Embed {
-                        format: weights.token_embd.format,
-                    };
+                    let key = KernelKey::Embed { format: weights.token_embd.format };
                     Ok((
                         Bound::new::<EmbedParams>(&ctx, &key, "embed", &[&ch.buffer, ids_buf, &x])?,
                         ch.row_start,
@@ -237,60 +213,33 @@ impl Session {
             let (q_src, k_src) = if qwen3 { (&qn, &kn) } else { (&qb, &kb) };
             let rope_neox = c.rope_mode == RopeMode::Neox;
             let ops = LayerOps {
-                attn_norm: Bound::new::<RmsNormParams>(
-                    &ctx,
-                    &norm_key,
-                    "attn_norm",
-                    &[&x, &w.attn_norm, &xn],
-                )?,
+                attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
                 q: mm(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
                 k: mm(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
                 v: mm(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
                 q_norm: match &w.q_norm {
-                    Some(g) => Some(Bound::new::<RmsNormParams>(
-                        &ctx,
-                        &norm_key,
-                        "qk_norm",
-                        &[&qb, g, &qn],
-                    )?),
+                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&qb, g, &qn])?),
                     None => None,
                 },
                 k_norm: match &w.k_norm {
-                    Some(g) => Some(Bound::new::<RmsNormParams>(
-                        &ctx,
-                        &norm_key,
-                        "qk_norm",
-                        &[&kb, g, &kn],
-                    )?),
+                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&kb, g, &kn])?),
                     None => None,
                 },
                 rope_q: Bound::new::<RopeParams>(
                     &ctx,
-                    &KernelKey::Rope {
-                        neox: rope_neox,
-                        to_cache: None,
-                        rope: true,
-                    },
+                    &KernelKey::Rope { neox: rope_neox, to_cache: None, rope: true },
                     "rope",
                     &[q_src],
                 )?,
                 rope_k: Bound::new::<RopeParams>(
                     &ctx,
-                    &KernelKey::Rope {
-                        neox: rope_neox,
-                        to_cache: Some(kv),
-                        rope: true,
-                    },
+                    &KernelKey::Rope { neox: rope_neox, to_cache: Some(kv), rope: true },
                     "kv_write",
                     &[k_src, &kc],
                 )?,
                 copy_v: Bound::new::<RopeParams>(
                     &ctx,
-                    &KernelKey::Rope {
-                        neox: false,
-                        to_cache: Some(kv),
-                        rope: false,
-                    },
+                    &KernelKey::Rope { neox: false, to_cache: Some(kv), rope: false },
                     "kv_write",
                     &[&vb, &vc],
                 )?,
@@ -325,12 +274,7 @@ impl Session {
                     &[&partial, &attn],
                 )?,
                 wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
-                ffn_norm: Bound::new::<RmsNormParams>(
-                    &ctx,
-                    &norm_key,
-                    "ffn_norm",
-                    &[&x, &w.ffn_norm, &xn],
-                )?,
+                ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
                 gate: mm(&w.w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
                 up: mm(&w.w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
                 silu: Bound::new::<EltParams>(
@@ -345,60 +289,24 @@ impl Session {
             k_caches.push(kc);
             k_caches.push(vc);
         }
-        let out_norm_all = Bound::new::<RmsNormParams>(
-            &ctx,
-            &norm_key,
-            "output_norm",
-            &[&x, &weights.output_norm, &xn],
-        )?;
-        let out_norm_last = Bound::new::<RmsNormParams>(
-            &ctx,
-            &norm_key,
-            "output_norm",
-            &[&x_last, &weights.output_norm, &xn_last],
-        )?;
-        let lm_head_all = mm(
-            weights.lm_head(),
-            &xn,
-            se,
-            &logits,
-            v,
-            None,
-            false,
-            "lm_head",
-        )?;
-        let lm_head_last = mm(
-            weights.lm_head(),
-            &xn_last,
-            se,
-            &logits,
-            v,
-            None,
-            false,
-            "lm_head",
-        )?;
-        let argmax = Bound::new::<ArgmaxParams>(
-            &ctx,
-            &KernelKey::Argmax { subgroups: sub },
-            "sample",
-            &[&logits, &out_id],
-        )?;
+        let out_norm_all =
+            Bound::new::<RmsNormParams>(&ctx, &norm_key, "output_norm", &[&x, &weights.output_norm, &xn])?;
+        let out_norm_last =
+            Bound::new::<RmsNormParams>(&ctx, &norm_key, "output_norm", &[&x_last, &weights.output_norm, &xn_last])?;
+        let lm_head_all = mm(weights.lm_head(), &xn, se, &logits, v, None, false, "lm_head")?;
+        let lm_head_last = mm(weights.lm_head(), &xn_last, se, &logits, v, None, false, "lm_head")?;
+        let argmax =
+            Bound::new::<ArgmaxParams>(&ctx, &KernelKey::Argmax { subgroups: sub }, "sample", &[&logits, &out_id])?;
         let stage = |i: usize| {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(if i == 0 {
-                    "chain readback 0"
-                } else {
-                    "chain readback 1"
-                }),
+                label: Some(if i == 0 { "chain readback 0" } else { "chain readback 1" }),
                 size: 16,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
         };
         let chain_stage = [stage(0), stage(1)];
-        let mut keep = vec![
-            xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial, xn_last,
-        ];
+        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial, xn_last];
         keep.extend(k_caches);
         Ok(Session {
             ctx,
@@ -468,12 +376,7 @@ impl Session {
     }
 
     /// Runs `tokens` (at most `ubatch`) through the model at the current position.
-    fn record_step(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        m: u32,
-        ids_on_gpu: bool,
-    ) -> Result<()> {
+    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, m: u32, ids_on_gpu: bool) -> Result<()> {
         let ctx = &*self.ctx;
         let c = &self.cfg;
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
@@ -482,26 +385,12 @@ impl Session {
         let sub = ctx.caps.subgroups;
         let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub })?;
         let norm = |b: &Bound, rows: u32, n: u32, stride: u32, pass: &mut wgpu::ComputePass<'_>| {
-            b.set(
-                ctx,
-                &RmsNormParams {
-                    n,
-                    x_stride: stride,
-                    y_stride: stride,
-                    eps: c.rms_eps,
-                },
-            );
+            b.set(ctx, &RmsNormParams { n, x_stride: stride, y_stride: stride, eps: c.rms_eps });
             b.record_with(pass, &norm_pipe, grid(rows));
         };
 
-        let embed_pipe = pipe(&KernelKey::Embed {
-            format: self._weights.token_embd.format,
-        })?;
-        let embed = if ids_on_gpu {
-            &self.embed_fed_back
-        } else {
-            &self.embed
-        };
+        let embed_pipe = pipe(&KernelKey::Embed { format: self._weights.token_embd.format })?;
+        let embed = if ids_on_gpu { &self.embed_fed_back } else { &self.embed };
         for (b, row_start, rows) in embed {
             b.set(
                 ctx,
@@ -514,28 +403,12 @@ impl Session {
                     _pad: [0; 3],
                 },
             );
-            b.record_with(
-                pass,
-                &embed_pipe,
-                grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)),
-            );
+            b.record_with(pass, &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
         }
         let neox = c.rope_mode == RopeMode::Neox;
-        let rope_q_pipe = pipe(&KernelKey::Rope {
-            neox,
-            to_cache: None,
-            rope: true,
-        })?;
-        let rope_k_pipe = pipe(&KernelKey::Rope {
-            neox,
-            to_cache: Some(self.kv),
-            rope: true,
-        })?;
-        let copy_v_pipe = pipe(&KernelKey::Rope {
-            neox: false,
-            to_cache: Some(self.kv),
-            rope: false,
-        })?;
+        let rope_q_pipe = pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?;
+        let rope_k_pipe = pipe(&KernelKey::Rope { neox, to_cache: Some(self.kv), rope: true })?;
+        let copy_v_pipe = pipe(&KernelKey::Rope { neox: false, to_cache: Some(self.kv), rope: false })?;
         let silu_pipe = pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?;
         let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
         let kv_len = self.pos + m;
@@ -549,43 +422,25 @@ impl Session {
                 norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, pass);
             }
             l.rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
-            l.rope_q
-                .record_with(pass, &rope_q_pipe, rope_grid(c.n_head));
-            l.rope_k
-                .set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
-            l.rope_k
-                .record_with(pass, &rope_k_pipe, rope_grid(c.n_kv_head));
-            l.copy_v
-                .set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
-            l.copy_v
-                .record_with(pass, &copy_v_pipe, rope_grid(c.n_kv_head));
+            l.rope_q.record_with(pass, &rope_q_pipe, rope_grid(c.n_head));
+            l.rope_k.set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
+            l.rope_k.record_with(pass, &rope_k_pipe, rope_grid(c.n_kv_head));
+            l.copy_v.set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
+            l.copy_v.record_with(pass, &copy_v_pipe, rope_grid(c.n_kv_head));
             if m == 1 {
                 let (p, g1, g2) = attention::decode_launch(&self.shape, kv_len)?;
                 l.attn_decode.set(ctx, &p);
-                l.attn_decode.record_with(
-                    pass,
-                    &*pipe(&KernelKey::AttnDecode {
-                        kv: self.kv,
-                        subgroups: sub,
-                    })?,
-                    g1,
-                );
+                l.attn_decode.record_with(pass, &*pipe(&KernelKey::AttnDecode { kv: self.kv, subgroups: sub })?, g1);
                 l.attn_combine.set(ctx, &p);
-                l.attn_combine
-                    .record_with(pass, &*pipe(&KernelKey::AttnCombine)?, g2);
+                l.attn_combine.record_with(pass, &*pipe(&KernelKey::AttnCombine)?, g2);
             } else {
-                let [(qk, g_qk), (pv, g_pv)] =
-                    attention::prefill_launches(&self.shape, m, self.pos)?;
+                let [(qk, g_qk), (pv, g_pv)] = attention::prefill_launches(&self.shape, m, self.pos)?;
                 let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
                 let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
                 l.attn_qk.set(ctx, &qk);
                 l.attn_qk.record_with(pass, &gemm, g_qk);
                 l.attn_softmax.set(ctx, &sp);
-                l.attn_softmax.record_with(
-                    pass,
-                    &*pipe(&KernelKey::Softmax { subgroups: sub })?,
-                    g_sm,
-                );
+                l.attn_softmax.record_with(pass, &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
                 l.attn_pv.set(ctx, &pv);
                 l.attn_pv.record_with(pass, &gemm, g_pv);
             }
@@ -593,15 +448,8 @@ impl Session {
             norm(&l.ffn_norm, m, c.n_embd, se, pass);
             l.gate.record(ctx, pass, m, None)?;
             l.up.record(ctx, pass, m, None)?;
-            l.silu.set(
-                ctx,
-                &EltParams {
-                    n: m * sf,
-                    _pad: [0; 3],
-                },
-            );
-            l.silu
-                .record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
+            l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
+            l.silu.record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
             l.down.record(ctx, pass, m, None)?;
         }
         Ok(())
@@ -616,10 +464,7 @@ impl Session {
         if let Some(&bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
             return Err(KilnError::invalid(
                 "input",
-                format!(
-                    "token id {bad} is outside the vocabulary of {}",
-                    self.cfg.n_vocab
-                ),
+                format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
             ));
         }
         if self.pos as usize + tokens.len() > self.opts.n_ctx as usize {
@@ -634,10 +479,7 @@ impl Session {
             ));
         }
         if out == Output::AllLogits && !self.opts.all_logits {
-            return Err(KilnError::invalid(
-                "session",
-                "all logits were not enabled for this session",
-            ));
+            return Err(KilnError::invalid("session", "all logits were not enabled for this session"));
         }
         let v = self.cfg.n_vocab as usize;
         let mut all = Vec::new();
@@ -669,35 +511,19 @@ impl Session {
         let c = self.cfg.clone();
         let mut timer = self.timer.take();
         let (se, v) = (pad4(c.n_embd), c.n_vocab);
-        ctx.queue
-            .write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
-        let mut enc = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            });
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
             let tw = timer.as_mut().and_then(|t| t.pass("layers"));
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("layers"),
-                timestamp_writes: tw,
-            });
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: tw });
             self.record_step(&mut pass, m, false)?;
             if out == Output::AllLogits {
-                self.out_norm_all.set(
-                    &*ctx,
-                    &RmsNormParams {
-                        n: c.n_embd,
-                        x_stride: se,
-                        y_stride: se,
-                        eps: c.rms_eps,
-                    },
-                );
+                self.out_norm_all
+                    .set(&*ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
                 self.out_norm_all.record_with(
                     &mut pass,
-                    &*ctx.pipeline(&KernelKey::RmsNorm {
-                        subgroups: ctx.caps.subgroups,
-                    })?,
+                    &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
                     grid(m),
                 );
                 self.lm_head_all.record(&ctx, &mut pass, m, None)?;
@@ -711,50 +537,24 @@ impl Session {
             }
         } else {
             // Only the last position goes through the output norm and the LM head.
-            enc.copy_buffer_to_buffer(
-                &self.x,
-                (m - 1) as u64 * se as u64 * 4,
-                &self.x_last,
-                0,
-                se as u64 * 4,
-            );
+            enc.copy_buffer_to_buffer(&self.x, (m - 1) as u64 * se as u64 * 4, &self.x_last, 0, se as u64 * 4);
             {
                 let tw = timer.as_mut().and_then(|t| t.pass("head"));
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("head"),
-                    timestamp_writes: tw,
-                });
-                self.out_norm_last.set(
-                    &*ctx,
-                    &RmsNormParams {
-                        n: c.n_embd,
-                        x_stride: se,
-                        y_stride: se,
-                        eps: c.rms_eps,
-                    },
-                );
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: tw });
+                self.out_norm_last
+                    .set(&*ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
                 self.out_norm_last.record_with(
                     &mut pass,
-                    &*ctx.pipeline(&KernelKey::RmsNorm {
-                        subgroups: ctx.caps.subgroups,
-                    })?,
+                    &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
                     grid(1),
                 );
                 self.lm_head_last.record(&ctx, &mut pass, 1, None)?;
                 if out == Output::Argmax {
-                    self.argmax.set(
-                        &*ctx,
-                        &ArgmaxParams {
-                            n: v,
-                            stride: v,
-                            _pad: [0; 2],
-                        },
-                    );
+                    self.argmax.set(&*ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
                     self.argmax.record_with(
                         &mut pass,
-                        &*ctx.pipeline(&KernelKey::Argmax {
-                            subgroups: ctx.caps.subgroups,
-                        })?,
+                        &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
                         [1, 1, 1],
                     );
                 }
@@ -779,11 +579,7 @@ impl Session {
             None => 0.0,
         };
         self.timer = timer;
-        let bytes = if read {
-            self.read(read_bytes)?
-        } else {
-            Vec::new()
-        };
+        let bytes = if read { self.read(read_bytes)? } else { Vec::new() };
         let t3 = std::time::Instant::now();
         self.timing = StepTiming {
             encode: (t1 - t0).as_secs_f64(),
@@ -803,19 +599,13 @@ impl Session {
 
     fn read(&self, n: u64) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.readback
-            .map_async(wgpu::MapMode::Read, 0..n.div_ceil(4) * 4, move |r| {
-                let _ = tx.send(r);
-            });
+        self.readback.map_async(wgpu::MapMode::Read, 0..n.div_ceil(4) * 4, move |r| {
+            let _ = tx.send(r);
+        });
         self.ctx.wait_idle("a forward step")?;
         match rx.recv_timeout(self.ctx.poll_timeout) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(KilnError::Gpu {
-                    context: "reading results".into(),
-                    message: e.to_string(),
-                })
-            }
+            Ok(Err(e)) => return Err(KilnError::Gpu { context: "reading results".into(), message: e.to_string() }),
             Err(_) => {
                 return Err(KilnError::GpuTimeout {
                     what: "reading results".into(),
@@ -826,10 +616,7 @@ impl Session {
         let data = self
             .readback
             .get_mapped_range(0..n.div_ceil(4) * 4)
-            .map_err(|e| KilnError::Gpu {
-                context: "reading results".into(),
-                message: e.to_string(),
-            })?[..n as usize]
+            .map_err(|e| KilnError::Gpu { context: "reading results".into(), message: e.to_string() })?[..n as usize]
             .to_vec();
         self.readback.unmap();
         Ok(data)
@@ -852,15 +639,11 @@ impl Session {
         if max_new == 0 {
             return Ok(out);
         }
-        ctx.queue
-            .write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
+        ctx.queue.write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
         let mut submitted = Vec::with_capacity(2);
         let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
-            let mut enc = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("chained step"),
-                });
+            let mut enc =
+                ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
             s.encode_decode_step(&mut enc, true)?;
             enc.copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
             let idx = ctx.queue.submit([enc.finish()]);
@@ -882,10 +665,7 @@ impl Session {
                     submission_index: Some(submitted[k].clone()),
                     timeout: Some(ctx.poll_timeout),
                 })
-                .map_err(|e| KilnError::Gpu {
-                    context: "a decode step".into(),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
             match rx.recv_timeout(ctx.poll_timeout) {
                 Ok(Ok(())) => {}
                 _ => {
@@ -896,10 +676,9 @@ impl Session {
                 }
             }
             let tok = {
-                let view = slot.get_mapped_range(0..4).map_err(|e| KilnError::Gpu {
-                    context: "reading a token".into(),
-                    message: e.to_string(),
-                })?;
+                let view = slot
+                    .get_mapped_range(0..4)
+                    .map_err(|e| KilnError::Gpu { context: "reading a token".into(), message: e.to_string() })?;
                 u32::from_le_bytes([view[0], view[1], view[2], view[3]])
             };
             slot.unmap();
@@ -922,44 +701,21 @@ impl Session {
         let c = &self.cfg;
         let (se, v) = (pad4(c.n_embd), c.n_vocab);
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("layers"),
-                timestamp_writes: None,
-            });
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
             self.record_step(&mut pass, 1, ids_on_gpu)?;
         }
         enc.copy_buffer_to_buffer(&self.x, 0, &self.x_last, 0, se as u64 * 4);
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("head"),
-            timestamp_writes: None,
-        });
-        let norm = ctx.pipeline(&KernelKey::RmsNorm {
-            subgroups: ctx.caps.subgroups,
-        })?;
-        self.out_norm_last.set(
-            ctx,
-            &RmsNormParams {
-                n: c.n_embd,
-                x_stride: se,
-                y_stride: se,
-                eps: c.rms_eps,
-            },
-        );
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: None });
+        let norm = ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?;
+        self.out_norm_last.set(ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
         self.out_norm_last.record_with(&mut pass, &norm, grid(1));
         self.lm_head_last.record(ctx, &mut pass, 1, None)?;
-        self.argmax.set(
-            ctx,
-            &ArgmaxParams {
-                n: v,
-                stride: v,
-                _pad: [0; 2],
-            },
-        );
+        self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
         self.argmax.record_with(
             &mut pass,
-            &*ctx.pipeline(&KernelKey::Argmax {
-                subgroups: ctx.caps.subgroups,
-            })?,
+            &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
             [1, 1, 1],
         );
         Ok(())

@@ -95,19 +95,10 @@ impl Weights {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Weights> {
         cfg.validate_tensors(file)?;
-        let mut l = Loader {
-            ctx,
-            file,
-            bytes: 0,
-            progress,
-        };
+        let mut l = Loader { ctx, file, bytes: 0, progress };
         let token_embd = l.matrix("token_embd.weight")?;
         let output_norm = l.vector("output_norm.weight")?;
-        let output = if cfg.tied_embeddings {
-            None
-        } else {
-            Some(l.matrix("output.weight")?)
-        };
+        let output = if cfg.tied_embeddings { None } else { Some(l.matrix("output.weight")?) };
         let mut layers = Vec::with_capacity(cfg.n_layer as usize);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -130,13 +121,7 @@ impl Weights {
                 w_down: l.matrix(&n("ffn_down.weight"))?,
             });
         }
-        Ok(Weights {
-            token_embd,
-            output_norm,
-            output,
-            layers,
-            bytes: l.bytes,
-        })
+        Ok(Weights { token_embd, output_norm, output, layers, bytes: l.bytes })
     }
 
     pub fn lm_head(&self) -> &WeightTensor {

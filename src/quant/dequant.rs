@@ -6,29 +6,15 @@ use super::{checked_blocks, QuantError, WeightFormat};
 use half::f16;
 
 /// Decodes the first `n_elems` elements of GGUF-layout `data` into `out[..n_elems]`.
-pub fn dequantize(
-    format: WeightFormat,
-    data: &[u8],
-    n_elems: usize,
-    out: &mut [f32],
-) -> Result<(), QuantError> {
+pub fn dequantize(format: WeightFormat, data: &[u8], n_elems: usize, out: &mut [f32]) -> Result<(), QuantError> {
     let n_blocks = checked_blocks(format, n_elems)?;
     let block_bytes = format.block_bytes();
-    let needed = n_blocks
-        .checked_mul(block_bytes)
-        .ok_or(QuantError::Overflow)?;
+    let needed = n_blocks.checked_mul(block_bytes).ok_or(QuantError::Overflow)?;
     if data.len() < needed {
-        return Err(QuantError::DataTooShort {
-            format,
-            needed,
-            got: data.len(),
-        });
+        return Err(QuantError::DataTooShort { format, needed, got: data.len() });
     }
     if out.len() < n_elems {
-        return Err(QuantError::OutputTooShort {
-            needed: n_elems,
-            got: out.len(),
-        });
+        return Err(QuantError::OutputTooShort { needed: n_elems, got: out.len() });
     }
     let block_elems = format.block_elems();
     let blocks = data[..needed].chunks_exact(block_bytes);
@@ -50,11 +36,7 @@ pub fn dequantize(
 }
 
 /// Decodes one row: as many elements as `out` holds.
-pub fn dequantize_row(
-    format: WeightFormat,
-    row_bytes: &[u8],
-    out: &mut [f32],
-) -> Result<(), QuantError> {
+pub fn dequantize_row(format: WeightFormat, row_bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let n_elems = out.len();
     dequantize(format, row_bytes, n_elems, out)
 }

@@ -36,9 +36,7 @@ impl WeightFormat {
 
     /// Maps a `ggml_type` id from a GGUF tensor header; None for types kiln cannot run.
     pub fn from_ggml_type(id: u32) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|format| format.ggml_type() == id)
+        Self::ALL.into_iter().find(|format| format.ggml_type() == id)
     }
 
     pub fn ggml_type(self) -> u32 {
@@ -68,15 +66,8 @@ impl WeightFormat {
 
     /// Case-insensitive; underscores are optional so "q4_k", "Q4K" and "q8_0" all parse.
     pub fn parse(s: &str) -> Option<Self> {
-        let wanted: String = s
-            .trim()
-            .chars()
-            .filter(|c| *c != '_')
-            .map(|c| c.to_ascii_uppercase())
-            .collect();
-        Self::ALL
-            .into_iter()
-            .find(|format| format.name().replace('_', "") == wanted)
+        let wanted: String = s.trim().chars().filter(|c| *c != '_').map(|c| c.to_ascii_uppercase()).collect();
+        Self::ALL.into_iter().find(|format| format.name().replace('_', "") == wanted)
     }
 
     /// Elements per block (1 for plain float formats).
@@ -133,9 +124,7 @@ impl WeightFormat {
 
     fn blocks_in(self, n_elems: usize) -> Option<usize> {
         let block_elems = self.block_elems();
-        n_elems
-            .is_multiple_of(block_elems)
-            .then_some(n_elems / block_elems)
+        n_elems.is_multiple_of(block_elems).then_some(n_elems / block_elems)
     }
 }
 
@@ -149,21 +138,11 @@ impl fmt::Display for WeightFormat {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuantError {
     /// The element count is not a whole number of blocks.
-    PartialBlock {
-        format: WeightFormat,
-        n_elems: usize,
-    },
+    PartialBlock { format: WeightFormat, n_elems: usize },
     /// The byte length is not a whole number of blocks.
-    PartialBlockBytes {
-        format: WeightFormat,
-        n_bytes: usize,
-    },
+    PartialBlockBytes { format: WeightFormat, n_bytes: usize },
     /// The quantized data holds fewer bytes than the element count needs.
-    DataTooShort {
-        format: WeightFormat,
-        needed: usize,
-        got: usize,
-    },
+    DataTooShort { format: WeightFormat, needed: usize, got: usize },
     /// The output slice holds fewer elements than asked for.
     OutputTooShort { needed: usize, got: usize },
     /// The size does not fit in usize.
@@ -173,21 +152,15 @@ pub enum QuantError {
 impl fmt::Display for QuantError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            QuantError::PartialBlock { format, n_elems } => write!(
-                f,
-                "{n_elems} elements is not a multiple of the {format} block size {}",
-                format.block_elems()
-            ),
+            QuantError::PartialBlock { format, n_elems } => {
+                write!(f, "{n_elems} elements is not a multiple of the {format} block size {}", format.block_elems())
+            }
             QuantError::PartialBlockBytes { format, n_bytes } => write!(
                 f,
                 "{n_bytes} bytes is not a multiple of the {format} block size of {} bytes",
                 format.block_bytes()
             ),
-            QuantError::DataTooShort {
-                format,
-                needed,
-                got,
-            } => {
+            QuantError::DataTooShort { format, needed, got } => {
                 write!(f, "{format} data too short: need {needed} bytes, got {got}")
             }
             QuantError::OutputTooShort { needed, got } => {
@@ -202,9 +175,7 @@ impl std::error::Error for QuantError {}
 
 /// Number of blocks in `n_elems`, or why it is not a whole number.
 fn checked_blocks(format: WeightFormat, n_elems: usize) -> Result<usize, QuantError> {
-    format
-        .blocks_in(n_elems)
-        .ok_or(QuantError::PartialBlock { format, n_elems })
+    format.blocks_in(n_elems).ok_or(QuantError::PartialBlock { format, n_elems })
 }
 
 /// Converts GGUF-layout blocks to the GPU layout (see `gpu_block_bytes`).
@@ -220,22 +191,13 @@ pub fn repack_for_gpu(format: WeightFormat, gguf_bytes: &[u8]) -> Result<Vec<u8>
 /// Q8_0 `[d: f16][qs: 32 x i8]` (34 B) becomes `[qs][d][0, 0]` (36 B) so qs is
 /// 4-byte aligned; Q6_K (210 B) gets 2 zero bytes appended (212 B). Other
 /// formats are copied unchanged.
-pub fn repack_for_gpu_into(
-    format: WeightFormat,
-    gguf_bytes: &[u8],
-    gpu_bytes: &mut Vec<u8>,
-) -> Result<(), QuantError> {
+pub fn repack_for_gpu_into(format: WeightFormat, gguf_bytes: &[u8], gpu_bytes: &mut Vec<u8>) -> Result<(), QuantError> {
     let block_bytes = format.block_bytes();
     if !gguf_bytes.len().is_multiple_of(block_bytes) {
-        return Err(QuantError::PartialBlockBytes {
-            format,
-            n_bytes: gguf_bytes.len(),
-        });
+        return Err(QuantError::PartialBlockBytes { format, n_bytes: gguf_bytes.len() });
     }
     let n_blocks = gguf_bytes.len() / block_bytes;
-    let out_len = n_blocks
-        .checked_mul(format.gpu_block_bytes())
-        .ok_or(QuantError::Overflow)?;
+    let out_len = n_blocks.checked_mul(format.gpu_block_bytes()).ok_or(QuantError::Overflow)?;
     gpu_bytes.reserve(out_len);
     match format {
         WeightFormat::Q8_0 => {

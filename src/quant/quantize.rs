@@ -9,9 +9,7 @@ use half::{bf16, f16};
 /// Quantizes `values` into GGUF-layout blocks of `format`.
 pub fn quantize(format: WeightFormat, values: &[f32]) -> Result<Vec<u8>, QuantError> {
     let n_blocks = checked_blocks(format, values.len())?;
-    let n_bytes = n_blocks
-        .checked_mul(format.block_bytes())
-        .ok_or(QuantError::Overflow)?;
+    let n_bytes = n_blocks.checked_mul(format.block_bytes()).ok_or(QuantError::Overflow)?;
     let mut bytes = Vec::with_capacity(n_bytes);
     let block_elems = format.block_elems();
     for block in values.chunks_exact(block_elems) {
@@ -31,11 +29,7 @@ pub fn quantize(format: WeightFormat, values: &[f32]) -> Result<Vec<u8>, QuantEr
 
 /// Random but valid blocks: `n_elems` values drawn from N(0, 0.02), roughly
 /// the spread of trained LLM weights, then quantized. Deterministic per seed.
-pub fn random_blocks(
-    format: WeightFormat,
-    n_elems: usize,
-    seed: u64,
-) -> Result<Vec<u8>, QuantError> {
+pub fn random_blocks(format: WeightFormat, n_elems: usize, seed: u64) -> Result<Vec<u8>, QuantError> {
     checked_blocks(format, n_elems)?;
     let mut rng = SplitMix64(seed);
     let values: Vec<f32> = (0..n_elems).map(|_| 0.02 * rng.next_normal()).collect();
@@ -120,11 +114,7 @@ fn quantize_affine_k(x: &[f32], q_max: u8) -> ([u8; 4], [u8; 12], [u8; 256]) {
     let mins: [u8; 8] = std::array::from_fn(|i| to_6bit(sub_mins[i], dmin.to_f32()));
 
     let mut levels = [0u8; 256];
-    for (sub, (values, level)) in x
-        .chunks_exact(32)
-        .zip(levels.chunks_exact_mut(32))
-        .enumerate()
-    {
+    for (sub, (values, level)) in x.chunks_exact(32).zip(levels.chunks_exact_mut(32)).enumerate() {
         // Levels are fitted to the effective (already quantized) scale and min.
         let step = d.to_f32() * scales[sub] as f32;
         let offset = dmin.to_f32() * mins[sub] as f32;
@@ -179,19 +169,10 @@ fn quantize_block_q6_k(x: &[f32], out: &mut Vec<u8>) {
     let max_scale = sub_scales.iter().fold(0.0f32, |acc, v| acc.max(*v));
     let d = f16::from_f32(max_scale / 127.0);
     let unit = d.to_f32();
-    let scales: [i8; 16] = std::array::from_fn(|i| {
-        if unit > 0.0 {
-            (sub_scales[i] / unit).round().clamp(0.0, 127.0) as i8
-        } else {
-            0
-        }
-    });
+    let scales: [i8; 16] =
+        std::array::from_fn(|i| if unit > 0.0 { (sub_scales[i] / unit).round().clamp(0.0, 127.0) as i8 } else { 0 });
     let mut levels = [32u8; 256];
-    for (sub, (values, level)) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .enumerate()
-    {
+    for (sub, (values, level)) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).enumerate() {
         let step = unit * scales[sub] as f32;
         if step <= 0.0 {
             continue;

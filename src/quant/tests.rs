@@ -19,10 +19,7 @@ fn read_bytes(name: &str) -> Vec<u8> {
 fn read_f32s(name: &str) -> Vec<f32> {
     let bytes = read_bytes(name);
     assert_eq!(bytes.len() % 4, 0, "{name} is not whole f32s");
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 const QVECTOR_TYPES: [(&str, WeightFormat); 6] = [
@@ -37,9 +34,7 @@ const QV_ROWS: usize = 16;
 const QV_COLS: usize = 256;
 
 fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
-    got.iter()
-        .zip(want)
-        .position(|(g, w)| g.to_bits() != w.to_bits())
+    got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits())
 }
 
 #[test]
@@ -48,11 +43,7 @@ fn qvectors_dequantize_bit_exact() {
         let blocks = read_bytes(&format!("{file_stem}.blocks.bin"));
         let want = read_f32s(&format!("{file_stem}.dequant.f32"));
         assert_eq!(want.len(), QV_ROWS * QV_COLS);
-        assert_eq!(
-            Some(blocks.len()),
-            format.tensor_bytes(QV_ROWS, QV_COLS),
-            "{file_stem}"
-        );
+        assert_eq!(Some(blocks.len()), format.tensor_bytes(QV_ROWS, QV_COLS), "{file_stem}");
 
         let mut got = vec![f32::NAN; want.len()];
         dequantize(format, &blocks, want.len(), &mut got).expect("whole tensor");
@@ -74,11 +65,7 @@ fn qvectors_dequantize_bit_exact() {
         for (r, bytes) in blocks.chunks_exact(row_bytes).enumerate() {
             dequantize_row(format, bytes, &mut row).expect("one row");
             let want_row = &want[r * QV_COLS..(r + 1) * QV_COLS];
-            assert_eq!(
-                first_bit_difference(&row, want_row),
-                None,
-                "{file_stem} row {r}"
-            );
+            assert_eq!(first_bit_difference(&row, want_row), None, "{file_stem} row {r}");
         }
     }
 }
@@ -88,11 +75,8 @@ fn quantize_matches_ggml_for_exact_rounding_formats() {
     // F16/BF16 are plain round-to-nearest-even and Q8_0 follows ggml's reference
     // quantizer, so our encodings must equal ggml's bytes.
     let input = read_f32s("input.f32");
-    for (file_stem, format) in [
-        ("f16", WeightFormat::F16),
-        ("bf16", WeightFormat::BF16),
-        ("q8_0", WeightFormat::Q8_0),
-    ] {
+    for (file_stem, format) in [("f16", WeightFormat::F16), ("bf16", WeightFormat::BF16), ("q8_0", WeightFormat::Q8_0)]
+    {
         let want = read_bytes(&format!("{file_stem}.blocks.bin"));
         let got = quantize(format, &input).expect("whole blocks");
         let first = got.iter().zip(&want).position(|(g, w)| g != w);
@@ -106,11 +90,7 @@ fn relative_rms_error(format: WeightFormat, values: &[f32]) -> f64 {
     assert_eq!(Some(blocks.len()), format.row_bytes(values.len()));
     let mut decoded = vec![0.0f32; values.len()];
     dequantize(format, &blocks, values.len(), &mut decoded).expect("own blocks decode");
-    let err: f64 = values
-        .iter()
-        .zip(&decoded)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
+    let err: f64 = values.iter().zip(&decoded).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
     let norm: f64 = values.iter().map(|x| (*x as f64).powi(2)).sum();
     (err / norm).sqrt()
 }
@@ -131,10 +111,7 @@ fn quantize_round_trip_error() {
     for (format, bound) in bounds {
         let rel = relative_rms_error(format, &values);
         println!("{format}: relative RMS error {rel:.5} (bound {bound})");
-        assert!(
-            rel <= bound,
-            "{format}: relative RMS error {rel} above {bound}"
-        );
+        assert!(rel <= bound, "{format}: relative RMS error {rel} above {bound}");
     }
 }
 
@@ -184,10 +161,7 @@ fn scale_min_packing_round_trips() {
 fn repack_q8_0_moves_d_after_qs() {
     let blocks = read_bytes("q8_0.blocks.bin");
     let gpu = repack_for_gpu(WeightFormat::Q8_0, &blocks).expect("whole blocks");
-    assert_eq!(
-        Some(gpu.len()),
-        WeightFormat::Q8_0.gpu_tensor_bytes(QV_ROWS, QV_COLS)
-    );
+    assert_eq!(Some(gpu.len()), WeightFormat::Q8_0.gpu_tensor_bytes(QV_ROWS, QV_COLS));
     for (src, dst) in blocks.chunks_exact(34).zip(gpu.chunks_exact(36)) {
         assert_eq!(&dst[..32], &src[2..34], "qs");
         assert_eq!(&dst[32..34], &src[..2], "d");
@@ -204,10 +178,7 @@ fn repack_q6_k_pads_and_others_copy() {
         assert_eq!(&dst[210..], &[0, 0]);
     }
     let q4 = read_bytes("q4_K.blocks.bin");
-    assert_eq!(
-        repack_for_gpu(WeightFormat::Q4K, &q4).expect("whole blocks"),
-        q4
-    );
+    assert_eq!(repack_for_gpu(WeightFormat::Q4K, &q4).expect("whole blocks"), q4);
     assert!(repack_for_gpu(WeightFormat::Q8_0, &blocks[..35]).is_err());
     // Appending into a reused buffer keeps earlier contents.
     let mut staging = vec![9u8];
@@ -221,11 +192,7 @@ fn dequantize_rejects_malformed_input() {
     let mut out = vec![0.0f32; 512];
     assert!(matches!(
         dequantize(WeightFormat::Q4K, &blocks[..143], 256, &mut out),
-        Err(QuantError::DataTooShort {
-            needed: 144,
-            got: 143,
-            ..
-        })
+        Err(QuantError::DataTooShort { needed: 144, got: 143, .. })
     ));
     assert!(matches!(
         dequantize(WeightFormat::Q4K, &blocks, 100, &mut out),
@@ -257,14 +224,7 @@ fn format_metadata() {
         assert_eq!(format.name(), name);
         assert_eq!(WeightFormat::parse(name), Some(format));
         assert_eq!(WeightFormat::parse(&name.to_lowercase()), Some(format));
-        assert_eq!(
-            (
-                format.block_elems(),
-                format.block_bytes(),
-                format.gpu_block_bytes()
-            ),
-            (elems, bytes, gpu_bytes)
-        );
+        assert_eq!((format.block_elems(), format.block_bytes(), format.gpu_block_bytes()), (elems, bytes, gpu_bytes));
     }
     assert_eq!(WeightFormat::parse("q4k"), Some(WeightFormat::Q4K));
     assert_eq!(WeightFormat::parse("Q80"), Some(WeightFormat::Q8_0));

@@ -42,29 +42,20 @@ pub fn gpus() -> &'static [TestGpu] {
     static GPUS: OnceLock<Vec<TestGpu>> = OnceLock::new();
     GPUS.get_or_init(|| {
         let mut v = Vec::new();
-        let full = open("native", ContextOptions::default())
-            .expect("no GPU adapter: install mesa-vulkan-drivers");
+        let full = open("native", ContextOptions::default()).expect("no GPU adapter: install mesa-vulkan-drivers");
         let backend = full.ctx.info.backend;
         v.push(full);
         v.push(
             open(
                 "native-fallback",
-                ContextOptions {
-                    disable: Disabled::ALL,
-                    backend: Some(backend),
-                    ..Default::default()
-                },
+                ContextOptions { disable: Disabled::ALL, backend: Some(backend), ..Default::default() },
             )
             .expect("fallback context"),
         );
         if std::env::var("KILN_TEST_GL").as_deref() != Ok("0") && backend != wgpu::Backend::Gl {
             if let Some(gl) = open(
                 "gl",
-                ContextOptions {
-                    backend: Some(wgpu::Backend::Gl),
-                    disable: Disabled::ALL,
-                    ..Default::default()
-                },
+                ContextOptions { backend: Some(wgpu::Backend::Gl), disable: Disabled::ALL, ..Default::default() },
             ) {
                 v.push(gl);
             }
@@ -75,11 +66,7 @@ pub fn gpus() -> &'static [TestGpu] {
 
 /// A context that plans with a tiny storage-binding limit, to force tensor splitting.
 pub fn small_binding_gpu(limit: u64) -> Arc<GpuContext> {
-    GpuContext::new(&ContextOptions {
-        max_binding_override: Some(limit),
-        ..Default::default()
-    })
-    .expect("GPU")
+    GpuContext::new(&ContextOptions { max_binding_override: Some(limit), ..Default::default() }).expect("GPU")
 }
 
 pub fn rng(seed: u64) -> StdRng {
@@ -111,8 +98,5 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
             panic!("{what}: index {i}: got {g}, want {w} (|Δ| {d} > {tol} x {scale})");
         }
     }
-    eprintln!(
-        "{what}: max |Δ| {:.3e} at {} (scale {scale:.3})",
-        worst.1, worst.0
-    );
+    eprintln!("{what}: max |Δ| {:.3e} at {} (scale {scale:.3})", worst.1, worst.0);
 }
