@@ -61,8 +61,17 @@ fn benches(c: &mut Criterion) {
         let w = weights(&ctx, format, n, k);
         let x = ctx.upload_f32(&vec![0.01f32; k], "x").unwrap();
         let y = ctx.storage((n * 4) as u64, "y").unwrap();
-        let mm =
-            Matmul { w: &w, x: &x, y: &y, bias: None, m: 1, x_stride: k as u32, y_stride: n as u32, accumulate: false };
+        let mm = Matmul {
+            w: &w,
+            x: &x,
+            y: &y,
+            bias: None,
+            m: 1,
+            x_stride: k as u32,
+            y_stride: n as u32,
+            accumulate: false,
+            norm: None,
+        };
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
@@ -96,6 +105,7 @@ fn benches(c: &mut Criterion) {
             x_stride: k as u32,
             y_stride: n as u32,
             accumulate: false,
+            norm: None,
         };
         let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {

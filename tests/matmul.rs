@@ -70,6 +70,7 @@ fn run_case(
         x_stride: xs as u32,
         y_stride: n as u32,
         accumulate,
+        norm: None,
     };
     let ds = matmul::prepare_with(ctx, &mm, kernel, "test").expect("prepare");
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -129,6 +130,7 @@ fn planner_choice_runs_for_decode_and_prefill() {
             x_stride: k as u32,
             y_stride: n as u32,
             accumulate: false,
+            norm: None,
         };
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -162,6 +164,42 @@ fn split_tensors_match_unsplit_results() {
                 false,
                 &format!("split {} {kernel}", format.name()),
             );
+        }
+    }
+}
+
+/// GEMV with the RMSNorm of x fused in front equals RMSNorm then GEMV.
+#[test]
+fn gemv_with_fused_rms_norm() {
+    for g in gpus() {
+        for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
+            let (n, k) = (45usize, k_for(format, 2, 96));
+            for m in [1usize, 3] {
+                let c = case(format, n, k, m, 77);
+                let w = WeightTensor::upload(&g.ctx, "w", format, n, k, &c.weights).unwrap();
+                let gamma = randn(&mut rng(5), k, 1.0);
+                let x = g.ctx.upload_f32(&c.x, "x").unwrap();
+                let nw = g.ctx.upload_f32(&gamma, "norm").unwrap();
+                let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
+                let mm = Matmul {
+                    w: &w,
+                    x: &x,
+                    y: &y,
+                    bias: None,
+                    m: m as u32,
+                    x_stride: k as u32,
+                    y_stride: n as u32,
+                    accumulate: false,
+                    norm: Some((&nw, 1e-5)),
+                };
+                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
+                let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
+                run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                let got = g.ctx.read_f32(&y, m * n).unwrap();
+                let xn = kiln::kernels::norm::reference(&c.x, &gamma, k, 1e-5);
+                let want = matmul::reference(&c.w_ref, n, k, &xn, m, None, None);
+                assert_close(&format!("[{}] gemv+norm {} m={m}", g.name, format.name()), &got, &want, TOL);
+            }
         }
     }
 }

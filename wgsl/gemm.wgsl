@@ -15,6 +15,10 @@ struct Params {
     y_stride: u32,
     has_bias: u32,
     accumulate: u32,
+    eps: f32,        // RMSNorm epsilon (gemv with NORM)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

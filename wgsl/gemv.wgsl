@@ -1,7 +1,10 @@
 // GEMV for decode and few-token batches: Y[m, n] = sum_k W[n, k] * X[m, k] for m < n_cols,
 // one body for every weight format (the format file supplies decode8). Each workgroup owns
 // ROWS rows of one weight chunk; its invocations stride over the row's 8-weight chunks.
-// Header constants: WG, ROWS, NCOLS.
+// NORM: x is the residual stream; the kernel applies RMSNorm (weights norm_w) on the fly,
+// so the norm needs no dispatch of its own (each workgroup recomputes the row's sum of
+// squares, a few KiB it reads from cache).
+// Header constants: WG, ROWS, NCOLS, NORM.
 
 struct Params {
     n_cols: u32,     // active columns (m), <= NCOLS
@@ -12,6 +15,10 @@ struct Params {
     y_stride: u32,   // elements between output rows (m)
     has_bias: u32,   // add bias[row_offset + r]
     accumulate: u32, // add the value already in Y (fused residual)
+    eps: f32,        // RMSNorm epsilon (gemv with NORM)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -19,6 +26,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
 
 // Half `part` (0: weights 0-3, 1: weights 4-7) of chunk c of an x row; zero past k (the
 // last chunk of a ragged row, or a unit's second chunk beyond the row's end).
@@ -29,6 +37,14 @@ fn load_x(row_base: u32, c: u32, part: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x[row_base + 2u * c + part], kk < vec4<u32>(p.k));
 }
 
+// The RMSNorm factor of x values 8c + 4 part .. +3: inv_rms * norm weight (1 without NORM).
+fn norm_scale(c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
+    if (!NORM) { return vec4<f32>(1.0); }
+    let k0 = c * 8u + part * 4u;
+    if (k0 >= p.k) { return vec4<f32>(0.0); }
+    return inv_rms * norm_w[k0 / 4u];
+}
+
 var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
 
 @compute @workgroup_size(WG)
@@ -37,6 +53,29 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let n_units = unit_count(p.k);
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
+
+    // RMSNorm prologue: 1 / rms of each x row (k % 4 == 0 here).
+    var inv: array<f32, NCOLS>;
+    for (var m = 0u; m < NCOLS; m++) { inv[m] = 1.0; }
+    if (NORM) {
+        for (var m = 0u; m < NCOLS; m++) {
+            let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
+            var ss = 0.0;
+            for (var i = lane.lid; i < p.k / 4u; i += WG) {
+                let v = x[xr + i];
+                ss += dot(v, v);
+            }
+            let s = group_sum(ss, lane);
+            if (lane_is_leader(lane)) { partial[m * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+        }
+        workgroupBarrier();
+        for (var m = 0u; m < NCOLS; m++) {
+            var total = 0.0;
+            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[m * LANE_GROUPS_MAX + g]; }
+            inv[m] = 1.0 / sqrt(total / f32(p.k) + p.eps);
+        }
+        workgroupBarrier();
+    }
 
     // Consecutive invocations take consecutive units of the row, so reads coalesce; each
     // unit's header (scales) is unpacked once for its one or two chunks, and its slice of x
@@ -53,12 +92,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         var s1: array<f32, NCOLS>;
         for (var m = 0u; m < NCOLS; m++) {
             let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
-            x0l[m] = load_x(xr, c0, 0u);
-            x0h[m] = load_x(xr, c0, 1u);
+            x0l[m] = load_x(xr, c0, 0u) * norm_scale(c0, 0u, inv[m]);
+            x0h[m] = load_x(xr, c0, 1u) * norm_scale(c0, 1u, inv[m]);
             s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));
             if (UNIT_CHUNKS == 2u) {
-                x1l[m] = load_x(xr, c1, 0u);
-                x1h[m] = load_x(xr, c1, 1u);
+                x1l[m] = load_x(xr, c1, 0u) * norm_scale(c1, 0u, inv[m]);
+                x1h[m] = load_x(xr, c1, 1u) * norm_scale(c1, 1u, inv[m]);
                 s1[m] = dot(x1l[m] + x1h[m], vec4<f32>(1.0));
             }
         }

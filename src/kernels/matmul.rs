@@ -20,6 +20,8 @@ pub struct MatmulParams {
     pub y_stride: u32,
     pub has_bias: u32,
     pub accumulate: u32,
+    pub eps: f32,
+    pub _pad: [u32; 3],
 }
 
 /// One matmul: which buffers, and how X and Y are laid out.
@@ -36,6 +38,8 @@ pub struct Matmul<'a> {
     pub y_stride: u32,
     /// Add into Y instead of overwriting it (fused residual add).
     pub accumulate: bool,
+    /// RMSNorm weights and epsilon: X is normalized on the fly (GEMV only; decode).
+    pub norm: Option<(&'a wgpu::Buffer, f32)>,
 }
 
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
@@ -45,6 +49,7 @@ pub fn launch(
     format: crate::quant::WeightFormat,
     rows: u32,
     m: u32,
+    norm: bool,
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape } => {
@@ -57,10 +62,14 @@ pub fn launch(
                 rows: shape.rows as u8,
                 wg: shape.wg as u16,
                 subgroups: ctx.caps.subgroups,
+                norm,
             };
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
         MatmulKernel::Gemm { tile } => {
+            if norm {
+                return Err(KilnError::invalid("matmul", "a fused RMSNorm needs the GEMV kernel (m <= 8)"));
+            }
             let (bm, bn, ..) = tile.dims();
             let (gx, gy) = (rows.div_ceil(bn), m.div_ceil(bm));
             if gx > ctx.limits.max_compute_workgroups_per_dimension
@@ -85,6 +94,8 @@ pub struct BoundMatmul {
     y_stride: u32,
     has_bias: bool,
     accumulate: bool,
+    /// Epsilon of the fused RMSNorm, if any.
+    norm_eps: Option<f32>,
 }
 
 impl BoundMatmul {
@@ -101,21 +112,20 @@ impl BoundMatmul {
                 format!("x rows must be padded to a multiple of 4 floats, got a stride of {}", mm.x_stride),
             ));
         }
-        let dummy;
-        let bias = match mm.bias {
-            Some(b) => b,
-            None => {
-                dummy = ctx.storage(16, "no-bias")?;
-                &dummy
-            }
-        };
+        if mm.norm.is_some() && mm.w.k % 4 != 0 {
+            return Err(KilnError::invalid("matmul", format!("a fused RMSNorm needs k % 4 == 0, got {}", mm.w.k)));
+        }
+        // Unused bindings get a small placeholder buffer.
+        let dummy = ctx.storage(16, "unused")?;
+        let bias = mm.bias.unwrap_or(&dummy);
+        let norm_w = mm.norm.map(|(w, _)| w).unwrap_or(&dummy);
         // Any matmul key has the same bindings; the pipeline is chosen per step.
         let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
         let chunks =
             mm.w.chunks
                 .iter()
                 .map(|c| {
-                    let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias])?;
+                    let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias, norm_w])?;
                     Ok((b, c.row_start, c.rows))
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -129,6 +139,7 @@ impl BoundMatmul {
             y_stride: mm.y_stride,
             has_bias: mm.bias.is_some(),
             accumulate: mm.accumulate,
+            norm_eps: mm.norm.map(|(_, e)| e),
         })
     }
 
@@ -147,7 +158,7 @@ impl BoundMatmul {
     ) -> Result<()> {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
         for (b, row_start, rows) in &self.chunks {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m)?;
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, self.norm_eps.is_some())?;
             let params = MatmulParams {
                 m,
                 k: self.k,
@@ -157,6 +168,8 @@ impl BoundMatmul {
                 y_stride: self.y_stride,
                 has_bias: self.has_bias as u32,
                 accumulate: self.accumulate as u32,
+                eps: self.norm_eps.unwrap_or(0.0),
+                _pad: [0; 3],
             };
             b.set(ctx, &params);
             b.record_with(pass, &*ctx.pipeline(&key)?, grid);
@@ -177,7 +190,7 @@ pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: 
     bm.chunks
         .into_iter()
         .map(|(b, row_start, rows)| {
-            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m)?;
+            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m, bm.norm_eps.is_some())?;
             let params = MatmulParams {
                 m: mm.m,
                 k: bm.k,
@@ -187,6 +200,8 @@ pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: 
                 y_stride: bm.y_stride,
                 has_bias: bm.has_bias as u32,
                 accumulate: bm.accumulate as u32,
+                eps: bm.norm_eps.unwrap_or(0.0),
+                _pad: [0; 3],
             };
             b.set(ctx, &params);
             Ok(Dispatch {

@@ -77,17 +77,47 @@ fn reduce_file(subgroups: bool) -> &'static str {
 /// Every pipeline kiln can build. Hashing a key finds its pipeline; `source` composes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKey {
-    Gemv { format: WeightFormat, ncols: u8, rows: u8, wg: u16, subgroups: bool },
-    Gemm { format: WeightFormat, tile: GemmTile },
-    Embed { format: WeightFormat },
-    AttnGemm { kv: KvKind },
-    Softmax { subgroups: bool },
-    AttnDecode { kv: KvKind, subgroups: bool },
+    Gemv {
+        format: WeightFormat,
+        ncols: u8,
+        rows: u8,
+        wg: u16,
+        subgroups: bool,
+        /// RMSNorm of x fused in front (decode).
+        norm: bool,
+    },
+    Gemm {
+        format: WeightFormat,
+        tile: GemmTile,
+    },
+    Embed {
+        format: WeightFormat,
+    },
+    AttnGemm {
+        kv: KvKind,
+    },
+    Softmax {
+        subgroups: bool,
+    },
+    AttnDecode {
+        kv: KvKind,
+        subgroups: bool,
+    },
     AttnCombine,
-    Rope { neox: bool, to_cache: Option<KvKind>, rope: bool },
-    RmsNorm { subgroups: bool },
-    Elementwise { op: elementwise::EltOp },
-    Argmax { subgroups: bool },
+    Rope {
+        neox: bool,
+        to_cache: Option<KvKind>,
+        rope: bool,
+    },
+    RmsNorm {
+        subgroups: bool,
+    },
+    Elementwise {
+        op: elementwise::EltOp,
+    },
+    Argmax {
+        subgroups: bool,
+    },
 }
 
 /// Work sizes shared by host and shader.
@@ -112,7 +142,7 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read],
+            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read, Read],
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
@@ -137,10 +167,11 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv { format, ncols, rows, wg, subgroups } => c
+            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm } => c
                 .const_u32("WG", wg as u32)
                 .const_u32("ROWS", rows as u32)
                 .const_u32("NCOLS", ncols as u32)
+                .const_bool("NORM", norm)
                 .include("common/quant.wgsl")
                 .include(format_file(format))
                 .include(reduce_file(subgroups))
@@ -237,8 +268,10 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
-                    for (wg, rows) in [(64u16, 4u8), (256, 2), (128, 2), (256, 1), (128, 4), (64, 8)] {
-                        v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups });
+                    for (wg, rows) in [(64u16, 4u8), (128, 4), (256, 2), (128, 2)] {
+                        for norm in [false, true] {
+                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm });
+                        }
                     }
                 }
             }

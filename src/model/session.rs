@@ -69,6 +69,12 @@ struct LayerOps {
     q: BoundMatmul,
     k: BoundMatmul,
     v: BoundMatmul,
+    /// The same projections reading the residual stream with the RMSNorm fused (decode).
+    q_fused: BoundMatmul,
+    k_fused: BoundMatmul,
+    v_fused: BoundMatmul,
+    gate_fused: BoundMatmul,
+    up_fused: BoundMatmul,
     q_norm: Option<Bound>,
     k_norm: Option<Bound>,
     rope_q: Bound,
@@ -108,7 +114,8 @@ pub struct Session {
     chain_stage: [wgpu::Buffer; 2],
     layers: Vec<LayerOps>,
     out_norm_all: Bound,
-    out_norm_last: Bound,
+    /// LM head on x itself (one-token steps), with the output norm fused.
+    lm_head_x: BoundMatmul,
     lm_head_all: BoundMatmul,
     lm_head_last: BoundMatmul,
     argmax: Bound,
@@ -178,11 +185,23 @@ impl Session {
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
-            BoundMatmul::new(
-                &ctx,
-                &Matmul { w, x: xbuf, y: ybuf, bias, m: 0, x_stride: xs, y_stride: ys, accumulate: acc },
-                stage,
-            )
+            let m = Matmul { w, x: xbuf, y: ybuf, bias, m: 0, x_stride: xs, y_stride: ys, accumulate: acc, norm: None };
+            BoundMatmul::new(&ctx, &m, stage)
+        };
+        // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself.
+        let mm_norm = |w, norm_w, ybuf, ys, bias, stage| {
+            let m = Matmul {
+                w,
+                x: &x,
+                y: ybuf,
+                bias,
+                m: 0,
+                x_stride: se,
+                y_stride: ys,
+                accumulate: false,
+                norm: Some((norm_w, c.rms_eps)),
+            };
+            BoundMatmul::new(&ctx, &m, stage)
         };
         // Two gathers: token ids written by the host, or the id the previous step sampled on
         // the GPU (chained greedy decoding never waits for the host between steps).
@@ -217,6 +236,11 @@ impl Session {
                 q: mm(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
                 k: mm(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
                 v: mm(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
+                q_fused: mm_norm(&w.wq, &w.attn_norm, &qb, q, w.bq.as_ref(), "qkv")?,
+                k_fused: mm_norm(&w.wk, &w.attn_norm, &kb, kvd, w.bk.as_ref(), "qkv")?,
+                v_fused: mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref(), "qkv")?,
+                gate_fused: mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None, "ffn_gate_up")?,
+                up_fused: mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None, "ffn_gate_up")?,
                 q_norm: match &w.q_norm {
                     Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&qb, g, &qn])?),
                     None => None,
@@ -291,10 +315,36 @@ impl Session {
         }
         let out_norm_all =
             Bound::new::<RmsNormParams>(&ctx, &norm_key, "output_norm", &[&x, &weights.output_norm, &xn])?;
-        let out_norm_last =
-            Bound::new::<RmsNormParams>(&ctx, &norm_key, "output_norm", &[&x_last, &weights.output_norm, &xn_last])?;
         let lm_head_all = mm(weights.lm_head(), &xn, se, &logits, v, None, false, "lm_head")?;
-        let lm_head_last = mm(weights.lm_head(), &xn_last, se, &logits, v, None, false, "lm_head")?;
+        let head = |xbuf| {
+            let m = Matmul {
+                w: weights.lm_head(),
+                x: xbuf,
+                y: &logits,
+                bias: None,
+                m: 0,
+                x_stride: se,
+                y_stride: v,
+                accumulate: false,
+                norm: Some((&weights.output_norm, c.rms_eps)),
+            };
+            BoundMatmul::new(&ctx, &m, "lm_head")
+        };
+        let lm_head_x = head(&x)?;
+        let lm_head_last = {
+            let m = Matmul {
+                w: weights.lm_head(),
+                x: &x_last,
+                y: &logits,
+                bias: None,
+                m: 0,
+                x_stride: se,
+                y_stride: v,
+                accumulate: false,
+                norm: Some((&weights.output_norm, c.rms_eps)),
+            };
+            BoundMatmul::new(&ctx, &m, "lm_head")?
+        };
         let argmax =
             Bound::new::<ArgmaxParams>(&ctx, &KernelKey::Argmax { subgroups: sub }, "sample", &[&logits, &out_id])?;
         let stage = |i: usize| {
@@ -327,7 +377,7 @@ impl Session {
             chain_stage,
             layers,
             out_norm_all,
-            out_norm_last,
+            lm_head_x,
             lm_head_all,
             lm_head_last,
             argmax,
@@ -412,11 +462,19 @@ impl Session {
         let silu_pipe = pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?;
         let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
         let kv_len = self.pos + m;
+        // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
+        let fused = m <= crate::plan::GEMV_MAX_COLS;
         for l in &self.layers {
-            norm(&l.attn_norm, m, c.n_embd, se, pass);
-            l.q.record(ctx, pass, m, None)?;
-            l.k.record(ctx, pass, m, None)?;
-            l.v.record(ctx, pass, m, None)?;
+            if fused {
+                l.q_fused.record(ctx, pass, m, None)?;
+                l.k_fused.record(ctx, pass, m, None)?;
+                l.v_fused.record(ctx, pass, m, None)?;
+            } else {
+                norm(&l.attn_norm, m, c.n_embd, se, pass);
+                l.q.record(ctx, pass, m, None)?;
+                l.k.record(ctx, pass, m, None)?;
+                l.v.record(ctx, pass, m, None)?;
+            }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 norm(qn, m * c.n_head, c.head_dim, c.head_dim, pass);
                 norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, pass);
@@ -445,9 +503,14 @@ impl Session {
                 l.attn_pv.record_with(pass, &gemm, g_pv);
             }
             l.wo.record(ctx, pass, m, None)?;
-            norm(&l.ffn_norm, m, c.n_embd, se, pass);
-            l.gate.record(ctx, pass, m, None)?;
-            l.up.record(ctx, pass, m, None)?;
+            if fused {
+                l.gate_fused.record(ctx, pass, m, None)?;
+                l.up_fused.record(ctx, pass, m, None)?;
+            } else {
+                norm(&l.ffn_norm, m, c.n_embd, se, pass);
+                l.gate.record(ctx, pass, m, None)?;
+                l.up.record(ctx, pass, m, None)?;
+            }
             l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
             l.silu.record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
             l.down.record(ctx, pass, m, None)?;
@@ -527,10 +590,22 @@ impl Session {
                     grid(m),
                 );
                 self.lm_head_all.record(&ctx, &mut pass, m, None)?;
+            } else if m == 1 {
+                // One token: x is the last position; the head reads it in the same pass.
+                self.lm_head_x.record(&ctx, &mut pass, 1, None)?;
+                if out == Output::Argmax {
+                    self.argmax.set(&*ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
+                    let argmax = ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?;
+                    self.argmax.record_with(&mut pass, &argmax, [1, 1, 1]);
+                }
             }
         }
         let read_bytes;
-        if out == Output::AllLogits {
+        if out != Output::AllLogits && m == 1 {
+            read_bytes = if out == Output::Argmax { 4 } else { v as u64 * 4 };
+            let src = if out == Output::Argmax { &self.out_id } else { &self.logits };
+            enc.copy_buffer_to_buffer(src, 0, &self.readback, 0, read_bytes);
+        } else if out == Output::AllLogits {
             read_bytes = m as u64 * v as u64 * 4;
             if read {
                 enc.copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, read_bytes);
@@ -542,13 +617,6 @@ impl Session {
                 let tw = timer.as_mut().and_then(|t| t.pass("head"));
                 let mut pass =
                     enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: tw });
-                self.out_norm_last
-                    .set(&*ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
-                self.out_norm_last.record_with(
-                    &mut pass,
-                    &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                    grid(1),
-                );
                 self.lm_head_last.record(&ctx, &mut pass, 1, None)?;
                 if out == Output::Argmax {
                     self.argmax.set(&*ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
@@ -695,23 +763,15 @@ impl Session {
         Ok(out)
     }
 
-    /// Records one decode step (m = 1) through argmax into `out_id`.
+    /// Records one decode step (m = 1) through argmax into `out_id`, in one compute pass.
     fn encode_decode_step(&self, enc: &mut wgpu::CommandEncoder, ids_on_gpu: bool) -> Result<()> {
         let ctx = &*self.ctx;
-        let c = &self.cfg;
-        let (se, v) = (pad4(c.n_embd), c.n_vocab);
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
-            self.record_step(&mut pass, 1, ids_on_gpu)?;
-        }
-        enc.copy_buffer_to_buffer(&self.x, 0, &self.x_last, 0, se as u64 * 4);
+        let v = self.cfg.n_vocab;
         let mut pass =
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: None });
-        let norm = ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?;
-        self.out_norm_last.set(ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
-        self.out_norm_last.record_with(&mut pass, &norm, grid(1));
-        self.lm_head_last.record(ctx, &mut pass, 1, None)?;
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("decode"), timestamp_writes: None });
+        self.record_step(&mut pass, 1, ids_on_gpu)?;
+        // With one token, x holds just the last position: the head reads it directly.
+        self.lm_head_x.record(ctx, &mut pass, 1, None)?;
         self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
         self.argmax.record_with(
             &mut pass,
