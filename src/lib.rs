@@ -13,5 +13,6 @@ pub mod kernels;
 pub mod model;
 pub mod plan;
 pub mod quant;
+pub mod tokenizer;
 
 pub use error::{KilnError, Result};
