@@ -1,5 +1,5 @@
 //! Tokenizer tests against llama.cpp's own tokenizer test data (vocab/*.gguf with .inp/.out)
-//! and the stories260K prompts, plus round trips and metadata errors.
+//! and the stories260K prompts, plus round trips, streaming and metadata errors.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::testdata;
 use kiln::gguf::GgufFile;
-use kiln::tokenizer::Tokenizer;
+use kiln::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
 
 fn vocab_path(name: &str) -> PathBuf {
@@ -192,6 +192,53 @@ fn decode_inverts_encode() {
         let ids = tok.encode(text, true).expect("encode");
         assert_eq!(&tok.decode(&ids).expect("decode"), text);
     }
+}
+
+/// Feeds the ids one at a time: every piece is whole characters, and together they are the
+/// text, with special tokens (BOS first, EOS in the middle) printing nothing.
+fn check_stream(name: &str, tok: &Tokenizer) {
+    for text in ROUND_TRIP {
+        let mut ids = tok.encode(text, tok.bos().is_some()).expect("encode");
+        if let Some(eos) = tok.eos() {
+            ids.insert(ids.len() / 2, eos);
+        }
+        let mut stream = StreamDecoder::new(tok);
+        let mut streamed = String::new();
+        for &id in &ids {
+            let piece = stream.push(id).expect("push");
+            assert!(
+                !piece.contains(char::REPLACEMENT_CHARACTER),
+                "{name}: half a character {piece:?} after {streamed:?}"
+            );
+            streamed += &piece;
+        }
+        streamed += &stream.finish().expect("finish");
+        assert_eq!(&streamed, text, "{name}");
+        assert_eq!(streamed, tok.decode(&ids).expect("decode"), "{name}");
+    }
+}
+
+#[test]
+fn stream_decoder_emits_whole_characters() {
+    for name in ["llama-spm", "gpt-2", "deepseek-coder"] {
+        check_stream(name, &vocab(name));
+    }
+    check_stream("stories260K", &stories());
+}
+
+#[test]
+fn stream_decoder_flushes_an_incomplete_character() {
+    let tok = stories();
+    // "🦙" is four byte-fallback tokens; stop after three.
+    let ids = tok.encode("🦙", false).expect("encode");
+    assert_eq!(ids.len(), 5, "{:?}", pieces(&tok, &ids)); // "▁" and four bytes
+    let mut stream = StreamDecoder::new(&tok);
+    let mut streamed = String::new();
+    for &id in &ids[..4] {
+        streamed += &stream.push(id).expect("push");
+    }
+    assert_eq!(streamed, "");
+    assert!(stream.finish().expect("finish").ends_with('\u{FFFD}'));
 }
 
 #[test]

@@ -7,6 +7,9 @@
 mod bpe;
 mod pretok;
 mod spm;
+mod stream;
+
+pub use stream::StreamDecoder;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
