@@ -15,5 +15,6 @@ pub mod plan;
 pub mod quant;
 pub mod sample;
 pub mod synth;
+pub mod tokenizer;
 
 pub use error::{KilnError, Result};
