@@ -252,3 +252,32 @@ fn attention_prefill_and_decode() {
         }
     }
 }
+
+/// K rotated and V copied into their caches by the single combined dispatch.
+#[test]
+fn kv_write_rotates_k_and_copies_v() {
+    for g in gpus() {
+        for mode in [RopeMode::Norm, RopeMode::Neox] {
+            for f16_cache in [false, true] {
+                let (t, h, hd, pos0) = (3u32, 2u32, 16u32, 5u32);
+                let p = rope_params(t, h, hd, hd, pos0);
+                let n = (t * h * hd) as usize;
+                let k = randn(&mut rng(21), n, 1.0);
+                let v = randn(&mut rng(22), n, 1.0);
+                let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
+                let rows = (pos0 + t) as usize;
+                let bytes = rows as u64 * (h * hd) as u64 * kv.bytes_per_elem();
+                let (kc, vc) = (g.ctx.storage(bytes, "k").unwrap(), g.ctx.storage(bytes, "v").unwrap());
+                let (kb, vb) = (g.ctx.upload_f32(&k, "k").unwrap(), g.ctx.upload_f32(&v, "v").unwrap());
+                run(&g.ctx, &[rope::prepare_kv_write(&g.ctx, mode, kv, &kb, &kc, &vb, &vc, p).unwrap()]);
+                let off = pos0 as usize * (h * hd) as usize;
+                let got_k = read_cache(&g.ctx, &kc, kv, rows * (h * hd) as usize)[off..].to_vec();
+                let got_v = read_cache(&g.ctx, &vc, kv, rows * (h * hd) as usize)[off..].to_vec();
+                let tol = if f16_cache { 2e-3 } else { 2e-4 };
+                let what = format!("[{}] kv_write {mode:?} {kv:?}", g.name);
+                assert_close(&format!("{what} K"), &got_k, &rope::reference(&k, mode, &p), tol);
+                assert_close(&format!("{what} V"), &got_v, &v, if f16_cache { 1e-3 } else { 0.0 });
+            }
+        }
+    }
+}

@@ -12,9 +12,7 @@ use kiln::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
 
 fn vocab_path(name: &str) -> PathBuf {
-    testdata()
-        .join("vocab")
-        .join(format!("ggml-vocab-{name}.gguf"))
+    testdata().join("vocab").join(format!("ggml-vocab-{name}.gguf"))
 }
 
 fn open(path: &Path) -> Tokenizer {
@@ -51,26 +49,14 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
             }
         }
     }
-    let expected: Vec<Vec<u32>> = out
-        .lines()
-        .map(|line| {
-            line.split_whitespace()
-                .map(|id| id.parse().expect("token id"))
-                .collect()
-        })
-        .collect();
-    assert_eq!(
-        inputs.len(),
-        expected.len(),
-        "{name}: .inp and .out disagree"
-    );
+    let expected: Vec<Vec<u32>> =
+        out.lines().map(|line| line.split_whitespace().map(|id| id.parse().expect("token id")).collect()).collect();
+    assert_eq!(inputs.len(), expected.len(), "{name}: .inp and .out disagree");
     inputs.into_iter().zip(expected).collect()
 }
 
 fn pieces(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
-    ids.iter()
-        .map(|&id| format!("{id}:{:?}", tok.token_str(id).unwrap_or("?")))
-        .collect()
+    ids.iter().map(|&id| format!("{id}:{:?}", tok.token_str(id).unwrap_or("?"))).collect()
 }
 
 /// Every input of the vocabulary's test file gives exactly llama.cpp's ids (no BOS).
@@ -90,10 +76,7 @@ fn check_vocab(name: &str) {
         }
     }
     let passed = cases.len() - failures.len();
-    eprintln!(
-        "{name}: {passed}/{} inputs tokenize as llama.cpp",
-        cases.len()
-    );
+    eprintln!("{name}: {passed}/{} inputs tokenize as llama.cpp", cases.len());
     assert!(
         failures.is_empty(),
         "{name}: {} of {} inputs differ:\n{}",
@@ -128,11 +111,7 @@ fn every_vocab_file_is_tested() {
     let mut names: Vec<String> = std::fs::read_dir(testdata().join("vocab"))
         .expect("vocab dir")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|f| {
-            f.strip_prefix("ggml-vocab-")?
-                .strip_suffix(".gguf")
-                .map(str::to_owned)
-        })
+        .filter_map(|f| f.strip_prefix("ggml-vocab-")?.strip_suffix(".gguf").map(str::to_owned))
         .collect();
     names.sort();
     assert_eq!(names, ["deepseek-coder", "falcon", "gpt-2", "llama-spm"]);
@@ -150,20 +129,10 @@ fn stories260k_prompts_match_llama_cpp() {
     assert_eq!(prompts.len(), 4);
     for prompt in &prompts {
         let text = prompt["text"].as_str().expect("text");
-        let want: Vec<u32> = prompt["ids"]
-            .as_array()
-            .expect("ids")
-            .iter()
-            .map(|id| id.as_u64().expect("id") as u32)
-            .collect();
+        let want: Vec<u32> =
+            prompt["ids"].as_array().expect("ids").iter().map(|id| id.as_u64().expect("id") as u32).collect();
         let got = tok.encode(text, true).expect("encode");
-        assert_eq!(
-            got,
-            want,
-            "{text:?}\n  want {:?}\n  got  {:?}",
-            pieces(&tok, &want),
-            pieces(&tok, &got)
-        );
+        assert_eq!(got, want, "{text:?}\n  want {:?}\n  got  {:?}", pieces(&tok, &want), pieces(&tok, &got));
     }
 }
 
@@ -256,9 +225,7 @@ fn special_tokens_stay_whole() {
     let coder = vocab("deepseek-coder");
     let bos = coder.bos().unwrap();
     assert_eq!(coder.token_str(bos), Some("<｜begin▁of▁sentence｜>"));
-    let ids = coder
-        .encode("<｜begin▁of▁sentence｜>x<|User|>y<|EOT|>", false)
-        .unwrap();
+    let ids = coder.encode("<｜begin▁of▁sentence｜>x<|User|>y<|EOT|>", false).unwrap();
     assert_eq!(ids[0], bos);
     assert!(ids.contains(&32019) && ids.contains(&32021), "{ids:?}");
     assert_eq!(coder.decode(&ids).unwrap(), "x<|User|>y<|EOT|>");
@@ -310,26 +277,18 @@ fn spm_meta(tokens: &[&str], scores: &[f32]) -> BTreeMap<String, Value> {
 }
 
 fn error(meta: &BTreeMap<String, Value>) -> String {
-    Tokenizer::from_metadata(Path::new("made-up.gguf"), meta)
-        .expect_err("should be refused")
-        .to_string()
+    Tokenizer::from_metadata(Path::new("made-up.gguf"), meta).expect_err("should be refused").to_string()
 }
 
 fn assert_mentions(message: &str, words: &[&str]) {
     for word in words {
-        assert!(
-            message.contains(word),
-            "{message:?} should mention {word:?}"
-        );
+        assert!(message.contains(word), "{message:?} should mention {word:?}");
     }
 }
 
 #[test]
 fn hand_made_vocabularies_work() {
-    let meta = gpt2_meta(
-        &["a", "b", "ab", "Ġ", "Ġab", "<|im_end|>"],
-        &["a b", "Ġ ab"],
-    );
+    let meta = gpt2_meta(&["a", "b", "ab", "Ġ", "Ġab", "<|im_end|>"], &["a b", "Ġ ab"]);
     let tok = Tokenizer::from_metadata(Path::new("made-up.gguf"), &meta).unwrap();
     assert_eq!(tok.encode("ab ab", false).unwrap(), [2, 4]);
     // Found by name: the file names no EOT id.
@@ -359,13 +318,10 @@ fn pre_tokenizers_cut_where_llama_cpp_does() {
         let mut meta = gpt2_meta(&[], &merges);
         meta.insert("tokenizer.ggml.tokens".into(), json!(tokens));
         meta.insert("tokenizer.ggml.pre".into(), json!(pre));
-        let tok = Tokenizer::from_metadata(Path::new("made-up.gguf"), &meta)
-            .unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let tok = Tokenizer::from_metadata(Path::new("made-up.gguf"), &meta).unwrap_or_else(|e| panic!("{pre}: {e}"));
         let ids = tok.encode(text, false).unwrap();
         assert_eq!(tok.decode(&ids).unwrap(), text, "{pre}");
-        ids.iter()
-            .map(|&id| tok.token_str(id).unwrap().to_owned())
-            .collect()
+        ids.iter().map(|&id| tok.token_str(id).unwrap().to_owned()).collect()
     };
     let whole = ["1234"].as_slice();
     let threes = ["123", "4"].as_slice();
@@ -397,10 +353,7 @@ fn bad_metadata_is_refused_with_the_key() {
 
     let mut meta = good.clone();
     meta.insert("tokenizer.ggml.model".into(), json!("t5"));
-    assert_mentions(
-        &error(&meta),
-        &["made-up.gguf", "tokenizer.ggml.model", "t5"],
-    );
+    assert_mentions(&error(&meta), &["made-up.gguf", "tokenizer.ggml.model", "t5"]);
 
     let mut meta = good.clone();
     meta.remove("tokenizer.ggml.model");
@@ -428,10 +381,7 @@ fn bad_metadata_is_refused_with_the_key() {
 
     let mut meta = good.clone();
     meta.insert("tokenizer.ggml.token_type".into(), json!([1, 1]));
-    assert_mentions(
-        &error(&meta),
-        &["tokenizer.ggml.token_type", "2 entries", "3"],
-    );
+    assert_mentions(&error(&meta), &["tokenizer.ggml.token_type", "2 entries", "3"]);
 
     let mut meta = good.clone();
     meta.insert("tokenizer.ggml.bos_token_id".into(), json!("one"));

@@ -3,7 +3,8 @@
 // (i, i + n_rot/2) ("neox", Qwen). theta_i = pos * freq_scale * base^(-2i / n_rot).
 // Entry `main` rotates `x` where it lies (one invocation per rotated pair, Q). Entry
 // `to_cache` writes the result into KV cache row pos0 + t as f32 or f16 (K); with ROPE false
-// it is a plain copy (V). Header constants: WG, ROPE, NEOX.
+// it is a plain copy (V). Entry `kv_write` does K and V in one dispatch.
+// Header constants: WG, ROPE, NEOX.
 
 struct Params {
     n_tokens: u32,
@@ -60,6 +61,33 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// Elements e and e+1 of head row `src` of x, rotated for position pos when ROPE (pair
+// index i = e / 2 for the adjacent layout).
+fn rotated_pair(src: u32, e: u32, pos: u32) -> vec2<f32> {
+    var o = vec2<f32>(x[src + e], x[src + e + 1u]);
+    if (ROPE && e < p.n_rot) {
+        if (NEOX) {
+            let hr = p.n_rot / 2u;
+            for (var u = 0u; u < 2u; u++) {
+                let d = e + u;
+                if (d < hr) {
+                    let th = theta(pos, d);
+                    o[u] = x[src + d] * cos(th) - x[src + d + hr] * sin(th);
+                } else {
+                    let th = theta(pos, d - hr);
+                    o[u] = x[src + d] * cos(th) + x[src + d - hr] * sin(th);
+                }
+            }
+        } else {
+            let th = theta(pos, e / 2u);
+            let c = cos(th);
+            let s = sin(th);
+            o = vec2<f32>(o.x * c - o.y * s, o.x * s + o.y * c);
+        }
+    }
+    return o;
+}
+
 @compute @workgroup_size(WG)
 fn to_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = gid.x + gid.y * nwg.x * WG;
@@ -67,34 +95,38 @@ fn to_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let t = idx / (p.n_heads * half_d);
     if (t >= p.n_tokens) { return; }
     let h = (idx / half_d) % p.n_heads;
-    let i = idx % half_d;
+    let e = 2u * (idx % half_d);   // elements e, e+1: whole words of a packed f16 cache
+    let pos = p.pos0 + t;
+    let o = rotated_pair(t * p.src_stride + h * p.head_dim, e, pos);
+    let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+    let w = kv_pair_words(o.x, o.y);
+    for (var u = 0u; u < 2u / KV_PER_WORD; u++) { kv_dst[dst / KV_PER_WORD + u] = w[u]; }
+}
+
+// K and V rows into their caches in one dispatch: the first half of the invocations rotate
+// K (x) into kv_dst, the second half copy V (v_src) into v_dst.
+@group(0) @binding(3) var<storage, read> v_src: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v_dst: array<KvWord>;
+
+@compute @workgroup_size(WG)
+fn kv_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;
+    let half_d = p.head_dim / 2u;
+    let per = p.n_tokens * p.n_heads * half_d;
+    if (idx >= 2u * per) { return; }
+    let is_v = idx >= per;
+    let j = idx % per;
+    let t = j / (p.n_heads * half_d);
+    let h = (j / half_d) % p.n_heads;
+    let e = 2u * (j % half_d);
     let pos = p.pos0 + t;
     let src = t * p.src_stride + h * p.head_dim;
-    {
-        // Output elements e and e+1 (adjacent, so a packed f16 cache gets whole words).
-        let e = 2u * i;
-        var o = vec2<f32>(x[src + e], x[src + e + 1u]);
-        if (ROPE && e < p.n_rot) {
-            if (NEOX) {
-                let hr = p.n_rot / 2u;
-                for (var u = 0u; u < 2u; u++) {
-                    let d = e + u;
-                    if (d < hr) {
-                        let th = theta(pos, d);
-                        o[u] = x[src + d] * cos(th) - x[src + d + hr] * sin(th);
-                    } else {
-                        let th = theta(pos, d - hr);
-                        o[u] = x[src + d] * cos(th) + x[src + d - hr] * sin(th);
-                    }
-                }
-            } else {
-                let th = theta(pos, i);
-                let c = cos(th);
-                let s = sin(th);
-                o = vec2<f32>(o.x * c - o.y * s, o.x * s + o.y * c);
-            }
-        }
-        let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+    let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+    if (is_v) {
+        let w = kv_pair_words(v_src[src + e], v_src[src + e + 1u]);
+        for (var u = 0u; u < 2u / KV_PER_WORD; u++) { v_dst[dst / KV_PER_WORD + u] = w[u]; }
+    } else {
+        let o = rotated_pair(src, e, pos);
         let w = kv_pair_words(o.x, o.y);
         for (var u = 0u; u < 2u / KV_PER_WORD; u++) { kv_dst[dst / KV_PER_WORD + u] = w[u]; }
     }

@@ -109,6 +109,11 @@ pub enum KernelKey {
         to_cache: Option<KvKind>,
         rope: bool,
     },
+    /// K rotated and V copied into their caches in one dispatch.
+    KvWrite {
+        neox: bool,
+        kv: KvKind,
+    },
     RmsNorm {
         subgroups: bool,
     },
@@ -152,12 +157,14 @@ impl KernelKey {
             KernelKey::AttnCombine | KernelKey::Argmax { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
             KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
+            KernelKey::KvWrite { .. } => &[Uniform, ReadWrite, ReadWrite, Read, ReadWrite],
         }
     }
 
     pub fn entry(&self) -> &'static str {
         match self {
             KernelKey::Rope { to_cache: Some(_), .. } => "to_cache",
+            KernelKey::KvWrite { .. } => "kv_write",
             _ => "main",
         }
     }
@@ -235,6 +242,14 @@ impl KernelKey {
                     .include("rope.wgsl")
                     .build()
             }
+            KernelKey::KvWrite { neox, kv } => c
+                .enable_f16(kv.needs_f16())
+                .const_u32("WG", WG_ELT)
+                .const_bool("NEOX", neox)
+                .const_bool("ROPE", true)
+                .include(kv.file())
+                .include("rope.wgsl")
+                .build(),
             KernelKey::RmsNorm { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("rms_norm.wgsl").build()
             }
@@ -257,6 +272,7 @@ impl KernelKey {
             KernelKey::AttnDecode { kv, subgroups } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
+            KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
             _ => (false, false),
         }
     }
@@ -289,6 +305,7 @@ impl KernelKey {
                 for rope in [false, true] {
                     v.push(KernelKey::Rope { neox, to_cache: Some(kv), rope });
                 }
+                v.push(KernelKey::KvWrite { neox, kv });
             }
         }
         for neox in [false, true] {

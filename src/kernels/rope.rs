@@ -115,3 +115,27 @@ pub fn reference(x: &[f32], mode: RopeMode, p: &RopeParams) -> Vec<f32> {
     }
     out
 }
+
+/// Writes K (rotated) and V rows into their caches at rows pos0.. in one dispatch.
+pub fn prepare_kv_write(
+    ctx: &GpuContext,
+    mode: RopeMode,
+    kv: KvKind,
+    k_src: &wgpu::Buffer,
+    k_cache: &wgpu::Buffer,
+    v_src: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    p: RopeParams,
+) -> Result<Dispatch> {
+    check(&p)?;
+    let key = KernelKey::KvWrite { neox: mode == RopeMode::Neox, kv };
+    let pipeline = ctx.pipeline(&key)?;
+    let ub = ctx.uniform(&p, "kv_write");
+    let bg = bind(ctx, &pipeline, "kv_write", &[&ub, k_src, k_cache, v_src, v_cache]);
+    Ok(Dispatch { label: "kv_write", pipeline, bind_group: bg, workgroups: kv_write_grid(&p), params: Some(ub) })
+}
+
+/// Grid of the combined K/V write: one invocation per element pair of K and of V.
+pub fn kv_write_grid(p: &RopeParams) -> [u32; 3] {
+    grid((2 * threads(p)).div_ceil(WG_ELT))
+}

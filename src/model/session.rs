@@ -78,8 +78,8 @@ struct LayerOps {
     q_norm: Option<Bound>,
     k_norm: Option<Bound>,
     rope_q: Bound,
-    rope_k: Bound,
-    copy_v: Bound,
+    /// K rotated and V copied into the caches, one dispatch.
+    kv_write: Bound,
     attn_qk: Bound,
     attn_softmax: Bound,
     attn_pv: Bound,
@@ -255,17 +255,11 @@ impl Session {
                     "rope",
                     &[q_src],
                 )?,
-                rope_k: Bound::new::<RopeParams>(
+                kv_write: Bound::new::<RopeParams>(
                     &ctx,
-                    &KernelKey::Rope { neox: rope_neox, to_cache: Some(kv), rope: true },
+                    &KernelKey::KvWrite { neox: rope_neox, kv },
                     "kv_write",
-                    &[k_src, &kc],
-                )?,
-                copy_v: Bound::new::<RopeParams>(
-                    &ctx,
-                    &KernelKey::Rope { neox: false, to_cache: Some(kv), rope: false },
-                    "kv_write",
-                    &[&vb, &vc],
+                    &[k_src, &kc, &vb, &vc],
                 )?,
                 attn_qk: Bound::new::<AttnGemmParams>(
                     &ctx,
@@ -457,8 +451,7 @@ impl Session {
         }
         let neox = c.rope_mode == RopeMode::Neox;
         let rope_q_pipe = pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?;
-        let rope_k_pipe = pipe(&KernelKey::Rope { neox, to_cache: Some(self.kv), rope: true })?;
-        let copy_v_pipe = pipe(&KernelKey::Rope { neox: false, to_cache: Some(self.kv), rope: false })?;
+        let kv_write_pipe = pipe(&KernelKey::KvWrite { neox, kv: self.kv })?;
         let silu_pipe = pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?;
         let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
         let kv_len = self.pos + m;
@@ -481,10 +474,9 @@ impl Session {
             }
             l.rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
             l.rope_q.record_with(pass, &rope_q_pipe, rope_grid(c.n_head));
-            l.rope_k.set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
-            l.rope_k.record_with(pass, &rope_k_pipe, rope_grid(c.n_kv_head));
-            l.copy_v.set(ctx, &self.rope_params(m, c.n_kv_head, c.kv_dim()));
-            l.copy_v.record_with(pass, &copy_v_pipe, rope_grid(c.n_kv_head));
+            let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
+            l.kv_write.set(ctx, &kvp);
+            l.kv_write.record_with(pass, &kv_write_pipe, crate::kernels::rope::kv_write_grid(&kvp));
             if m == 1 {
                 let (p, g1, g2) = attention::decode_launch(&self.shape, kv_len)?;
                 l.attn_decode.set(ctx, &p);

@@ -10,34 +10,19 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 
 use super::pretok::Pre;
 
-pub(super) fn build(
-    tokens: &[String],
-    merges: &[String],
-    pre: Pre,
-) -> tokenizers::Result<Tokenizer> {
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.clone(), id as u32))
-        .collect();
+pub(super) fn build(tokens: &[String], merges: &[String], pre: Pre) -> tokenizers::Result<Tokenizer> {
+    let vocab: Vocab = tokens.iter().enumerate().map(|(id, token)| (token.clone(), id as u32)).collect();
     tracing::debug!("byte-level BPE, pre-tokenizer {}", pre.name);
     let merges = parse_merges(merges, &vocab)?;
-    let model = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(pre.ignore_merges)
-        .build()?;
+    let model = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(pre.ignore_merges).build()?;
     let mut tokenizer = Tokenizer::new(model);
 
     let mut steps = pre
         .regexes
         .iter()
         .map(|regex| {
-            Split::new(
-                SplitPattern::Regex((*regex).to_owned()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map(PreTokenizerWrapper::from)
+            Split::new(SplitPattern::Regex((*regex).to_owned()), SplitDelimiterBehavior::Isolated, false)
+                .map(PreTokenizerWrapper::from)
         })
         .collect::<tokenizers::Result<Vec<_>>>()?;
     // Only the byte mapping: the words are already cut.
@@ -54,15 +39,10 @@ fn parse_merges(merges: &[String], vocab: &Vocab) -> tokenizers::Result<Vec<(Str
     let mut unusable = 0usize;
     for (i, merge) in merges.iter().enumerate() {
         let Some((split, _)) = merge.char_indices().skip(1).find(|&(_, c)| c == ' ') else {
-            return Err(
-                format!("item {i} ({merge:?}) is not two tokens separated by a space").into(),
-            );
+            return Err(format!("item {i} ({merge:?}) is not two tokens separated by a space").into());
         };
         let (left, right) = (&merge[..split], &merge[split + 1..]);
-        if [left, right, &format!("{left}{right}")]
-            .iter()
-            .all(|t| vocab.contains_key(*t))
-        {
+        if [left, right, &format!("{left}{right}")].iter().all(|t| vocab.contains_key(*t)) {
             pairs.push((left.to_owned(), right.to_owned()));
         } else {
             unusable += 1;

@@ -82,9 +82,7 @@ impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata; `path` only names the file in errors.
     pub fn from_metadata(path: &Path, metadata: &BTreeMap<String, Value>) -> Result<Tokenizer> {
         let meta = Meta { path, metadata };
-        let model = meta
-            .str(KEY_MODEL)?
-            .ok_or_else(|| meta.err(KEY_MODEL, "is missing; the file has no tokenizer"))?;
+        let model = meta.str(KEY_MODEL)?.ok_or_else(|| meta.err(KEY_MODEL, "is missing; the file has no tokenizer"))?;
         let tokens = meta.tokens()?;
         let n_tokens = tokens.len();
         let types = match meta.ints(KEY_TOKEN_TYPE)? {
@@ -119,38 +117,21 @@ impl Tokenizer {
         let eos = meta.id(KEY_EOS, n_tokens)?.or(in_vocab(eos_default));
         let eot = match meta.id(KEY_EOT, n_tokens)? {
             Some(id) => Some(id),
-            None => tokens
-                .iter()
-                .position(|t| EOT_NAMES.contains(&t.as_str()))
-                .map(|i| i as u32),
+            None => tokens.iter().position(|t| EOT_NAMES.contains(&t.as_str())).map(|i| i as u32),
         };
         let add_bos = meta.bool(KEY_ADD_BOS)?.unwrap_or(add_bos_fallback) && bos.is_some();
 
-        let user_defined = add_whole_tokens(&mut inner, &tokens, &types)
-            .map_err(|e| meta.err(KEY_TOKEN_TYPE, e))?;
-        Ok(Tokenizer {
-            inner,
-            kind,
-            tokens,
-            user_defined,
-            bos,
-            eos,
-            eot,
-            add_bos,
-        })
+        let user_defined = add_whole_tokens(&mut inner, &tokens, &types).map_err(|e| meta.err(KEY_TOKEN_TYPE, e))?;
+        Ok(Tokenizer { inner, kind, tokens, user_defined, bos, eos, eot, add_bos })
     }
 
     /// Token ids of `text`, after a BOS token when `add_bos` is set.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| KilnError::invalid("text to tokenize", e.to_string()))?;
+        let encoding =
+            self.inner.encode_fast(text, false).map_err(|e| KilnError::invalid("text to tokenize", e.to_string()))?;
         let mut ids = Vec::with_capacity(encoding.len() + 1);
         if add_bos {
-            let bos = self
-                .bos
-                .ok_or_else(|| KilnError::invalid("add_bos", "this vocabulary has no BOS token"))?;
+            let bos = self.bos.ok_or_else(|| KilnError::invalid("add_bos", "this vocabulary has no BOS token"))?;
             ids.push(bos);
         }
         ids.extend_from_slice(encoding.get_ids());
@@ -162,10 +143,7 @@ impl Tokenizer {
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.tokens.len()) {
             return Err(KilnError::invalid(
                 "token id",
-                format!(
-                    "{bad} is outside the vocabulary of {} tokens",
-                    self.tokens.len()
-                ),
+                format!("{bad} is outside the vocabulary of {} tokens", self.tokens.len()),
             ));
         }
         if self.kind == VocabKind::SentencePiece || self.user_defined.is_empty() {
@@ -191,9 +169,7 @@ impl Tokenizer {
         if ids.is_empty() {
             return Ok(String::new());
         }
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| KilnError::invalid("token ids", e.to_string()))
+        self.inner.decode(ids, true).map_err(|e| KilnError::invalid("token ids", e.to_string()))
     }
 
     /// The token's text as stored in the vocabulary ("▁the", "Ġthe", "<0x0A>", "<s>").
@@ -241,9 +217,7 @@ fn add_whole_tokens(
     let mut user_ids = HashSet::new();
     for (id, (text, &ty)) in tokens.iter().zip(types).enumerate() {
         match ty {
-            TYPE_CONTROL | TYPE_UNKNOWN => {
-                special.push(AddedToken::from(text.clone(), true).normalized(false))
-            }
+            TYPE_CONTROL | TYPE_UNKNOWN => special.push(AddedToken::from(text.clone(), true).normalized(false)),
             TYPE_USER_DEFINED => {
                 user.push(AddedToken::from(text.clone(), false).normalized(false));
                 user_ids.insert(id as u32);
@@ -265,9 +239,7 @@ struct Meta<'a> {
 
 impl Meta<'_> {
     fn spm(&self, tokens: &[String], types: &[i64]) -> Result<tokenizers::Tokenizer> {
-        let scores = self
-            .floats(KEY_SCORES)?
-            .ok_or_else(|| self.err(KEY_SCORES, "is missing"))?;
+        let scores = self.floats(KEY_SCORES)?.ok_or_else(|| self.err(KEY_SCORES, "is missing"))?;
         let scores = self.same_len(KEY_SCORES, scores, tokens.len())?;
         let add_space_prefix = self.bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
         // Like llama.cpp, id 0 when the file names none, if it is an unknown-type token.
@@ -280,36 +252,29 @@ impl Meta<'_> {
     }
 
     fn bpe(&self, tokens: &[String], pre: pretok::Pre) -> Result<tokenizers::Tokenizer> {
-        let merges = self
-            .strings(KEY_MERGES)?
-            .ok_or_else(|| self.err(KEY_MERGES, "is missing"))?;
+        let merges = self.strings(KEY_MERGES)?.ok_or_else(|| self.err(KEY_MERGES, "is missing"))?;
         bpe::build(tokens, &merges, pre).map_err(|e| self.err(KEY_MERGES, e))
     }
 
     fn err(&self, key: &str, message: impl std::fmt::Display) -> KilnError {
-        KilnError::File {
-            path: self.path.to_path_buf(),
-            message: format!("metadata {key} {message}"),
-        }
+        KilnError::File { path: self.path.to_path_buf(), message: format!("metadata {key} {message}") }
     }
 
     fn str(&self, key: &str) -> Result<Option<&str>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("should be a string, not {}", kind(v)))),
+            Some(v) => {
+                v.as_str().map(Some).ok_or_else(|| self.err(key, format!("should be a string, not {}", kind(v))))
+            }
         }
     }
 
     fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("should be a boolean, not {}", kind(v)))),
+            Some(v) => {
+                v.as_bool().map(Some).ok_or_else(|| self.err(key, format!("should be a boolean, not {}", kind(v))))
+            }
         }
     }
 
@@ -334,31 +299,18 @@ impl Meta<'_> {
         }
     }
 
-    fn array<T>(
-        &self,
-        key: &str,
-        what: &str,
-        item: impl Fn(&Value) -> Option<T>,
-    ) -> Result<Option<Vec<T>>> {
+    fn array<T>(&self, key: &str, what: &str, item: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>> {
         let Some(v) = self.metadata.get(key) else {
             return Ok(None);
         };
-        let items = v.as_array().ok_or_else(|| {
-            self.err(
-                key,
-                format!("should be an array of {what}, not {}", kind(v)),
-            )
-        })?;
+        let items =
+            v.as_array().ok_or_else(|| self.err(key, format!("should be an array of {what}, not {}", kind(v))))?;
         items
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                item(v).ok_or_else(|| {
-                    self.err(
-                        key,
-                        format!("should be an array of {what}, but item {i} is {}", kind(v)),
-                    )
-                })
+                item(v)
+                    .ok_or_else(|| self.err(key, format!("should be an array of {what}, but item {i} is {}", kind(v))))
             })
             .collect::<Result<Vec<T>>>()
             .map(Some)
@@ -384,21 +336,13 @@ impl Meta<'_> {
         if items.len() == n_tokens {
             Ok(items)
         } else {
-            Err(self.err(
-                key,
-                format!(
-                    "has {} entries but {KEY_TOKENS} has {n_tokens}",
-                    items.len()
-                ),
-            ))
+            Err(self.err(key, format!("has {} entries but {KEY_TOKENS} has {n_tokens}", items.len())))
         }
     }
 
     /// The vocabulary: non-empty and without duplicates, which would make ids ambiguous.
     fn tokens(&self) -> Result<Vec<String>> {
-        let mut tokens = self
-            .strings(KEY_TOKENS)?
-            .ok_or_else(|| self.err(KEY_TOKENS, "is missing"))?;
+        let mut tokens = self.strings(KEY_TOKENS)?.ok_or_else(|| self.err(KEY_TOKENS, "is missing"))?;
         if tokens.is_empty() {
             return Err(self.err(KEY_TOKENS, "is empty"));
         }
@@ -414,10 +358,7 @@ impl Meta<'_> {
         let mut seen = HashSet::with_capacity(tokens.len());
         for (id, token) in tokens.iter().enumerate() {
             if !seen.insert(token.as_str()) {
-                return Err(self.err(
-                    KEY_TOKENS,
-                    format!("holds {token:?} twice (the second time as id {id})"),
-                ));
+                return Err(self.err(KEY_TOKENS, format!("holds {token:?} twice (the second time as id {id})")));
             }
         }
         Ok(tokens)

@@ -37,8 +37,7 @@ const DEEPSEEK_LLM_LETTERS: &str = concat!(
 );
 
 /// ASCII and full-width punctuation, quotation marks, ideographic space and full stop.
-const DEEPSEEK_LLM_PUNCT: &str =
-    "\\s?[!-/:-~\u{FF01}-\u{FF0F}\u{FF1A}-\u{FF5E}\u{2018}-\u{201F}\u{3000}-\u{3002}]+";
+const DEEPSEEK_LLM_PUNCT: &str = "\\s?[!-/:-~\u{FF01}-\u{FF0F}\u{FF1A}-\u{FF5E}\u{2018}-\u{201F}\u{3000}-\u{3002}]+";
 
 /// A pre-tokenizer: the regexes and the options llama.cpp ties to them.
 #[derive(Debug, Clone, Copy)]
@@ -52,87 +51,31 @@ pub(super) struct Pre {
 }
 
 const fn pre(name: &'static str, regexes: &'static [&'static str]) -> Pre {
-    Pre {
-        name,
-        regexes,
-        ignore_merges: false,
-        add_bos: false,
-    }
+    Pre { name, regexes, ignore_merges: false, add_bos: false }
 }
 
 /// llama.cpp's `default`, which is GPT-2's plus splits at punctuation and digits.
-const DEFAULT: Pre = pre(
-    "default",
-    &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
-);
+const DEFAULT: Pre = pre("default", &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]);
 
 const KNOWN: &[(&[&str], Pre)] = &[
     (&["default"], DEFAULT),
     (
         &["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"],
-        Pre {
-            ignore_merges: true,
-            add_bos: true,
-            ..pre("llama-bpe", &[LLAMA3])
-        },
+        Pre { ignore_merges: true, add_bos: true, ..pre("llama-bpe", &[LLAMA3]) },
     ),
     (&["dbrx", "smaug-bpe"], pre("dbrx", &[LLAMA3])),
-    (
-        &["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"],
-        pre("qwen2", &[QWEN2]),
-    ),
+    (&["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], pre("qwen2", &[QWEN2])),
     (
         &["deepseek-llm"],
-        pre(
-            "deepseek-llm",
-            &[
-                r"[\r\n]",
-                DEEPSEEK_LLM_LETTERS,
-                DEEPSEEK_LLM_PUNCT,
-                r"\s+$",
-                DEEPSEEK_CJK,
-                r"\p{N}+",
-            ],
-        ),
+        pre("deepseek-llm", &[r"[\r\n]", DEEPSEEK_LLM_LETTERS, DEEPSEEK_LLM_PUNCT, r"\s+$", DEEPSEEK_CJK, r"\p{N}+"]),
     ),
+    (&["deepseek-coder"], pre("deepseek-coder", &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK, r"\p{N}"])),
+    (&["falcon"], pre("falcon", &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"])),
     (
-        &["deepseek-coder"],
-        pre(
-            "deepseek-coder",
-            &[
-                r"[\r\n]",
-                r"\s?\p{L}+",
-                r"\s?\p{P}+",
-                DEEPSEEK_CJK,
-                r"\p{N}",
-            ],
-        ),
-    ),
-    (
-        &["falcon"],
-        pre(
-            "falcon",
-            &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
-        ),
-    ),
-    (
-        &[
-            "starcoder",
-            "refact",
-            "command-r",
-            "smollm",
-            "codeshell",
-            "exaone",
-            "minerva-7b",
-        ],
+        &["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"],
         pre("starcoder", &[r"\p{N}", GPT2]),
     ),
-    (
-        &[
-            "gpt-2", "mpt", "olmo", "jais", "phi-2", "jina-es", "jina-de",
-        ],
-        pre("gpt-2", &[GPT2]),
-    ),
+    (&["gpt-2", "mpt", "olmo", "jais", "phi-2", "jina-es", "jina-de"], pre("gpt-2", &[GPT2])),
 ];
 
 impl Pre {

@@ -20,15 +20,9 @@ pub(super) fn build(
     add_space_prefix: bool,
     unk_token: Option<&str>,
 ) -> tokenizers::Result<Tokenizer> {
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.clone(), id as u32))
-        .collect();
+    let vocab: Vocab = tokens.iter().enumerate().map(|(id, token)| (token.clone(), id as u32)).collect();
     let merges = merges_by_score(tokens, scores, &vocab);
-    let mut model = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true);
+    let mut model = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
     if let Some(unk) = unk_token {
         model = model.unk_token(unk.to_owned());
     }
@@ -66,13 +60,5 @@ fn merges_by_score(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(Str
         }
     }
     found.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    found
-        .into_iter()
-        .map(|(_, left, right)| {
-            (
-                tokens[left as usize].clone(),
-                tokens[right as usize].clone(),
-            )
-        })
-        .collect()
+    found.into_iter().map(|(_, left, right)| (tokens[left as usize].clone(), tokens[right as usize].clone())).collect()
 }

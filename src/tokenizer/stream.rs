@@ -29,12 +29,7 @@ pub struct StreamDecoder<'a> {
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        StreamDecoder {
-            tokenizer,
-            context: Vec::new(),
-            context_text: String::new(),
-            pending: Vec::new(),
-        }
+        StreamDecoder { tokenizer, context: Vec::new(), context_text: String::new(), pending: Vec::new() }
     }
 
     /// Adds one token; returns the text it completes (often empty inside a multi-byte
