@@ -3,6 +3,7 @@
 //! Layers, each calling only the one below: `cli` → engine API → `model` → `kernels` (+
 //! `wgsl/`) → `gpu`; with `gguf`, `quant` and `tokenizer` beside them, free of GPU code.
 
+pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod engine;
