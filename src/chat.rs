@@ -55,7 +55,10 @@ impl ChatTemplate {
             Some(n) => {
                 let t = BUILTIN.iter().find(|(b, _)| *b == n).ok_or_else(|| {
                     let names: Vec<&str> = BUILTIN.iter().map(|(b, _)| *b).collect();
-                    KilnError::invalid("--chat-template", format!("unknown template {n:?} (built-in: {})", names.join(", ")))
+                    KilnError::invalid(
+                        "--chat-template",
+                        format!("unknown template {n:?} (built-in: {})", names.join(", ")),
+                    )
                 })?;
                 (n.to_string(), t.1.to_string())
             }
@@ -103,7 +106,12 @@ mod tests {
     }
 
     fn conv() -> Vec<Message> {
-        vec![Message::new("system", "Be brief."), Message::new("user", "Hi"), Message::new("assistant", "Hello!"), Message::new("user", "Who are you?")]
+        vec![
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello!"),
+            Message::new("user", "Who are you?"),
+        ]
     }
 
     #[test]

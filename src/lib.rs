@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;

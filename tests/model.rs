@@ -142,3 +142,28 @@ fn derived_models_teacher_forced() {
         }
     }
 }
+
+/// Greedy 200 tokens from BOS, detokenized as they stream, reproduce llama2.c's text byte
+/// for byte.
+#[test]
+fn stories260k_greedy_text_matches_llama2c() {
+    let want = std::fs::read_to_string(testdata().join("stories260K/expected_llama2c_t0_n200.txt")).unwrap();
+    let g = &gpus()[0];
+    let model = load(&g.ctx, "stories260K/stories260K.gguf");
+    let tok = kiln::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let mut s = model.session(opts(true, 64, false)).unwrap();
+    let prompt = tok.encode("", true).unwrap();
+    assert_eq!(prompt, vec![1]);
+    let mut sampler =
+        kiln::sample::Sampler::new(kiln::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut text = String::new();
+    let stats =
+        kiln::generate::generate(&mut s, &tok, &prompt, &mut Vec::new(), Some(200), &mut sampler, &stop, &mut |t| {
+            text.push_str(t);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(stats.generated, 200);
+    assert_eq!(text, want);
+}

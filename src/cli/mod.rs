@@ -4,7 +4,9 @@ pub mod eval;
 pub mod info;
 pub mod inspect;
 pub mod load;
+pub mod run;
 pub mod synth;
+pub mod tokenize;
 
 use clap::{Parser, Subcommand};
 
@@ -56,6 +58,10 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Write a synthetic model (real shapes and format mix, random weights) as GGUF.
     Synth(synth::SynthArgs),
+    /// Complete a prompt, streaming the text.
+    Run(run::RunArgs),
+    /// Print the token ids of a text.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -64,5 +70,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Inspect(a) => inspect::run(&a),
         Command::Eval(a) => eval::run(&a),
         Command::Synth(a) => synth::run(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Tokenize(a) => tokenize::run(&a),
     }
 }

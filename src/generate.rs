@@ -1,0 +1,151 @@
+//! Text generation on a session: prompt prefill, then tokens until end of generation, the
+//! token limit, a full context or a stop request. Greedy decoding chains its steps on the GPU;
+//! sampling reads the last logits back and samples on the CPU.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::error::{KilnError, Result};
+use crate::model::{Output, Session};
+use crate::sample::{Sampler, SamplerConfig};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    EndOfGeneration,
+    Limit,
+    ContextFull,
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub prompt_secs: f64,
+    pub generated: usize,
+    pub gen_secs: f64,
+    pub stop: StopReason,
+}
+
+/// Feeds `prompt` (already in the model's vocabulary) and generates up to `max_new` tokens
+/// (None: until end of generation or a full context). Text is streamed to `on_text`;
+/// `history` gets every token fed or generated (the repetition penalty's window).
+#[allow(clippy::too_many_arguments)]
+pub fn generate(
+    session: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    max_new: Option<usize>,
+    sampler: &mut Sampler,
+    stop: &AtomicBool,
+    on_text: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<GenStats> {
+    let n_ctx = session.opts.n_ctx as usize;
+    if prompt.is_empty() {
+        return Err(KilnError::invalid("prompt", "the prompt is empty (and the model adds no BOS token)"));
+    }
+    if session.position() as usize + prompt.len() > n_ctx {
+        return Err(KilnError::invalid(
+            "prompt",
+            format!(
+                "{} prompt tokens do not fit the context ({} used of {n_ctx}; raise -c)",
+                prompt.len(),
+                session.position()
+            ),
+        ));
+    }
+    let greedy = sampler.cfg.is_greedy() && sampler.cfg.repeat_penalty == 1.0;
+    let t = Instant::now();
+    let first = if greedy {
+        session.forward(prompt, Output::Argmax)?[0] as u32
+    } else {
+        let logits = session.forward(prompt, Output::LastLogits)?;
+        history.extend_from_slice(prompt);
+        sampler.sample(&logits, history)
+    };
+    if greedy {
+        history.extend_from_slice(prompt);
+    }
+    let prompt_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let limit = max_new.unwrap_or(usize::MAX);
+    let mut dec = StreamDecoder::new(tok);
+    let mut generated = 0usize;
+    let mut reason = StopReason::Limit;
+    let mut error: Option<KilnError> = None;
+    // Handles one new token; false stops generation.
+    let mut accept = |id: u32, generated: &mut usize, reason: &mut StopReason, history: &mut Vec<u32>| -> bool {
+        if tok.is_eog(id) {
+            *reason = StopReason::EndOfGeneration;
+            return false;
+        }
+        *generated += 1;
+        history.push(id);
+        match dec.push(id).and_then(|s| if s.is_empty() { Ok(()) } else { on_text(&s) }) {
+            Ok(()) => {}
+            Err(e) => {
+                error = Some(e);
+                return false;
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            *reason = StopReason::Interrupted;
+            return false;
+        }
+        if *generated >= limit {
+            *reason = StopReason::Limit;
+            return false;
+        }
+        true
+    };
+    if limit > 0 && accept(first, &mut generated, &mut reason, history) {
+        if greedy {
+            let room = n_ctx - session.position() as usize;
+            let want = (limit - generated).min(room);
+            let got = session
+                .generate_greedy_chained(first, want, &mut |id| accept(id, &mut generated, &mut reason, history))?;
+            if got.len() == want && want == room && reason == StopReason::Limit && generated < limit {
+                reason = StopReason::ContextFull;
+            }
+        } else {
+            let mut last = first;
+            loop {
+                if session.position() as usize >= n_ctx {
+                    reason = StopReason::ContextFull;
+                    break;
+                }
+                let logits = session.forward(&[last], Output::LastLogits)?;
+                last = sampler.sample(&logits, history);
+                if !accept(last, &mut generated, &mut reason, history) {
+                    break;
+                }
+            }
+        }
+    } else if limit == 0 {
+        reason = StopReason::Limit;
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    let rest = dec.finish()?;
+    if !rest.is_empty() {
+        on_text(&rest)?;
+    }
+    Ok(GenStats {
+        prompt_tokens: prompt.len(),
+        prompt_secs,
+        generated,
+        gen_secs: t.elapsed().as_secs_f64(),
+        stop: reason,
+    })
+}
+
+/// Sampler settings from the CLI's numbers, with a time-based seed when none is given.
+pub fn sampler(cfg: SamplerConfig, seed: Option<u64>) -> Sampler {
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    });
+    Sampler::new(SamplerConfig { seed, ..cfg })
+}
