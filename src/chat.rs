@@ -96,6 +96,32 @@ impl ChatTemplate {
     }
 }
 
+/// Tokens of the conversation rendered for the model, ending with the assistant's turn
+/// header; BOS is added when the tokenizer wants one and the template did not write it.
+pub fn render_tokens(tmpl: &ChatTemplate, tok: &crate::tokenizer::Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
+    let text = tmpl.render(messages, true)?;
+    let mut ids = tok.encode(&text, false)?;
+    if tok.add_bos_default() {
+        if let Some(b) = tok.bos() {
+            if ids.first() != Some(&b) {
+                ids.insert(0, b);
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// What a session whose cache holds `cached` still has to be fed to hold `ids`: rewinds to
+/// their longest common prefix and returns the rest (at least one token, so the step
+/// produces logits).
+pub fn new_part(session: &mut crate::model::Session, cached: &mut Vec<u32>, ids: &[u32]) -> Vec<u32> {
+    let common = cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
+    let keep = common.min(ids.len().saturating_sub(1));
+    session.truncate(keep as u32);
+    cached.truncate(keep);
+    ids[keep..].to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

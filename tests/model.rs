@@ -167,3 +167,44 @@ fn stories260k_greedy_text_matches_llama2c() {
     assert_eq!(stats.generated, 200);
     assert_eq!(text, want);
 }
+
+/// A second chat turn on a session that keeps its cache gives the same greedy answer as a
+/// fresh session fed the whole conversation.
+#[test]
+fn chat_turns_reuse_the_cache() {
+    use kiln::chat::{new_part, render_tokens, ChatTemplate, Message, BUILTIN};
+    let g = &gpus()[0];
+    let model = load(&g.ctx, "stories260K/stories260K.gguf");
+    let tok = kiln::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let tmpl = ChatTemplate::from_source("chatml", BUILTIN[0].1, "<s>".into(), "</s>".into()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let greedy = || kiln::sample::Sampler::new(kiln::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
+    let answer = |s: &mut kiln::model::Session, feed: &[u32], hist: &mut Vec<u32>| {
+        let mut text = String::new();
+        let st = kiln::generate::generate(s, &tok, feed, hist, Some(20), &mut greedy(), &stop, &mut |t| {
+            text.push_str(t);
+            Ok(())
+        })
+        .unwrap();
+        (text, st.generated)
+    };
+    let mut a = model.session(opts(true, 64, false)).unwrap();
+    let mut cached = Vec::new();
+    let mut msgs = vec![Message::new("user", "Hello there")];
+    let ids1 = render_tokens(&tmpl, &tok, &msgs).unwrap();
+    let feed = new_part(&mut a, &mut cached, &ids1);
+    let mut hist = Vec::new();
+    let (a1, n1) = answer(&mut a, &feed, &mut hist);
+    cached.extend_from_slice(&feed);
+    cached.extend_from_slice(&hist[hist.len() - n1..]);
+    cached.truncate(a.position() as usize);
+    msgs.push(Message::new("assistant", a1.trim()));
+    msgs.push(Message::new("user", "Tell me a story"));
+    let ids2 = render_tokens(&tmpl, &tok, &msgs).unwrap();
+    let feed2 = new_part(&mut a, &mut cached, &ids2);
+    assert!(feed2.len() < ids2.len(), "the second turn should reuse the cache");
+    let (a2, _) = answer(&mut a, &feed2, &mut Vec::new());
+    let mut b = model.session(opts(true, 64, false)).unwrap();
+    let (b2, _) = answer(&mut b, &ids2, &mut Vec::new());
+    assert_eq!(a2, b2);
+}

@@ -1,5 +1,6 @@
 //! The command line: argument parsing, terminal output, exit codes.
 
+pub mod chat;
 pub mod eval;
 pub mod info;
 pub mod inspect;
@@ -62,6 +63,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Chat with a model interactively.
+    Chat(chat::ChatArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -72,5 +75,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Synth(a) => synth::run(&a),
         Command::Run(a) => run::run(&a),
         Command::Tokenize(a) => tokenize::run(&a),
+        Command::Chat(a) => chat::run(&a),
     }
 }
