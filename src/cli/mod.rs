@@ -5,6 +5,7 @@ pub mod eval;
 pub mod info;
 pub mod inspect;
 pub mod load;
+pub mod perplexity;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
@@ -65,6 +66,8 @@ pub enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Chat with a model interactively.
     Chat(chat::ChatArgs),
+    /// Perplexity of a text file (llama.cpp's method).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -76,5 +79,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Run(a) => run::run(&a),
         Command::Tokenize(a) => tokenize::run(&a),
         Command::Chat(a) => chat::run(&a),
+        Command::Perplexity(a) => perplexity::run(&a),
     }
 }
