@@ -66,7 +66,7 @@ pub const PRESETS: &[Preset] = &[
         rope_base: 1_000_000.0,
         tied: true,
     },
-    // Small enough for CPU adapters: a quick run on lavapipe.
+    // Small enough for CPU adapters: quick runs on lavapipe.
     Preset {
         name: "tiny-test",
         arch: "llama",
@@ -80,6 +80,35 @@ pub const PRESETS: &[Preset] = &[
         n_ctx: 512,
         rope_base: 10000.0,
         tied: false,
+    },
+    // The qwen2 and qwen3 code paths at the same small size.
+    Preset {
+        name: "tiny-qwen2",
+        arch: "qwen2",
+        n_layer: 2,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 64,
+        n_vocab: 1024,
+        n_ctx: 512,
+        rope_base: 1_000_000.0,
+        tied: true,
+    },
+    Preset {
+        name: "tiny-qwen3",
+        arch: "qwen3",
+        n_layer: 2,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 128,
+        n_vocab: 1024,
+        n_ctx: 512,
+        rope_base: 1_000_000.0,
+        tied: true,
     },
 ];
 
@@ -280,6 +309,12 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
         mat(&mut w, &n("attn_k.weight"), Some(i), kv, e)?;
         mat(&mut w, &n("attn_v.weight"), Some(i), kv, e)?;
         mat(&mut w, &n("attn_output.weight"), Some(i), e, q)?;
+        if a == "qwen2" {
+            let bias = |len: usize, s: u64| bytemuck::cast_slice(&crate::quant::random_values(len, s, 0.1)).to_vec();
+            w.tensor(&n("attn_q.bias"), WeightFormat::F32, vec![q as u64], bias(q, 100 + i as u64));
+            w.tensor(&n("attn_k.bias"), WeightFormat::F32, vec![kv as u64], bias(kv, 200 + i as u64));
+            w.tensor(&n("attn_v.bias"), WeightFormat::F32, vec![kv as u64], bias(kv, 300 + i as u64));
+        }
         if a == "qwen3" {
             let hd = p.head_dim as usize;
             w.tensor(&n("attn_q_norm.weight"), WeightFormat::F32, vec![hd as u64], norm_weights(hd));

@@ -7,7 +7,7 @@ mod quantize;
 mod tests;
 
 pub use dequant::{dequantize, dequantize_row};
-pub use quantize::{quantize, random_blocks};
+pub use quantize::{quantize, random_blocks, random_values};
 
 use std::fmt;
 

@@ -36,6 +36,12 @@ pub fn random_blocks(format: WeightFormat, n_elems: usize, seed: u64) -> Result<
     quantize(format, &values)
 }
 
+/// `n` values drawn from N(0, scale²), deterministic in `seed` (synthetic biases and norms).
+pub fn random_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut rng = SplitMix64(seed);
+    (0..n).map(|_| scale * rng.next_normal()).collect()
+}
+
 /// splitmix64: tiny, well-mixed, good enough for synthetic weights.
 pub(super) struct SplitMix64(pub(super) u64);
 
