@@ -76,3 +76,28 @@ fn unsupported_architecture_is_named() {
     let err = ModelConfig::from_gguf(&f).unwrap_err().to_string();
     assert!(err.contains("\"gpt2\"") && err.contains("llama, qwen2, qwen3"), "{err}");
 }
+
+/// `kiln tokenize` on a vocabulary-only file, with and without BOS; `kiln run` on a missing
+/// file fails with exit code 2 and one line.
+#[test]
+fn cli_tokenize_and_bad_paths() {
+    let bin = env!("CARGO_BIN_EXE_kiln");
+    let vocab = testdata().join("vocab/ggml-vocab-llama-spm.gguf");
+    let out = std::process::Command::new(bin).args(["tokenize", "-m"]).arg(&vocab).arg("Hello world").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ids: Vec<u32> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|t| t.parse().unwrap()).collect();
+    assert_eq!(ids[0], 1, "BOS first");
+    let out = std::process::Command::new(bin)
+        .args(["tokenize", "--no-bos", "-m"])
+        .arg(&vocab)
+        .arg("Hello world")
+        .output()
+        .unwrap();
+    let no_bos: Vec<u32> =
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(|t| t.parse().unwrap()).collect();
+    assert_eq!(no_bos, ids[1..]);
+    let out =
+        std::process::Command::new(bin).args(["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1, "{out:?}");
+}

@@ -148,6 +148,10 @@ fn instance(backend: Option<wgpu::Backend>) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends_for(backend);
     desc.flags = wgpu::InstanceFlags::empty();
+    // Where the driver reports a memory budget (Vulkan, D3D12), fail allocations near it with
+    // an out-of-memory error kiln reports, instead of paging or losing the device.
+    desc.memory_budget_thresholds =
+        wgpu::MemoryBudgetThresholds { for_resource_creation: Some(95), for_device_loss: None };
     wgpu::Instance::new(desc)
 }
 
