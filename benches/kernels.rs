@@ -71,6 +71,7 @@ fn benches(c: &mut Criterion) {
             y_stride: n as u32,
             accumulate: false,
             norm: None,
+            glu: None,
         };
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
@@ -106,6 +107,7 @@ fn benches(c: &mut Criterion) {
             y_stride: n as u32,
             accumulate: false,
             norm: None,
+            glu: None,
         };
         let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {

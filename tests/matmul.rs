@@ -71,6 +71,7 @@ fn run_case(
         y_stride: n as u32,
         accumulate,
         norm: None,
+        glu: None,
     };
     let ds = matmul::prepare_with(ctx, &mm, kernel, "test").expect("prepare");
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -131,6 +132,7 @@ fn planner_choice_runs_for_decode_and_prefill() {
             y_stride: n as u32,
             accumulate: false,
             norm: None,
+            glu: None,
         };
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -191,6 +193,7 @@ fn gemv_with_fused_rms_norm() {
                     y_stride: n as u32,
                     accumulate: false,
                     norm: Some((&nw, 1e-5)),
+                    glu: None,
                 };
                 let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
                 let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
@@ -199,6 +202,43 @@ fn gemv_with_fused_rms_norm() {
                 let xn = kiln::kernels::norm::reference(&c.x, &gamma, k, 1e-5);
                 let want = matmul::reference(&c.w_ref, n, k, &xn, m, None, None);
                 assert_close(&format!("[{}] gemv+norm {} m={m}", g.name, format.name()), &got, &want, TOL);
+            }
+        }
+    }
+}
+
+/// GEMV with silu(gate) * up fused in front equals SiLU·mul then GEMV.
+#[test]
+fn gemv_with_fused_swiglu() {
+    use kiln::kernels::elementwise::{self, EltOp};
+    for g in gpus() {
+        for format in [WeightFormat::F32, WeightFormat::Q4K, WeightFormat::Q6K] {
+            let (n, k) = (33usize, k_for(format, 2, 100));
+            for m in [1usize, 2] {
+                let c = case(format, n, k, m, 91);
+                let w = WeightTensor::upload(&g.ctx, "w", format, n, k, &c.weights).unwrap();
+                let up = randn(&mut rng(8), m * k, 1.0);
+                let (gb, ub) = (g.ctx.upload_f32(&c.x, "gate").unwrap(), g.ctx.upload_f32(&up, "up").unwrap());
+                let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
+                let mm = Matmul {
+                    w: &w,
+                    x: &gb,
+                    y: &y,
+                    bias: None,
+                    m: m as u32,
+                    x_stride: k as u32,
+                    y_stride: n as u32,
+                    accumulate: false,
+                    norm: None,
+                    glu: Some(&ub),
+                };
+                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
+                let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
+                run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                let got = g.ctx.read_f32(&y, m * n).unwrap();
+                let act = elementwise::reference(EltOp::SiluMul, &c.x, &up);
+                let want = matmul::reference(&c.w_ref, n, k, &act, m, None, None);
+                assert_close(&format!("[{}] gemv+swiglu {} m={m}", g.name, format.name()), &got, &want, TOL);
             }
         }
     }

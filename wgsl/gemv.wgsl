@@ -4,7 +4,9 @@
 // NORM: x is the residual stream; the kernel applies RMSNorm (weights norm_w) on the fly,
 // so the norm needs no dispatch of its own (each workgroup recomputes the row's sum of
 // squares, a few KiB it reads from cache).
-// Header constants: WG, ROWS, NCOLS, NORM.
+// GLU: x holds the gate activations and aux (binding 5) the up activations, same layout;
+// the kernel feeds silu(gate) * up, so SwiGLU needs no dispatch of its own.
+// Header constants: WG, ROWS, NCOLS, NORM, GLU.
 
 struct Params {
     n_cols: u32,     // active columns (m), <= NCOLS
@@ -26,7 +28,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;   // NORM: weights; GLU: up rows
 
 // Half `part` (0: weights 0-3, 1: weights 4-7) of chunk c of an x row; zero past k (the
 // last chunk of a ragged row, or a unit's second chunk beyond the row's end).
@@ -43,6 +45,19 @@ fn norm_scale(c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
     let k0 = c * 8u + part * 4u;
     if (k0 >= p.k) { return vec4<f32>(0.0); }
     return inv_rms * norm_w[k0 / 4u];
+}
+
+// The GEMV's input values 8c + 4 part .. +3 of the x row at row_base (in vec4s): x itself,
+// RMS-normalized x (NORM), or silu(gate) * up (GLU).
+fn load_in(row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
+    let v = load_x(row_base, c, part);
+    if (GLU) {
+        let k0 = c * 8u + part * 4u;
+        if (k0 >= p.k) { return vec4<f32>(0.0); }
+        let up = norm_w[row_base + 2u * c + part];
+        return v / (vec4<f32>(1.0) + exp(-v)) * up;
+    }
+    return v * norm_scale(c, part, inv_rms);
 }
 
 var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
@@ -92,12 +107,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         var s1: array<f32, NCOLS>;
         for (var m = 0u; m < NCOLS; m++) {
             let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
-            x0l[m] = load_x(xr, c0, 0u) * norm_scale(c0, 0u, inv[m]);
-            x0h[m] = load_x(xr, c0, 1u) * norm_scale(c0, 1u, inv[m]);
+            x0l[m] = load_in(xr, c0, 0u, inv[m]);
+            x0h[m] = load_in(xr, c0, 1u, inv[m]);
             s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));
             if (UNIT_CHUNKS == 2u) {
-                x1l[m] = load_x(xr, c1, 0u) * norm_scale(c1, 0u, inv[m]);
-                x1h[m] = load_x(xr, c1, 1u) * norm_scale(c1, 1u, inv[m]);
+                x1l[m] = load_in(xr, c1, 0u, inv[m]);
+                x1h[m] = load_in(xr, c1, 1u, inv[m]);
                 s1[m] = dot(x1l[m] + x1h[m], vec4<f32>(1.0));
             }
         }

@@ -40,6 +40,8 @@ pub struct Matmul<'a> {
     pub accumulate: bool,
     /// RMSNorm weights and epsilon: X is normalized on the fly (GEMV only; decode).
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
+    /// The up activations, laid out as X: the input is silu(X) * up (GEMV only; decode).
+    pub glu: Option<&'a wgpu::Buffer>,
 }
 
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
@@ -50,6 +52,7 @@ pub fn launch(
     rows: u32,
     m: u32,
     norm: bool,
+    glu: bool,
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape } => {
@@ -63,12 +66,13 @@ pub fn launch(
                 wg: shape.wg as u16,
                 subgroups: ctx.caps.subgroups,
                 norm,
+                glu,
             };
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
         MatmulKernel::Gemm { tile } => {
-            if norm {
-                return Err(KilnError::invalid("matmul", "a fused RMSNorm needs the GEMV kernel (m <= 8)"));
+            if norm || glu {
+                return Err(KilnError::invalid("matmul", "a fused RMSNorm or SwiGLU needs the GEMV kernel (m <= 8)"));
             }
             let (bm, bn, ..) = tile.dims();
             let (gx, gy) = (rows.div_ceil(bn), m.div_ceil(bm));
@@ -96,6 +100,7 @@ pub struct BoundMatmul {
     accumulate: bool,
     /// Epsilon of the fused RMSNorm, if any.
     norm_eps: Option<f32>,
+    glu: bool,
 }
 
 impl BoundMatmul {
@@ -118,7 +123,10 @@ impl BoundMatmul {
         // Unused bindings get a small placeholder buffer.
         let dummy = ctx.storage(16, "unused")?;
         let bias = mm.bias.unwrap_or(&dummy);
-        let norm_w = mm.norm.map(|(w, _)| w).unwrap_or(&dummy);
+        if mm.norm.is_some() && mm.glu.is_some() {
+            return Err(KilnError::invalid("matmul", "a fused RMSNorm and SwiGLU cannot be combined"));
+        }
+        let norm_w = mm.norm.map(|(w, _)| w).or(mm.glu).unwrap_or(&dummy);
         // Any matmul key has the same bindings; the pipeline is chosen per step.
         let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
         let chunks =
@@ -140,6 +148,7 @@ impl BoundMatmul {
             has_bias: mm.bias.is_some(),
             accumulate: mm.accumulate,
             norm_eps: mm.norm.map(|(_, e)| e),
+            glu: mm.glu.is_some(),
         })
     }
 
@@ -158,7 +167,7 @@ impl BoundMatmul {
     ) -> Result<()> {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
         for (b, row_start, rows) in &self.chunks {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, self.norm_eps.is_some())?;
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, self.norm_eps.is_some(), self.glu)?;
             let params = MatmulParams {
                 m,
                 k: self.k,
@@ -190,7 +199,7 @@ pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: 
     bm.chunks
         .into_iter()
         .map(|(b, row_start, rows)| {
-            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m, bm.norm_eps.is_some())?;
+            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m, bm.norm_eps.is_some(), bm.glu)?;
             let params = MatmulParams {
                 m: mm.m,
                 k: bm.k,

@@ -85,6 +85,8 @@ pub enum KernelKey {
         subgroups: bool,
         /// RMSNorm of x fused in front (decode).
         norm: bool,
+        /// SiLU(gate) * up fused in front (decode's FFN down projection).
+        glu: bool,
     },
     Gemm {
         format: WeightFormat,
@@ -174,11 +176,12 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm } => c
+            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu } => c
                 .const_u32("WG", wg as u32)
                 .const_u32("ROWS", rows as u32)
                 .const_u32("NCOLS", ncols as u32)
                 .const_bool("NORM", norm)
+                .const_bool("GLU", glu)
                 .include("common/quant.wgsl")
                 .include(format_file(format))
                 .include(reduce_file(subgroups))
@@ -285,8 +288,8 @@ impl KernelKey {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
                     for (wg, rows) in [(64u16, 4u8), (128, 4), (256, 2), (128, 2)] {
-                        for norm in [false, true] {
-                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm });
+                        for (norm, glu) in [(false, false), (true, false), (false, true)] {
+                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu });
                         }
                     }
                 }

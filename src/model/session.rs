@@ -75,6 +75,8 @@ struct LayerOps {
     v_fused: BoundMatmul,
     gate_fused: BoundMatmul,
     up_fused: BoundMatmul,
+    /// The down projection reading silu(gate) * up directly (decode).
+    down_fused: BoundMatmul,
     q_norm: Option<Bound>,
     k_norm: Option<Bound>,
     rope_q: Bound,
@@ -185,7 +187,18 @@ impl Session {
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
-            let m = Matmul { w, x: xbuf, y: ybuf, bias, m: 0, x_stride: xs, y_stride: ys, accumulate: acc, norm: None };
+            let m = Matmul {
+                w,
+                x: xbuf,
+                y: ybuf,
+                bias,
+                m: 0,
+                x_stride: xs,
+                y_stride: ys,
+                accumulate: acc,
+                norm: None,
+                glu: None,
+            };
             BoundMatmul::new(&ctx, &m, stage)
         };
         // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself.
@@ -200,6 +213,7 @@ impl Session {
                 y_stride: ys,
                 accumulate: false,
                 norm: Some((norm_w, c.rms_eps)),
+                glu: None,
             };
             BoundMatmul::new(&ctx, &m, stage)
         };
@@ -241,6 +255,22 @@ impl Session {
                 v_fused: mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref(), "qkv")?,
                 gate_fused: mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None, "ffn_gate_up")?,
                 up_fused: mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None, "ffn_gate_up")?,
+                down_fused: BoundMatmul::new(
+                    &ctx,
+                    &Matmul {
+                        w: &w.w_down,
+                        x: &gate,
+                        y: &x,
+                        bias: None,
+                        m: 0,
+                        x_stride: sf,
+                        y_stride: se,
+                        accumulate: true,
+                        norm: None,
+                        glu: Some(&up),
+                    },
+                    "ffn_down",
+                )?,
                 q_norm: match &w.q_norm {
                     Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&qb, g, &qn])?),
                     None => None,
@@ -321,6 +351,7 @@ impl Session {
                 y_stride: v,
                 accumulate: false,
                 norm: Some((&weights.output_norm, c.rms_eps)),
+                glu: None,
             };
             BoundMatmul::new(&ctx, &m, "lm_head")
         };
@@ -336,6 +367,7 @@ impl Session {
                 y_stride: v,
                 accumulate: false,
                 norm: Some((&weights.output_norm, c.rms_eps)),
+                glu: None,
             };
             BoundMatmul::new(&ctx, &m, "lm_head")?
         };
@@ -503,9 +535,13 @@ impl Session {
                 l.gate.record(ctx, pass, m, None)?;
                 l.up.record(ctx, pass, m, None)?;
             }
-            l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
-            l.silu.record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
-            l.down.record(ctx, pass, m, None)?;
+            if fused {
+                l.down_fused.record(ctx, pass, m, None)?;
+            } else {
+                l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
+                l.silu.record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
+                l.down.record(ctx, pass, m, None)?;
+            }
         }
         Ok(())
     }
