@@ -76,7 +76,7 @@ fn benches(c: &mut Criterion) {
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
-            plans = [(64, 4), (128, 4)]
+            plans = [(32, 4), (64, 4), (128, 4)]
                 .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } })
                 .to_vec();
         }

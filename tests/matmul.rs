@@ -86,6 +86,7 @@ fn gemv_every_format() {
         for format in WeightFormat::ALL {
             for (m, shape) in [
                 (1, GemvShape { wg: 64, rows: 4 }),
+                (2, GemvShape { wg: 32, rows: 4 }),
                 (3, GemvShape { wg: 256, rows: 2 }),
                 (8, GemvShape { wg: 128, rows: 2 }),
             ] {

@@ -287,7 +287,7 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
-                    for (wg, rows) in [(64u16, 4u8), (128, 4), (256, 2), (128, 2)] {
+                    for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
                             v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu });
                         }
