@@ -75,7 +75,7 @@ impl std::fmt::Display for MatmulKernel {
 pub const GEMV_MAX_COLS: u32 = 8;
 
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ.
-pub fn plan_matmul(m: u32, n: u32, k: u32, _format: WeightFormat, caps: &Caps) -> MatmulKernel {
+pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) -> MatmulKernel {
     if m <= GEMV_MAX_COLS {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
@@ -83,7 +83,6 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, _format: WeightFormat, caps: &Caps) -
             // Best of the sweep on an H200 (profiling/results/h200-kernels-2026-11-21.txt).
             // Short rows (a 2048-wide model) leave each invocation one or two units of work;
             // smaller workgroups for them are the next thing to measure.
-            let _ = k;
             GemvShape { wg: 128, rows: 4 }
         };
         return MatmulKernel::Gemv { ncols: m.max(1), shape };
