@@ -152,6 +152,22 @@ impl BoundMatmul {
         })
     }
 
+    /// The parameters of one weight chunk's dispatch over m columns.
+    fn params(&self, m: u32, row_start: u32, rows: u32) -> MatmulParams {
+        MatmulParams {
+            m,
+            k: self.k,
+            n_rows: rows,
+            row_offset: row_start,
+            x_stride: self.x_stride,
+            y_stride: self.y_stride,
+            has_bias: self.has_bias as u32,
+            accumulate: self.accumulate as u32,
+            eps: self.norm_eps.unwrap_or(0.0),
+            _pad: [0; 3],
+        }
+    }
+
     /// The kernel the planner picks for m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
         plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
@@ -168,19 +184,7 @@ impl BoundMatmul {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
         for (b, row_start, rows) in &self.chunks {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m, self.norm_eps.is_some(), self.glu)?;
-            let params = MatmulParams {
-                m,
-                k: self.k,
-                n_rows: *rows,
-                row_offset: *row_start,
-                x_stride: self.x_stride,
-                y_stride: self.y_stride,
-                has_bias: self.has_bias as u32,
-                accumulate: self.accumulate as u32,
-                eps: self.norm_eps.unwrap_or(0.0),
-                _pad: [0; 3],
-            };
-            b.set(ctx, &params);
+            b.set(ctx, &self.params(m, *row_start, *rows));
             b.record_with(pass, &*ctx.pipeline(&key)?, grid);
         }
         Ok(())
@@ -195,24 +199,13 @@ pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
 pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
-    let bm = BoundMatmul::new(ctx, mm, stage)?;
-    bm.chunks
+    let mut bm = BoundMatmul::new(ctx, mm, stage)?;
+    let chunks = std::mem::take(&mut bm.chunks);
+    chunks
         .into_iter()
         .map(|(b, row_start, rows)| {
             let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m, bm.norm_eps.is_some(), bm.glu)?;
-            let params = MatmulParams {
-                m: mm.m,
-                k: bm.k,
-                n_rows: rows,
-                row_offset: row_start,
-                x_stride: bm.x_stride,
-                y_stride: bm.y_stride,
-                has_bias: bm.has_bias as u32,
-                accumulate: bm.accumulate as u32,
-                eps: bm.norm_eps.unwrap_or(0.0),
-                _pad: [0; 3],
-            };
-            b.set(ctx, &params);
+            b.set(ctx, &bm.params(mm.m, row_start, rows));
             Ok(Dispatch {
                 label: stage,
                 pipeline: ctx.pipeline(&key)?,

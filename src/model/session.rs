@@ -356,21 +356,7 @@ impl Session {
             BoundMatmul::new(&ctx, &m, "lm_head")
         };
         let lm_head_x = head(&x)?;
-        let lm_head_last = {
-            let m = Matmul {
-                w: weights.lm_head(),
-                x: &x_last,
-                y: &logits,
-                bias: None,
-                m: 0,
-                x_stride: se,
-                y_stride: v,
-                accumulate: false,
-                norm: Some((&weights.output_norm, c.rms_eps)),
-                glu: None,
-            };
-            BoundMatmul::new(&ctx, &m, "lm_head")?
-        };
+        let lm_head_last = head(&x_last)?;
         let argmax =
             Bound::new::<ArgmaxParams>(&ctx, &KernelKey::Argmax { subgroups: sub }, "sample", &[&logits, &out_id])?;
         let stage = |i: usize| {
