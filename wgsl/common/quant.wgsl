@@ -104,3 +104,14 @@ fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(mn));
 }
 
+
+// Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
+// (scale0, offset0, scale1, offset1): weight = scale * q + offset.
+fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
+    let dm = wq[b];
+    let d = f16_bits_to_f32(dm & 0xffffu);
+    let dmin = f16_bits_to_f32(dm >> 16u);
+    let sm0 = kquant_scale_min(b, 2u * grp);
+    let sm1 = kquant_scale_min(b, 2u * grp + 1u);
+    return vec4<f32>(d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
+}

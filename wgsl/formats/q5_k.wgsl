@@ -20,12 +20,8 @@ fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
     let b = (row * (k / BLOCK_ELEMS) + u / 16u) * BLOCK_WORDS;
     let grp = (u % 16u) / 4u;
     let pair = u % 4u;
-    let dm = wq[b];
-    let d = f16_bits_to_f32(dm & 0xffffu);
-    let dmin = f16_bits_to_f32(dm >> 16u);
-    let sm0 = kquant_scale_min(b, 2u * grp);
-    let sm1 = kquant_scale_min(b, 2u * grp + 1u);
-    return UnitHeader(b + 12u + grp * 8u + 2u * pair, b + 4u + 2u * pair, 2u * grp, d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
+    let sc = kquant_group_scales(b, grp);
+    return UnitHeader(b + 12u + grp * 8u + 2u * pair, b + 4u + 2u * pair, 2u * grp, sc.x, sc.y, sc.z, sc.w);
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
