@@ -45,11 +45,13 @@ pub struct Sampler {
     rng: u64,
     // Reused across calls so sampling allocates nothing per token.
     cand: Vec<(u32, f32)>,
+    probs: Vec<f32>,
+    weights: Vec<f64>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { cfg, rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cand: Vec::new() }
+        Sampler { cfg, rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cand: Vec::new(), probs: Vec::new(), weights: Vec::new() }
     }
 
     fn next_f64(&mut self) -> f64 {
@@ -88,7 +90,9 @@ impl Sampler {
         }
         // Softmax over what is left (sorted, so the max is first).
         let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|e| (e.1 - max).exp()).collect();
+        let mut probs = std::mem::take(&mut self.probs);
+        probs.clear();
+        probs.extend(cand.iter().map(|e| (e.1 - max).exp()));
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
         // top-p: the smallest prefix whose probability reaches p.
@@ -110,7 +114,9 @@ impl Sampler {
         }
         cand.truncate(keep);
         // Temperature on the survivors, then draw.
-        let weights: Vec<f64> = cand.iter().map(|e| (((e.1 - max) / c.temperature) as f64).exp()).collect();
+        let mut weights = std::mem::take(&mut self.weights);
+        weights.clear();
+        weights.extend(cand.iter().map(|e| (((e.1 - max) / c.temperature) as f64).exp()));
         let total: f64 = weights.iter().sum();
         let mut r = self.next_f64() * total;
         let mut pick = cand[cand.len() - 1].0;
@@ -122,6 +128,8 @@ impl Sampler {
             r -= w;
         }
         self.cand = cand;
+        self.probs = probs;
+        self.weights = weights;
         pick
     }
 }

@@ -34,12 +34,6 @@ pub struct SessionOptions {
     pub all_logits: bool,
 }
 
-impl SessionOptions {
-    pub fn new(n_ctx: u32) -> SessionOptions {
-        SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false }
-    }
-}
-
 /// Where the time of the last step went (CPU side), in seconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
@@ -173,7 +167,6 @@ impl Session {
         let scores = st(scores_len, "scores")?;
         let partial = st(f(shape.decode_scratch_len() as u64), "attention partials")?;
         let x_last = st(f(se as u64), "x_last")?;
-        let xn_last = st(f(se as u64), "xn_last")?;
         let logit_rows = if opts.all_logits { b } else { 1 };
         let logits = st(f(logit_rows as u64 * v as u64), "logits")?;
         let out_id = st(16, "sampled id")?;
@@ -368,7 +361,7 @@ impl Session {
             })
         };
         let chain_stage = [stage(0), stage(1)];
-        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial, xn_last];
+        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial];
         keep.extend(k_caches);
         Ok(Session {
             ctx,
@@ -560,9 +553,10 @@ impl Session {
         }
         let v = self.cfg.n_vocab as usize;
         let mut all = Vec::new();
-        let chunks: Vec<&[u32]> = tokens.chunks(self.opts.ubatch as usize).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
+        let ubatch = self.opts.ubatch as usize;
+        let n_chunks = tokens.len().div_ceil(ubatch);
+        for (i, chunk) in tokens.chunks(ubatch).enumerate() {
+            let last = i + 1 == n_chunks;
             let step_out = if out == Output::AllLogits {
                 Output::AllLogits
             } else if last {
@@ -585,9 +579,9 @@ impl Session {
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
-        let c = self.cfg.clone();
+        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
         let mut timer = self.timer.take();
-        let (se, v) = (pad4(c.n_embd), c.n_vocab);
+        let se = pad4(n_embd);
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
@@ -596,8 +590,7 @@ impl Session {
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: tw });
             self.record_step(&mut pass, m, false)?;
             if out == Output::AllLogits {
-                self.out_norm_all
-                    .set(&*ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: se, eps: c.rms_eps });
+                self.out_norm_all.set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
                 self.out_norm_all.record_with(
                     &mut pass,
                     &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
@@ -722,7 +715,8 @@ impl Session {
             return Ok(out);
         }
         ctx.queue.write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
-        let mut submitted = Vec::with_capacity(2);
+        // Submission indices of the (at most two) steps in flight, by k % 2.
+        let mut submitted: [Option<wgpu::SubmissionIndex>; 2] = [None, None];
         let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
             let mut enc =
                 ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
@@ -732,10 +726,10 @@ impl Session {
             s.pos += 1;
             Ok(idx)
         };
-        submitted.push(submit(self, 0)?);
+        submitted[0] = Some(submit(self, 0)?);
         for k in 0..max_new {
             if k + 1 < max_new {
-                submitted.push(submit(self, k + 1)?);
+                submitted[(k + 1) % 2] = Some(submit(self, k + 1)?);
             }
             let slot = &self.chain_stage[k % 2];
             let (tx, rx) = std::sync::mpsc::channel();
@@ -744,7 +738,7 @@ impl Session {
             });
             ctx.device
                 .poll(wgpu::PollType::Wait {
-                    submission_index: Some(submitted[k].clone()),
+                    submission_index: submitted[k % 2].take(),
                     timeout: Some(ctx.poll_timeout),
                 })
                 .map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
