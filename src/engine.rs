@@ -18,7 +18,12 @@ pub struct Model {
 impl Model {
     /// Opens and validates `path`, then uploads its weights (`progress` gets bytes uploaded).
     pub fn load(ctx: Arc<GpuContext>, path: impl AsRef<Path>, progress: &mut dyn FnMut(u64)) -> Result<Model> {
-        let file = GgufFile::open(path)?;
+        Self::load_file(ctx, GgufFile::open(path)?, progress)
+    }
+
+    /// Validates an opened GGUF image (a file, or a synthetic model built in memory) and
+    /// uploads its weights.
+    pub fn load_file(ctx: Arc<GpuContext>, file: GgufFile, progress: &mut dyn FnMut(u64)) -> Result<Model> {
         let cfg = ModelConfig::from_gguf(&file)?;
         cfg.validate_tensors(&file)?;
         let needed: u64 = file.tensors.iter().map(|t| t.bytes).sum();

@@ -3,6 +3,7 @@
 //! Layers, each calling only the one below: `cli` → engine API → `model` → `kernels` (+
 //! `wgsl/`) → `gpu`; with `gguf`, `quant` and `tokenizer` beside them, free of GPU code.
 
+pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod plan;
+pub mod profile;
 pub mod quant;
 pub mod sample;
 pub mod synth;

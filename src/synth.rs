@@ -66,6 +66,22 @@ pub const PRESETS: &[Preset] = &[
         rope_base: 1_000_000.0,
         tied: true,
     },
+    // What `kiln bench` runs on CPU adapters (lavapipe): 4 narrow layers and an 8K
+    // vocabulary (21M parameters), so a default run takes about a minute.
+    Preset {
+        name: "mini-llama",
+        arch: "llama",
+        n_layer: 4,
+        n_embd: 512,
+        n_ff: 1536,
+        n_head: 8,
+        n_kv_head: 4,
+        head_dim: 64,
+        n_vocab: 8192,
+        n_ctx: 2048,
+        rope_base: 10000.0,
+        tied: false,
+    },
     // Small enough for CPU adapters: quick runs on lavapipe.
     Preset {
         name: "tiny-test",

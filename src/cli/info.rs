@@ -9,6 +9,10 @@ use std::io::Write;
 pub struct InfoArgs {
     #[command(flatten)]
     pub gpu: GpuArgs,
+    /// Also measure the chosen adapter: read bandwidth of one large dispatch, f32 FMA
+    /// throughput, and the cost of a dependent dispatch (the peaks profiles compare against).
+    #[arg(long)]
+    pub probe: bool,
 }
 
 fn yes(b: bool) -> &'static str {
@@ -97,8 +101,31 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             None => writeln!(o, "    usable by kiln")?,
         }
     }
-    if let Err(e) = chosen {
-        writeln!(o, "no adapter selected: {e}")?;
+    match chosen {
+        Err(e) => {
+            writeln!(o, "no adapter selected: {e}")?;
+            if args.probe {
+                return Err(e);
+            }
+        }
+        Ok(ctx) if args.probe => {
+            o.flush()?;
+            let r = crate::kernels::probe::run(&ctx)?;
+            writeln!(o, "probe of {}:", ctx.describe())?;
+            writeln!(
+                o,
+                "    read bandwidth: {:.1} GB/s (one dispatch reading {} MiB, best of 5)",
+                r.peak.read_gbs,
+                r.read_bytes >> 20
+            )?;
+            writeln!(o, "    f32 FMA: {:.1} GFLOP/s", r.peak.gflops)?;
+            writeln!(
+                o,
+                "    dependent dispatch: {:.2} µs each ({} back-to-back dispatches, each waiting for the last)",
+                r.peak.dispatch_us, r.dependent_dispatches
+            )?;
+        }
+        Ok(_) => {}
     }
     Ok(())
 }

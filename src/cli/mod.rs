@@ -1,5 +1,6 @@
 //! The command line: argument parsing, terminal output, exit codes.
 
+pub mod bench;
 pub mod chat;
 pub mod eval;
 pub mod info;
@@ -52,6 +53,8 @@ impl GpuArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Benchmark prompt processing and generation speed (llama-bench's flags and tables).
+    Bench(bench::BenchArgs),
     /// List GPU adapters, their features and limits, and which one kiln would use.
     Info(info::InfoArgs),
     /// Show a GGUF file's metadata, architecture, tensors and format mix.
@@ -72,6 +75,7 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Bench(a) => bench::run(&a),
         Command::Info(a) => info::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Eval(a) => eval::run(&a),

@@ -103,6 +103,26 @@ impl GgufFile {
         // another process while kiln runs can corrupt results but not memory safety of the
         // slices we hand out (they stay within the mapping).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
+        Self::from_map(path, map)
+    }
+
+    /// A GGUF image built in memory (synthetic models): `write` fills exactly `len` bytes.
+    pub fn from_memory(
+        label: &str,
+        len: u64,
+        write: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<GgufFile> {
+        let path = PathBuf::from(label);
+        let err = |m: String| KilnError::File { path: path.clone(), message: m };
+        let mut map = memmap2::MmapMut::map_anon(len as usize).map_err(|e| err(format!("cannot allocate: {e}")))?;
+        write(&mut map[..]).map_err(|e| err(format!("cannot build: {e}")))?;
+        let map = map.make_read_only().map_err(|e| err(format!("cannot seal: {e}")))?;
+        Self::from_map(path, map)
+    }
+
+    /// Parses and validates a mapped GGUF image.
+    pub fn from_map(path: PathBuf, map: memmap2::Mmap) -> Result<GgufFile> {
+        let err = |m: String| KilnError::File { path: path.clone(), message: m };
         if map.len() < 8 || &map[..4] != b"GGUF" {
             return Err(err("not a GGUF file (bad magic); kiln reads GGUF v2/v3 model files".into()));
         }

@@ -103,6 +103,33 @@ impl GgufWriter {
         h
     }
 
+    /// The size of the file `write` produces.
+    pub fn len(&self) -> u64 {
+        struct Count(u64);
+        impl Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len() as u64;
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut c = Count(0);
+        let _ = self.write(&mut c);
+        c.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty() && self.meta.is_empty()
+    }
+
+    /// Parses the written image in memory, as if it had been written to a file and opened.
+    pub fn into_gguf(self, label: &str) -> crate::Result<crate::gguf::GgufFile> {
+        let len = self.len();
+        crate::gguf::GgufFile::from_memory(label, len, |mut buf: &mut [u8]| self.write(&mut buf))
+    }
+
     pub fn write(&self, out: &mut dyn Write) -> std::io::Result<()> {
         let h = self.header();
         out.write_all(&h)?;

@@ -31,6 +31,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
     ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
+    ("probe.wgsl", include_str!("../../wgsl/probe.wgsl")),
 ];
 
 fn file(name: &str) -> Result<&'static str> {

@@ -173,6 +173,26 @@ impl BoundMatmul {
         plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
     }
 
+    /// What one call over m columns does, for the profile: the kernel the planner picks,
+    /// the shape, and the bytes (weights, X, Y) and flops it needs at the least.
+    pub fn work(&self, ctx: &GpuContext, m: u32) -> crate::profile::StageWork {
+        let fused = match (self.norm_eps.is_some(), self.glu) {
+            (true, _) => "+norm",
+            (_, true) => "+swiglu",
+            _ => "",
+        };
+        let w_bytes = self.format.gpu_tensor_bytes(self.n as usize, self.k as usize).unwrap_or(0) as f64;
+        let (m64, k64, n64) = (m as f64, self.k as f64, self.n as f64);
+        let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
+        let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
+        crate::profile::StageWork {
+            kernel: format!("{}{fused} {}", self.plan(ctx, m), self.format.name()),
+            shape: format!("{m}x{}·{}", self.k, self.n),
+            bytes: w_bytes + x_bytes + y_bytes,
+            flops: 2.0 * m64 * k64 * n64,
+        }
+    }
+
     /// Records Y[0..m] = X[0..m] · Wᵀ with `kernel` (or the planner's choice).
     pub fn record(
         &self,

@@ -7,6 +7,7 @@ pub mod elementwise;
 pub mod embed;
 pub mod matmul;
 pub mod norm;
+pub mod probe;
 pub mod rope;
 
 use crate::error::Result;
@@ -125,6 +126,18 @@ pub enum KernelKey {
     Argmax {
         subgroups: bool,
     },
+    /// Device probes (`kiln info --probe`).
+    Probe {
+        kind: ProbeKind,
+    },
+}
+
+/// What a probe kernel measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    ReadBandwidth,
+    Fma,
+    DependentDispatch,
 }
 
 /// Work sizes shared by host and shader.
@@ -156,7 +169,7 @@ impl KernelKey {
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
-            KernelKey::AttnCombine | KernelKey::Argmax { .. } => &[Uniform, Read, ReadWrite],
+            KernelKey::AttnCombine | KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
             KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
             KernelKey::KvWrite { .. } => &[Uniform, ReadWrite, ReadWrite, Read, ReadWrite],
@@ -167,6 +180,9 @@ impl KernelKey {
         match self {
             KernelKey::Rope { to_cache: Some(_), .. } => "to_cache",
             KernelKey::KvWrite { .. } => "kv_write",
+            KernelKey::Probe { kind: ProbeKind::ReadBandwidth } => "read_bw",
+            KernelKey::Probe { kind: ProbeKind::Fma } => "fma_peak",
+            KernelKey::Probe { kind: ProbeKind::DependentDispatch } => "chain",
             _ => "main",
         }
     }
@@ -262,6 +278,7 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
+            KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
         }
     }
 
@@ -319,6 +336,9 @@ impl KernelKey {
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
+        }
+        for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {
+            v.push(KernelKey::Probe { kind });
         }
         for op in [elementwise::EltOp::SiluMul, elementwise::EltOp::Add] {
             v.push(KernelKey::Elementwise { op });

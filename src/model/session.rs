@@ -16,6 +16,7 @@ use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::{KernelKey, KvKind, WG_ELT};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
+use crate::profile::{Profile, Profiler, Recorder, Stage, StageWork};
 
 fn pad4(n: u32) -> u32 {
     n.div_ceil(4) * 4
@@ -119,7 +120,8 @@ pub struct Session {
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
     pub timing: StepTiming,
-    timer: Option<crate::gpu::timer::PassTimer>,
+    /// Per-stage timestamps and totals when profiling.
+    prof: Option<Profiler>,
 }
 
 impl Session {
@@ -388,14 +390,35 @@ impl Session {
             argmax,
             _buffers: keep,
             timing: StepTiming::default(),
-            timer: None,
+            prof: None,
         })
     }
 
-    /// Measure each step's GPU time with timestamp queries (when the adapter has them).
-    pub fn enable_gpu_timing(&mut self) -> Result<()> {
-        self.timer = Some(crate::gpu::timer::PassTimer::new(&self.ctx, 2)?);
+    /// Times every stage of every step with timestamp queries from now on (an error when
+    /// the adapter has no timestamps). `timing.gpu` then holds each step's GPU time.
+    pub fn enable_profiling(&mut self) -> Result<()> {
+        if self.prof.is_none() {
+            self.prof = Some(Profiler::new(&self.ctx, 2)?);
+        }
         Ok(())
+    }
+
+    /// The stage totals so far (None when not profiling).
+    pub fn profile(&self) -> Option<&Profile> {
+        self.prof.as_ref().map(|p| &p.profile)
+    }
+
+    /// Returns the totals so far and starts new ones.
+    pub fn take_profile(&mut self) -> Option<Profile> {
+        self.prof.as_mut().map(|p| std::mem::take(&mut p.profile))
+    }
+
+    /// Adds host time spent sampling and detokenizing a decode step (generation loops).
+    pub fn add_host_time(&mut self, sample: f64, detokenize: f64) {
+        if let Some(p) = self.prof.as_mut() {
+            p.profile.decode.cpu.sample += sample;
+            p.profile.decode.cpu.detokenize += detokenize;
+        }
     }
 
     /// Tokens in the KV cache.
@@ -431,20 +454,33 @@ impl Session {
     }
 
     /// Runs `tokens` (at most `ubatch`) through the model at the current position.
-    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, m: u32, ids_on_gpu: bool) -> Result<()> {
+    fn record_step(&self, rec: &mut Recorder<'_>, m: u32, ids_on_gpu: bool) -> Result<()> {
         let ctx = &*self.ctx;
         let c = &self.cfg;
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
         let pipe = |k: &KernelKey| ctx.pipeline(k);
-        let _ = &c;
         let sub = ctx.caps.subgroups;
         let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub })?;
         let norm = |b: &Bound, rows: u32, n: u32, stride: u32, pass: &mut wgpu::ComputePass<'_>| {
             b.set(ctx, &RmsNormParams { n, x_stride: stride, y_stride: stride, eps: c.rms_eps });
             b.record_with(pass, &norm_pipe, grid(rows));
         };
+        // Bytes of activations (f32) and of the KV cache, for the profile's work estimates.
+        let f = |n: u32| n as f64 * 4.0;
+        let kv_elt = self.kv.bytes_per_elem() as f64;
+        let norm_work = |rows: u32, n: u32| StageWork::other("rms_norm", format!("{rows}x{n}"), 2.0 * f(rows * n), 0.0);
 
-        let embed_pipe = pipe(&KernelKey::Embed { format: self._weights.token_embd.format })?;
+        let token_embd = &self._weights.token_embd;
+        let embed_pipe = pipe(&KernelKey::Embed { format: token_embd.format })?;
+        rec.stage(Stage::Embed, || {
+            let row = token_embd.format.gpu_row_bytes(c.n_embd as usize).unwrap_or(0) as f64;
+            StageWork::other(
+                &format!("embed {}", token_embd.format.name()),
+                format!("{m}x{}", c.n_embd),
+                m as f64 * row + f(m * c.n_embd),
+                0.0,
+            )
+        });
         let embed = if ids_on_gpu { &self.embed_fed_back } else { &self.embed };
         for (b, row_start, rows) in embed {
             b.set(
@@ -458,7 +494,7 @@ impl Session {
                     _pad: [0; 3],
                 },
             );
-            b.record_with(pass, &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
+            b.record_with(rec.pass(), &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
         }
         let neox = c.rope_mode == RopeMode::Neox;
         let rope_q_pipe = pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?;
@@ -470,57 +506,122 @@ impl Session {
         let fused = m <= crate::plan::GEMV_MAX_COLS;
         for l in &self.layers {
             if fused {
-                l.q_fused.record(ctx, pass, m, None)?;
-                l.k_fused.record(ctx, pass, m, None)?;
-                l.v_fused.record(ctx, pass, m, None)?;
+                rec.stage(Stage::AttnNormQkv, || {
+                    StageWork::combine(vec![l.q_fused.work(ctx, m), l.k_fused.work(ctx, m), l.v_fused.work(ctx, m)])
+                });
+                l.q_fused.record(ctx, rec.pass(), m, None)?;
+                l.k_fused.record(ctx, rec.pass(), m, None)?;
+                l.v_fused.record(ctx, rec.pass(), m, None)?;
             } else {
-                norm(&l.attn_norm, m, c.n_embd, se, pass);
-                l.q.record(ctx, pass, m, None)?;
-                l.k.record(ctx, pass, m, None)?;
-                l.v.record(ctx, pass, m, None)?;
+                rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
+                rec.stage(Stage::Qkv, || {
+                    StageWork::combine(vec![l.q.work(ctx, m), l.k.work(ctx, m), l.v.work(ctx, m)])
+                });
+                l.q.record(ctx, rec.pass(), m, None)?;
+                l.k.record(ctx, rec.pass(), m, None)?;
+                l.v.record(ctx, rec.pass(), m, None)?;
             }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                norm(qn, m * c.n_head, c.head_dim, c.head_dim, pass);
-                norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, pass);
+                rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
+                norm(qn, m * c.n_head, c.head_dim, c.head_dim, rec.pass());
+                norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, rec.pass());
             }
+            rec.stage(Stage::Rope, || {
+                StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
+            });
             l.rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
-            l.rope_q.record_with(pass, &rope_q_pipe, rope_grid(c.n_head));
+            l.rope_q.record_with(rec.pass(), &rope_q_pipe, rope_grid(c.n_head));
+            rec.stage(Stage::KvWrite, || {
+                let n = (m * c.kv_dim()) as f64;
+                StageWork::other("kv_write (rope k)", format!("2x{m}x{}", c.kv_dim()), 2.0 * n * (4.0 + kv_elt), 0.0)
+            });
             let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
             l.kv_write.set(ctx, &kvp);
-            l.kv_write.record_with(pass, &kv_write_pipe, crate::kernels::rope::kv_write_grid(&kvp));
+            l.kv_write.record_with(rec.pass(), &kv_write_pipe, crate::kernels::rope::kv_write_grid(&kvp));
+            rec.stage(Stage::Attention, || {
+                // K and V read once, Q read and the output written; in prefill the score
+                // matrix is written, read and rewritten by softmax, and read again.
+                let kv_bytes = 2.0 * kv_len as f64 * c.kv_dim() as f64 * kv_elt;
+                let qo = 2.0 * f(m * c.q_dim());
+                let keys = self.pos as f64 + (m as f64 + 1.0) / 2.0;
+                let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
+                if m == 1 {
+                    StageWork::other("attn_decode+combine", format!("{}h x {kv_len}", c.n_head), kv_bytes + qo, flops)
+                } else {
+                    let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
+                    StageWork::other(
+                        "attn_gemm+softmax+attn_gemm",
+                        format!("{}h x {m}x{kv_len}", c.n_head),
+                        kv_bytes + qo + scores,
+                        flops,
+                    )
+                }
+            });
             if m == 1 {
                 let (p, g1, g2) = attention::decode_launch(&self.shape, kv_len)?;
                 l.attn_decode.set(ctx, &p);
-                l.attn_decode.record_with(pass, &*pipe(&KernelKey::AttnDecode { kv: self.kv, subgroups: sub })?, g1);
+                l.attn_decode.record_with(
+                    rec.pass(),
+                    &*pipe(&KernelKey::AttnDecode { kv: self.kv, subgroups: sub })?,
+                    g1,
+                );
                 l.attn_combine.set(ctx, &p);
-                l.attn_combine.record_with(pass, &*pipe(&KernelKey::AttnCombine)?, g2);
+                l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
             } else {
                 let [(qk, g_qk), (pv, g_pv)] = attention::prefill_launches(&self.shape, m, self.pos)?;
                 let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
                 let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
                 l.attn_qk.set(ctx, &qk);
-                l.attn_qk.record_with(pass, &gemm, g_qk);
+                l.attn_qk.record_with(rec.pass(), &gemm, g_qk);
                 l.attn_softmax.set(ctx, &sp);
-                l.attn_softmax.record_with(pass, &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
+                l.attn_softmax.record_with(rec.pass(), &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
                 l.attn_pv.set(ctx, &pv);
-                l.attn_pv.record_with(pass, &gemm, g_pv);
+                l.attn_pv.record_with(rec.pass(), &gemm, g_pv);
             }
-            l.wo.record(ctx, pass, m, None)?;
+            rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
+            l.wo.record(ctx, rec.pass(), m, None)?;
             if fused {
-                l.gate_fused.record(ctx, pass, m, None)?;
-                l.up_fused.record(ctx, pass, m, None)?;
+                rec.stage(Stage::FfnNormGateUp, || {
+                    StageWork::combine(vec![l.gate_fused.work(ctx, m), l.up_fused.work(ctx, m)])
+                });
+                l.gate_fused.record(ctx, rec.pass(), m, None)?;
+                l.up_fused.record(ctx, rec.pass(), m, None)?;
+                rec.stage(Stage::FfnActDown, || l.down_fused.work(ctx, m));
+                l.down_fused.record(ctx, rec.pass(), m, None)?;
             } else {
-                norm(&l.ffn_norm, m, c.n_embd, se, pass);
-                l.gate.record(ctx, pass, m, None)?;
-                l.up.record(ctx, pass, m, None)?;
-            }
-            if fused {
-                l.down_fused.record(ctx, pass, m, None)?;
-            } else {
+                rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
+                rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![l.gate.work(ctx, m), l.up.work(ctx, m)]));
+                l.gate.record(ctx, rec.pass(), m, None)?;
+                l.up.record(ctx, rec.pass(), m, None)?;
+                rec.stage(Stage::FfnAct, || {
+                    StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
+                });
                 l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
-                l.silu.record_with(pass, &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
-                l.down.record(ctx, pass, m, None)?;
+                l.silu.record_with(rec.pass(), &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
+                rec.stage(Stage::FfnDown, || l.down.work(ctx, m));
+                l.down.record(ctx, rec.pass(), m, None)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Records the output norm, LM head and (for `Argmax`) the argmax over the logits of one
+    /// token whose hidden state is in `x` (decode) or `x_last` (after a prefill).
+    fn record_head(&self, rec: &mut Recorder<'_>, head: &BoundMatmul, argmax: bool) -> Result<()> {
+        let ctx = &*self.ctx;
+        let v = self.cfg.n_vocab;
+        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, 1));
+        head.record(ctx, rec.pass(), 1, None)?;
+        if argmax {
+            rec.stage(Stage::Sample, || StageWork::other("argmax", format!("{v}"), v as f64 * 4.0, 0.0));
+            self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
+            self.argmax.record_with(
+                rec.pass(),
+                &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
+                [1, 1, 1],
+            );
         }
         Ok(())
     }
@@ -580,82 +681,69 @@ impl Session {
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
         let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
-        let mut timer = self.timer.take();
+        let mut prof = self.prof.take();
         let se = pad4(n_embd);
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        {
-            let tw = timer.as_mut().and_then(|t| t.pass("layers"));
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: tw });
-            self.record_step(&mut pass, m, false)?;
-            if out == Output::AllLogits {
-                self.out_norm_all.set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
-                self.out_norm_all.record_with(
-                    &mut pass,
-                    &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                    grid(m),
-                );
-                self.lm_head_all.record(&ctx, &mut pass, m, None)?;
-            } else if m == 1 {
-                // One token: x is the last position; the head reads it in the same pass.
-                self.lm_head_x.record(&ctx, &mut pass, 1, None)?;
-                if out == Output::Argmax {
-                    self.argmax.set(&*ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
-                    let argmax = ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?;
-                    self.argmax.record_with(&mut pass, &argmax, [1, 1, 1]);
-                }
-            }
-        }
         let read_bytes;
-        if out != Output::AllLogits && m == 1 {
-            read_bytes = if out == Output::Argmax { 4 } else { v as u64 * 4 };
-            let src = if out == Output::Argmax { &self.out_id } else { &self.logits };
-            enc.copy_buffer_to_buffer(src, 0, &self.readback, 0, read_bytes);
-        } else if out == Output::AllLogits {
-            read_bytes = m as u64 * v as u64 * 4;
-            if read {
-                enc.copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, read_bytes);
-            }
-        } else {
-            // Only the last position goes through the output norm and the LM head.
-            enc.copy_buffer_to_buffer(&self.x, (m - 1) as u64 * se as u64 * 4, &self.x_last, 0, se as u64 * 4);
-            {
-                let tw = timer.as_mut().and_then(|t| t.pass("head"));
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: tw });
-                self.lm_head_last.record(&ctx, &mut pass, 1, None)?;
-                if out == Output::Argmax {
-                    self.argmax.set(&*ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
-                    self.argmax.record_with(
-                        &mut pass,
-                        &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
-                        [1, 1, 1],
+        {
+            let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
+            let recorded = (|| -> Result<u64> {
+                self.record_step(&mut rec, m, false)?;
+                if out == Output::AllLogits {
+                    rec.stage(Stage::OutputNorm, || {
+                        StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
+                    });
+                    self.out_norm_all
+                        .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
+                    self.out_norm_all.record_with(
+                        rec.pass(),
+                        &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
+                        grid(m),
                     );
+                    rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
+                    self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
+                    let n = m as u64 * v as u64 * 4;
+                    if read {
+                        rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
+                    }
+                    return Ok(n);
                 }
-            }
-            if out == Output::Argmax {
-                read_bytes = 4;
-                enc.copy_buffer_to_buffer(&self.out_id, 0, &self.readback, 0, 4);
-            } else {
-                read_bytes = v as u64 * 4;
-                enc.copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, read_bytes);
-            }
-        }
-        if let Some(t) = &timer {
-            t.resolve(&mut enc);
+                if m > 1 {
+                    // Only the last position goes through the output norm and the LM head.
+                    let last = (m - 1) as u64 * se as u64 * 4;
+                    rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
+                }
+                // One token: x is the last position and the head reads it in the same pass.
+                let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
+                self.record_head(&mut rec, head, out == Output::Argmax)?;
+                let (src, n) = if out == Output::Argmax { (&self.out_id, 4) } else { (&self.logits, v as u64 * 4) };
+                rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
+                Ok(n)
+            })();
+            rec.finish();
+            read_bytes = recorded?;
         }
         let t1 = std::time::Instant::now();
         ctx.queue.submit([enc.finish()]);
         let t2 = std::time::Instant::now();
         self.pos += m;
-        let gpu = match timer.as_mut() {
-            Some(t) => t.read(&ctx)?.iter().map(|(_, ns)| ns * 1e-9).sum(),
-            None => 0.0,
-        };
-        self.timer = timer;
         let bytes = if read { self.read(read_bytes)? } else { Vec::new() };
         let t3 = std::time::Instant::now();
+        let gpu = match prof.as_mut() {
+            Some(p) => {
+                let span = p.collect(&ctx, 0, None)?;
+                let ph = p.profile.phase_mut(m == 1);
+                ph.cpu.encode += (t1 - t0).as_secs_f64();
+                ph.cpu.submit += (t2 - t1).as_secs_f64();
+                ph.cpu.wait += (t3 - t2).as_secs_f64();
+                ph.submits += 1;
+                ph.readbacks += read as u64;
+                span
+            }
+            None => 0.0,
+        };
+        self.prof = prof;
         self.timing = StepTiming {
             encode: (t1 - t0).as_secs_f64(),
             submit: (t2 - t1).as_secs_f64(),
@@ -718,29 +806,44 @@ impl Session {
         // Submission indices of the (at most two) steps in flight, by k % 2.
         let mut submitted: [Option<wgpu::SubmissionIndex>; 2] = [None, None];
         let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
+            let t0 = std::time::Instant::now();
             let mut enc =
                 ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
-            s.encode_decode_step(&mut enc, true)?;
-            enc.copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
-            let idx = ctx.queue.submit([enc.finish()]);
+            let mut prof = s.prof.take();
+            let recorded = {
+                let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
+                let r = s.record_step(&mut rec, 1, true).and_then(|_| s.record_head(&mut rec, &s.lm_head_x, true));
+                if r.is_ok() {
+                    rec.encoder().copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
+                }
+                rec.finish();
+                r
+            };
+            let t1 = std::time::Instant::now();
+            let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
+            if let Some(p) = prof.as_mut() {
+                p.profile.decode.cpu.encode += (t1 - t0).as_secs_f64();
+                p.profile.decode.cpu.submit += t1.elapsed().as_secs_f64();
+                p.profile.decode.submits += 1;
+            }
+            s.prof = prof;
             s.pos += 1;
-            Ok(idx)
+            idx
         };
         submitted[0] = Some(submit(self, 0)?);
         for k in 0..max_new {
             if k + 1 < max_new {
                 submitted[(k + 1) % 2] = Some(submit(self, k + 1)?);
             }
+            let t_wait = std::time::Instant::now();
             let slot = &self.chain_stage[k % 2];
             let (tx, rx) = std::sync::mpsc::channel();
             slot.map_async(wgpu::MapMode::Read, 0..4, move |r| {
                 let _ = tx.send(r);
             });
+            let index = submitted[k % 2].take();
             ctx.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: submitted[k % 2].take(),
-                    timeout: Some(ctx.poll_timeout),
-                })
+                .poll(wgpu::PollType::Wait { submission_index: index.clone(), timeout: Some(ctx.poll_timeout) })
                 .map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
             match rx.recv_timeout(ctx.poll_timeout) {
                 Ok(Ok(())) => {}
@@ -758,6 +861,11 @@ impl Session {
                 u32::from_le_bytes([view[0], view[1], view[2], view[3]])
             };
             slot.unmap();
+            if let Some(p) = self.prof.as_mut() {
+                p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
+                p.profile.decode.readbacks += 1;
+                self.timing.gpu = p.collect(&ctx, k, index)?;
+            }
             out.push(tok);
             if !on_token(tok) {
                 // The step already queued after this one ran on a token we do not want.
@@ -769,24 +877,6 @@ impl Session {
             }
         }
         Ok(out)
-    }
-
-    /// Records one decode step (m = 1) through argmax into `out_id`, in one compute pass.
-    fn encode_decode_step(&self, enc: &mut wgpu::CommandEncoder, ids_on_gpu: bool) -> Result<()> {
-        let ctx = &*self.ctx;
-        let v = self.cfg.n_vocab;
-        let mut pass =
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("decode"), timestamp_writes: None });
-        self.record_step(&mut pass, 1, ids_on_gpu)?;
-        // With one token, x holds just the last position: the head reads it directly.
-        self.lm_head_x.record(ctx, &mut pass, 1, None)?;
-        self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
-        self.argmax.record_with(
-            &mut pass,
-            &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
-            [1, 1, 1],
-        );
-        Ok(())
     }
 
     /// Greedy next token after feeding `tokens`.

@@ -1,0 +1,599 @@
+//! Per-stage GPU profiling (`PROFILE=1` / `--profile`): timestamp queries between the stages
+//! of a forward step, accumulated per phase (prefill, decode) with the work each stage does,
+//! so the table can say how fast each stage moved bytes and flops and what bounds it.
+//!
+//! Timestamps are written inside the compute pass where the adapter allows it
+//! (TIMESTAMP_QUERY_INSIDE_PASSES); elsewhere every stage gets a pass of its own, timed at its
+//! beginning and end. With profiling off the recorder writes no timestamp and opens one pass.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{KilnError, Result};
+use crate::gpu::GpuContext;
+
+/// The stages of a forward step, in execution order. Fused stages are named as fused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stage {
+    Embed,
+    AttnNorm,
+    Qkv,
+    AttnNormQkv,
+    QkNorm,
+    Rope,
+    KvWrite,
+    Attention,
+    AttnOut,
+    FfnNorm,
+    FfnGateUp,
+    FfnNormGateUp,
+    FfnAct,
+    FfnDown,
+    FfnActDown,
+    OutputNorm,
+    LmHead,
+    OutputNormLmHead,
+    Sample,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Embed => "embed",
+            Stage::AttnNorm => "attn_norm",
+            Stage::Qkv => "qkv",
+            Stage::AttnNormQkv => "attn_norm+qkv",
+            Stage::QkNorm => "qk_norm",
+            Stage::Rope => "rope",
+            Stage::KvWrite => "rope_k+kv_write",
+            Stage::Attention => "attention",
+            Stage::AttnOut => "attn_out+add",
+            Stage::FfnNorm => "ffn_norm",
+            Stage::FfnGateUp => "ffn_gate_up",
+            Stage::FfnNormGateUp => "ffn_norm+ffn_gate_up",
+            Stage::FfnAct => "ffn_act",
+            Stage::FfnDown => "ffn_down+add",
+            Stage::FfnActDown => "ffn_act+ffn_down+add",
+            Stage::OutputNorm => "output_norm",
+            Stage::LmHead => "lm_head",
+            Stage::OutputNormLmHead => "output_norm+lm_head",
+            Stage::Sample => "sample",
+        }
+    }
+}
+
+/// What one call of a stage does: the kernel chosen, its shape, and the bytes and flops it
+/// must move and compute at the least (weights and activations read once).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageWork {
+    pub kernel: String,
+    pub shape: String,
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+impl StageWork {
+    /// Several kernels run as one stage (Q, K and V; gate and up): their sums, one kernel
+    /// name (the formats listed once each) and the output widths joined with '+'.
+    pub fn combine(parts: Vec<StageWork>) -> StageWork {
+        let mut out = StageWork::default();
+        let mut kernels: Vec<String> = Vec::new();
+        let mut shapes: Vec<String> = Vec::new();
+        for p in parts {
+            if !kernels.contains(&p.kernel) {
+                kernels.push(p.kernel);
+            }
+            shapes.push(p.shape);
+            out.bytes += p.bytes;
+            out.flops += p.flops;
+        }
+        out.kernel = kernels.join(", ");
+        // "1x2048·2048", "1x2048·256" -> "1x2048·2048+256"
+        let mut widths = Vec::new();
+        let mut head = String::new();
+        for s in &shapes {
+            match s.split_once('·') {
+                Some((h, w)) => {
+                    head = h.to_string();
+                    widths.push(w.to_string());
+                }
+                None => widths.push(s.clone()),
+            }
+        }
+        out.shape = if head.is_empty() { widths.join("+") } else { format!("{head}·{}", widths.join("+")) };
+        out
+    }
+
+    pub fn other(kernel: &str, shape: String, bytes: f64, flops: f64) -> StageWork {
+        StageWork { kernel: kernel.to_string(), shape, bytes, flops }
+    }
+}
+
+/// The device's measured peaks (`kiln info --probe`), the yardstick of the profile.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Peak {
+    /// Read bandwidth of one large dispatch, GB/s.
+    pub read_gbs: f64,
+    /// f32 FMA throughput, GFLOP/s.
+    pub gflops: f64,
+    /// Cost of one dispatch that depends on the previous one, µs.
+    pub dispatch_us: f64,
+}
+
+/// One stage's totals over a phase.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StageStat {
+    pub stage: String,
+    pub kernel: String,
+    pub shape: String,
+    pub calls: u64,
+    pub total_ms: f64,
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+/// Host-side seconds spent per phase.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuTimes {
+    pub encode: f64,
+    pub submit: f64,
+    pub wait: f64,
+    pub sample: f64,
+    pub detokenize: f64,
+}
+
+/// Everything measured for one phase (prefill or decode).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PhaseProfile {
+    pub steps: u64,
+    pub tokens: u64,
+    /// Sum over steps of (last timestamp - first timestamp), ms.
+    pub span_ms: f64,
+    pub stages: Vec<StageStat>,
+    pub cpu: CpuTimes,
+    pub submits: u64,
+    pub readbacks: u64,
+}
+
+impl PhaseProfile {
+    /// Sum of the stage times, ms.
+    pub fn stage_ms(&self) -> f64 {
+        self.stages.iter().map(|s| s.total_ms).sum()
+    }
+
+    fn add_step(&mut self, tokens: u32, span_ns: f64, stages: &[(Stage, StageWork, f64)]) {
+        self.steps += 1;
+        self.tokens += tokens as u64;
+        self.span_ms += span_ns * 1e-6;
+        for (stage, work, ns) in stages {
+            let name = stage.name();
+            let i = match self.stages.iter().position(|s| s.stage == name) {
+                Some(i) => i,
+                None => {
+                    self.stages.push(StageStat {
+                        stage: name.into(),
+                        kernel: work.kernel.clone(),
+                        shape: work.shape.clone(),
+                        ..Default::default()
+                    });
+                    self.stages.len() - 1
+                }
+            };
+            let s = &mut self.stages[i];
+            s.calls += 1;
+            s.total_ms += ns * 1e-6;
+            s.bytes += work.bytes;
+            s.flops += work.flops;
+        }
+    }
+
+    /// Adds another phase's totals (several runs of the same test).
+    pub fn merge(&mut self, o: &PhaseProfile) {
+        self.steps += o.steps;
+        self.tokens += o.tokens;
+        self.span_ms += o.span_ms;
+        self.submits += o.submits;
+        self.readbacks += o.readbacks;
+        let (a, b) = (&mut self.cpu, &o.cpu);
+        a.encode += b.encode;
+        a.submit += b.submit;
+        a.wait += b.wait;
+        a.sample += b.sample;
+        a.detokenize += b.detokenize;
+        for s in &o.stages {
+            match self.stages.iter_mut().find(|x| x.stage == s.stage) {
+                Some(x) => {
+                    x.calls += s.calls;
+                    x.total_ms += s.total_ms;
+                    x.bytes += s.bytes;
+                    x.flops += s.flops;
+                }
+                None => self.stages.push(s.clone()),
+            }
+        }
+    }
+
+    /// The per-stage table, as markdown, with shares of `peak` where it was measured.
+    pub fn table(&self, title: &str, peak: Option<&Peak>) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        if self.steps == 0 {
+            return o;
+        }
+        let tokens = self.tokens.max(1) as f64;
+        let step_ms = self.stage_ms();
+        let _ = writeln!(
+            o,
+            "\n{title}: {} tokens in {} steps; GPU {:.3} ms per token (stages {:.3} ms, timestamp span {:.3} ms)\n",
+            self.tokens,
+            self.steps,
+            self.span_ms / tokens,
+            step_ms,
+            self.span_ms
+        );
+        let _ =
+            writeln!(o, "| stage | kernel | shape | calls | total ms | µs/token | share | GB/s | GFLOP/s | of peak |");
+        let _ = writeln!(o, "|---|---|---|---:|---:|---:|---:|---:|---:|---|");
+        for s in &self.stages {
+            let secs = s.total_ms * 1e-3;
+            let gbs = if secs > 0.0 { s.bytes / secs * 1e-9 } else { 0.0 };
+            let gflops = if secs > 0.0 { s.flops / secs * 1e-9 } else { 0.0 };
+            let of_peak = match peak {
+                Some(p) if p.read_gbs > 0.0 && p.gflops > 0.0 => {
+                    let (bw, fl) = (gbs / p.read_gbs, gflops / p.gflops);
+                    // Per call, a stage cannot beat one dependent dispatch.
+                    let per_call_us = s.total_ms * 1e3 / s.calls.max(1) as f64;
+                    if bw < 0.25 && fl < 0.25 && per_call_us < 4.0 * p.dispatch_us.max(0.1) {
+                        format!("{:.0}% bw (dispatch-bound)", bw * 100.0)
+                    } else if bw >= fl {
+                        format!("{:.0}% bw", bw * 100.0)
+                    } else {
+                        format!("{:.0}% flops", fl * 100.0)
+                    }
+                }
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {:.3} | {:.1} | {:.1}% | {:.1} | {:.1} | {} |",
+                s.stage,
+                s.kernel,
+                s.shape,
+                s.calls,
+                s.total_ms,
+                s.total_ms * 1e3 / tokens,
+                100.0 * s.total_ms / step_ms.max(1e-12),
+                gbs,
+                gflops,
+                of_peak
+            );
+        }
+        let c = &self.cpu;
+        let per = |x: f64| x * 1e6 / tokens;
+        let _ = writeln!(
+            o,
+            "\nCPU per token: encode {:.1} µs, submit {:.1} µs, wait {:.1} µs, sample {:.1} µs, detokenize {:.1} µs; \
+             {:.2} submits and {:.2} readbacks per step",
+            per(c.encode),
+            per(c.submit),
+            per(c.wait),
+            per(c.sample),
+            per(c.detokenize),
+            self.submits as f64 / self.steps as f64,
+            self.readbacks as f64 / self.steps as f64
+        );
+        o
+    }
+}
+
+/// A whole profile: prefill steps (more than one token) and decode steps (one token).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Profile {
+    pub prefill: PhaseProfile,
+    pub decode: PhaseProfile,
+}
+
+impl Profile {
+    pub fn phase_mut(&mut self, decode: bool) -> &mut PhaseProfile {
+        if decode {
+            &mut self.decode
+        } else {
+            &mut self.prefill
+        }
+    }
+
+    pub fn merge(&mut self, o: &Profile) {
+        self.prefill.merge(&o.prefill);
+        self.decode.merge(&o.decode);
+    }
+
+    pub fn tables(&self, peak: Option<&Peak>) -> String {
+        let mut s = self.prefill.table("prefill", peak);
+        s.push_str(&self.decode.table("decode", peak));
+        s
+    }
+}
+
+/// Is `PROFILE` set to something other than 0/empty?
+pub fn profile_env() -> bool {
+    std::env::var("PROFILE").map(|v| !v.is_empty() && v != "0").unwrap_or(false)
+}
+
+struct Mark {
+    stage: Stage,
+    work: StageWork,
+    begin: u32,
+    end: u32,
+}
+
+/// One submission's timestamps: a query set, where it resolves, and where the host reads it.
+pub struct ProfSlot {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    capacity: u32,
+    inside: bool,
+    used: u32,
+    marks: Vec<Mark>,
+    /// Query index that ends the open pass (inside mode), where the open stage also ends.
+    pass_end: Option<u32>,
+    tokens: u32,
+}
+
+/// Timestamps for up to two submissions in flight, and the totals so far.
+pub struct Profiler {
+    slots: Vec<ProfSlot>,
+    period_ns: f64,
+    pub profile: Profile,
+}
+
+/// Most timestamps one step may write (wgpu allows 4096 queries per set).
+const MAX_QUERIES: u32 = 4096;
+
+impl Profiler {
+    /// Needs TIMESTAMP_QUERY; inside-pass timestamps are used when offered unless
+    /// `KILN_PROFILE_PASSES=1` asks for a pass per stage.
+    pub fn new(ctx: &GpuContext, slots: usize) -> Result<Profiler> {
+        if !ctx.caps.timestamps {
+            return Err(KilnError::AdapterUnusable {
+                adapter: ctx.info.name.clone(),
+                reason: "profiling needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
+            });
+        }
+        let inside = ctx.caps.timestamps_in_passes
+            && std::env::var("KILN_PROFILE_PASSES").map(|v| v.is_empty() || v == "0").unwrap_or(true);
+        let slots = (0..slots)
+            .map(|_| {
+                let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("kiln profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: MAX_QUERIES,
+                });
+                let size = MAX_QUERIES as u64 * 8;
+                let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("profile resolve"),
+                    size,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                });
+                let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("profile staging"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                ProfSlot {
+                    set,
+                    resolve,
+                    staging,
+                    capacity: MAX_QUERIES,
+                    inside,
+                    used: 0,
+                    marks: Vec::new(),
+                    pass_end: None,
+                    tokens: 0,
+                }
+            })
+            .collect();
+        Ok(Profiler { slots, period_ns: ctx.queue.get_timestamp_period() as f64, profile: Profile::default() })
+    }
+
+    pub fn inside_passes(&self) -> bool {
+        self.slots.first().map(|s| s.inside).unwrap_or(false)
+    }
+
+    /// The slot for submission `k` (ring of two), emptied for a new step of `tokens` tokens.
+    pub fn slot(&mut self, k: usize, tokens: u32) -> &mut ProfSlot {
+        let n = self.slots.len();
+        let s = &mut self.slots[k % n];
+        s.used = 0;
+        s.marks.clear();
+        s.pass_end = None;
+        s.tokens = tokens;
+        s
+    }
+
+    /// After submission `k` completed: reads its timestamps and adds them to the profile.
+    /// Returns the step's timestamp span in seconds.
+    /// `index` is the submission to wait for (None: everything submitted).
+    pub fn collect(&mut self, ctx: &GpuContext, k: usize, index: Option<wgpu::SubmissionIndex>) -> Result<f64> {
+        let n = self.slots.len();
+        let s = &mut self.slots[k % n];
+        if s.used == 0 {
+            return Ok(0.0);
+        }
+        let size = s.used as u64 * 8;
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.staging.map_async(wgpu::MapMode::Read, 0..size, move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.device
+            .poll(wgpu::PollType::Wait { submission_index: index, timeout: Some(ctx.poll_timeout) })
+            .map_err(|e| KilnError::Gpu { context: "reading timestamps".into(), message: e.to_string() })?;
+        match rx.recv_timeout(ctx.poll_timeout) {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(KilnError::GpuTimeout {
+                    what: "reading timestamps".into(),
+                    seconds: ctx.poll_timeout.as_secs(),
+                })
+            }
+        }
+        let ticks: Vec<u64> = {
+            let view = s
+                .staging
+                .get_mapped_range(0..size)
+                .map_err(|e| KilnError::Gpu { context: "reading timestamps".into(), message: e.to_string() })?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        s.staging.unmap();
+        let ns = |q: u32| ticks[q as usize] as f64 * self.period_ns;
+        let mut lo = f64::MAX;
+        let mut hi = 0f64;
+        let mut stages = Vec::with_capacity(s.marks.len());
+        for m in s.marks.drain(..) {
+            if m.begin >= s.used || m.end >= s.used {
+                continue; // a stage whose end was never written (query set full)
+            }
+            let (b, e) = (ns(m.begin), ns(m.end));
+            lo = lo.min(b);
+            hi = hi.max(e);
+            stages.push((m.stage, m.work, (e - b).max(0.0)));
+        }
+        let span = (hi - lo).max(0.0);
+        self.profile.phase_mut(s.tokens == 1).add_step(s.tokens, span, &stages);
+        Ok(span * 1e-9)
+    }
+}
+
+impl ProfSlot {
+    fn next(&mut self) -> Option<u32> {
+        if self.used >= self.capacity {
+            return None;
+        }
+        self.used += 1;
+        Some(self.used - 1)
+    }
+
+    /// Records the resolve of this step's timestamps and their copy to the host-readable buffer.
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        if self.used > 0 {
+            enc.resolve_query_set(&self.set, 0..self.used, &self.resolve, 0);
+            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.staging, 0, self.used as u64 * 8);
+        }
+    }
+}
+
+/// Records a step's dispatches: one compute pass (or a pass per stage when profiling around
+/// passes), with a timestamp at each stage boundary when profiling.
+pub struct Recorder<'a> {
+    enc: &'a mut wgpu::CommandEncoder,
+    pass: Option<wgpu::ComputePass<'static>>,
+    prof: Option<&'a mut ProfSlot>,
+    label: &'static str,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(enc: &'a mut wgpu::CommandEncoder, label: &'static str, prof: Option<&'a mut ProfSlot>) -> Self {
+        Recorder { enc, pass: None, prof, label }
+    }
+
+    fn open(&mut self, stage_timed: Option<(u32, u32)>) {
+        let writes = match (&self.prof, stage_timed) {
+            (Some(p), Some((b, e))) => Some(wgpu::ComputePassTimestampWrites {
+                query_set: &p.set,
+                beginning_of_pass_write_index: Some(b),
+                end_of_pass_write_index: Some(e),
+            }),
+            _ => None,
+        };
+        let pass = self
+            .enc
+            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(self.label), timestamp_writes: writes })
+            .forget_lifetime();
+        self.pass = Some(pass);
+    }
+
+    /// The open pass (one is opened if none is).
+    pub fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            self.begin_inside_pass();
+        }
+        self.pass.as_mut().expect("a pass was just opened")
+    }
+
+    fn begin_inside_pass(&mut self) {
+        // Inside mode: the pass's own end timestamp closes its last stage.
+        let q = match self.prof.as_deref_mut() {
+            Some(p) if p.inside => match (p.next(), p.next()) {
+                (Some(b), Some(e)) => {
+                    p.pass_end = Some(e);
+                    Some((b, e))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        self.open(q);
+    }
+
+    /// Starts `stage`; `work` describes it (evaluated only when profiling).
+    pub fn stage(&mut self, stage: Stage, work: impl FnOnce() -> StageWork) {
+        let Some(p) = self.prof.as_deref_mut() else {
+            return;
+        };
+        if p.inside {
+            if self.pass.is_none() {
+                self.begin_inside_pass();
+            }
+            let (Some(p), Some(pass)) = (self.prof.as_deref_mut(), self.pass.as_mut()) else {
+                return;
+            };
+            let Some(q) = p.next() else {
+                return;
+            };
+            pass.write_timestamp(&p.set, q);
+            // The previous stage of this pass ends where this one begins.
+            if let Some(last) = p.marks.last_mut() {
+                if last.end == u32::MAX {
+                    last.end = q;
+                }
+            }
+            p.marks.push(Mark { stage, work: work(), begin: q, end: u32::MAX });
+        } else {
+            self.pass = None;
+            let (Some(b), Some(e)) = (p.next(), p.next()) else {
+                return;
+            };
+            p.marks.push(Mark { stage, work: work(), begin: b, end: e });
+            self.open(Some((b, e)));
+        }
+    }
+
+    /// Ends the open pass (commands outside passes may follow).
+    pub fn end_pass(&mut self) {
+        self.pass = None;
+        if let Some(p) = self.prof.as_deref_mut() {
+            if let Some(end) = p.pass_end.take() {
+                if let Some(last) = p.marks.last_mut() {
+                    if last.end == u32::MAX {
+                        last.end = end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The encoder, with the pass ended.
+    pub fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.end_pass();
+        self.enc
+    }
+
+    /// Ends the pass and records the timestamps' resolve.
+    pub fn finish(mut self) {
+        self.end_pass();
+        if let Some(p) = self.prof.as_deref() {
+            p.resolve(self.enc);
+        }
+    }
+}
