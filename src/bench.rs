@@ -155,8 +155,11 @@ pub struct BenchRecord {
     pub stddev_ts: f64,
     /// The device's measured peaks, when profiling.
     pub peak: Option<Peak>,
-    /// Per-stage profile of the test's phase over all repetitions, when profiling.
+    /// Per-stage profile of the test's phase, when profiling: from extra runs with
+    /// timestamps, after the timed repetitions (which run without).
     pub profile: Option<PhaseProfile>,
+    /// Tokens per second of the profiled runs: what the timestamps cost.
+    pub profiled_ts: Option<f64>,
 }
 
 /// Mean and sample standard deviation.
@@ -226,9 +229,6 @@ pub fn bench_model(
     let max_g = opts.tests.iter().filter_map(|t| if let Test::Gen(n) = t { Some(*n) } else { None }).max();
     let n_ctx = max_p.unwrap_or(0).max(max_g.unwrap_or(0) + 1).max(1);
     let mut s = model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false })?;
-    if opts.profile {
-        s.enable_profiling()?;
-    }
     // A fixed prompt: token ids spread over the vocabulary (not the specials at 0..3).
     let v = model.cfg.n_vocab as usize;
     let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
@@ -256,13 +256,24 @@ pub fn bench_model(
             progress(&name, None);
             run(&mut s)?;
         }
-        s.take_profile();
         let mut samples = Vec::new();
         for r in 0..opts.repetitions {
             progress(&name, Some(r));
             samples.push(run(&mut s)?);
         }
-        let profile = s.take_profile().map(|p| if matches!(test, Test::Gen(_)) { p.decode } else { p.prefill });
+        // The profile comes from runs of their own, so the timed figures carry no timestamps.
+        let (mut profile, mut profiled_ts) = (None, None);
+        if opts.profile {
+            s.enable_profiling()?;
+            let mut ts = Vec::new();
+            for _ in 0..opts.repetitions.min(3) {
+                progress(&name, None);
+                ts.push(run(&mut s)?);
+            }
+            profiled_ts = Some(mean_sd(&ts).0);
+            profile = s.take_profile().map(|p| if matches!(test, Test::Gen(_)) { p.decode } else { p.prefill });
+            s.disable_profiling();
+        }
         let (avg, sd) = mean_sd(&samples);
         let (n_prompt, n_gen) = match test {
             Test::Prompt(n) => (n, 0),
@@ -285,6 +296,7 @@ pub fn bench_model(
             stddev_ts: sd,
             peak: opts.peak,
             profile,
+            profiled_ts,
         });
     }
     Ok(out)

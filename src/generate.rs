@@ -75,6 +75,9 @@ pub fn generate(
     let mut generated = 0usize;
     let mut reason = StopReason::Limit;
     let mut error: Option<KilnError> = None;
+    // Host time spent detokenizing and sampling (for the profile).
+    let mut detok_secs = 0f64;
+    let mut sample_secs = 0f64;
     // Handles one new token; false stops generation.
     let mut accept = |id: u32, generated: &mut usize, reason: &mut StopReason, history: &mut Vec<u32>| -> bool {
         if tok.is_eog(id) {
@@ -83,7 +86,10 @@ pub fn generate(
         }
         *generated += 1;
         history.push(id);
-        match dec.push(id).and_then(|s| if s.is_empty() { Ok(()) } else { on_text(&s) }) {
+        let t = Instant::now();
+        let piece = dec.push(id);
+        detok_secs += t.elapsed().as_secs_f64();
+        match piece.and_then(|s| if s.is_empty() { Ok(()) } else { on_text(&s) }) {
             Ok(()) => {}
             Err(e) => {
                 error = Some(e);
@@ -117,7 +123,9 @@ pub fn generate(
                     break;
                 }
                 let logits = session.forward(&[last], Output::LastLogits)?;
+                let t = Instant::now();
                 last = sampler.sample(&logits, history);
+                sample_secs += t.elapsed().as_secs_f64();
                 if !accept(last, &mut generated, &mut reason, history) {
                     break;
                 }
@@ -126,6 +134,7 @@ pub fn generate(
     } else if limit == 0 {
         reason = StopReason::Limit;
     }
+    session.add_host_time(sample_secs, detok_secs);
     if let Some(e) = error {
         return Err(e);
     }

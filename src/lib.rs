@@ -17,6 +17,7 @@ pub mod model;
 pub mod plan;
 pub mod profile;
 pub mod quant;
+pub mod report;
 pub mod sample;
 pub mod synth;
 pub mod tokenizer;

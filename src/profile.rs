@@ -36,6 +36,33 @@ pub enum Stage {
 }
 
 impl Stage {
+    pub const ALL: [Stage; 19] = [
+        Stage::Embed,
+        Stage::AttnNorm,
+        Stage::Qkv,
+        Stage::AttnNormQkv,
+        Stage::QkNorm,
+        Stage::Rope,
+        Stage::KvWrite,
+        Stage::Attention,
+        Stage::AttnOut,
+        Stage::FfnNorm,
+        Stage::FfnGateUp,
+        Stage::FfnNormGateUp,
+        Stage::FfnAct,
+        Stage::FfnDown,
+        Stage::FfnActDown,
+        Stage::OutputNorm,
+        Stage::LmHead,
+        Stage::OutputNormLmHead,
+        Stage::Sample,
+    ];
+
+    /// Position of a stage name in execution order (unknown names last).
+    pub fn order_of(name: &str) -> usize {
+        Stage::ALL.iter().position(|s| s.name() == name).unwrap_or(Stage::ALL.len())
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Stage::Embed => "embed",
@@ -318,6 +345,17 @@ pub fn profile_env() -> bool {
     std::env::var("PROFILE").map(|v| !v.is_empty() && v != "0").unwrap_or(false)
 }
 
+/// Where the profiler writes its timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileMode {
+    /// Inside one pass where the adapter allows it, else a pass per stage.
+    Auto,
+    /// Between dispatches of one pass (TIMESTAMP_QUERY_INSIDE_PASSES).
+    InsidePasses,
+    /// At the beginning and end of a pass of its own for each stage.
+    PassPerStage,
+}
+
 struct Mark {
     stage: Stage,
     work: StageWork,
@@ -350,17 +388,31 @@ pub struct Profiler {
 const MAX_QUERIES: u32 = 4096;
 
 impl Profiler {
-    /// Needs TIMESTAMP_QUERY; inside-pass timestamps are used when offered unless
-    /// `KILN_PROFILE_PASSES=1` asks for a pass per stage.
-    pub fn new(ctx: &GpuContext, slots: usize) -> Result<Profiler> {
+    /// Needs TIMESTAMP_QUERY. `Auto` times inside one pass where the adapter allows it,
+    /// unless `KILN_PROFILE_PASSES=1` asks for a pass per stage.
+    pub fn new(ctx: &GpuContext, slots: usize, mode: ProfileMode) -> Result<Profiler> {
         if !ctx.caps.timestamps {
             return Err(KilnError::AdapterUnusable {
                 adapter: ctx.info.name.clone(),
                 reason: "profiling needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
             });
         }
-        let inside = ctx.caps.timestamps_in_passes
-            && std::env::var("KILN_PROFILE_PASSES").map(|v| v.is_empty() || v == "0").unwrap_or(true);
+        let inside = match mode {
+            ProfileMode::Auto => {
+                ctx.caps.timestamps_in_passes
+                    && std::env::var("KILN_PROFILE_PASSES").map(|v| v.is_empty() || v == "0").unwrap_or(true)
+            }
+            ProfileMode::InsidePasses => {
+                if !ctx.caps.timestamps_in_passes {
+                    return Err(KilnError::AdapterUnusable {
+                        adapter: ctx.info.name.clone(),
+                        reason: "this adapter cannot write timestamps inside passes".into(),
+                    });
+                }
+                true
+            }
+            ProfileMode::PassPerStage => false,
+        };
         let slots = (0..slots)
             .map(|_| {
                 let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -450,14 +502,19 @@ impl Profiler {
         let mut lo = f64::MAX;
         let mut hi = 0f64;
         let mut stages = Vec::with_capacity(s.marks.len());
+        // A stage runs from where the previous one ended: with a pass per stage, the gap
+        // between passes (their launch and barriers) is the cost of starting this stage.
+        let mut prev_end: Option<f64> = None;
         for m in s.marks.drain(..) {
             if m.begin >= s.used || m.end >= s.used {
                 continue; // a stage whose end was never written (query set full)
             }
             let (b, e) = (ns(m.begin), ns(m.end));
+            let start = prev_end.map(|p| p.min(b)).unwrap_or(b);
             lo = lo.min(b);
             hi = hi.max(e);
-            stages.push((m.stage, m.work, (e - b).max(0.0)));
+            stages.push((m.stage, m.work, (e - start).max(0.0)));
+            prev_end = Some(e);
         }
         let span = (hi - lo).max(0.0);
         self.profile.phase_mut(s.tokens == 1).add_step(s.tokens, span, &stages);

@@ -108,7 +108,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         profile,
         peak,
     };
-    let runs_per_model = tests.len() as u64 * (args.repetitions as u64 + opts.warmup as u64);
+    let profiled_runs = if profile { args.repetitions.min(3) as u64 } else { 0 };
+    let runs_per_model = tests.len() as u64 * (args.repetitions as u64 + opts.warmup as u64 + profiled_runs);
     let bar = indicatif::ProgressBar::new(runs_per_model * sources.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:25}] {pos}/{len} {msg}")
@@ -160,6 +161,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             for r in &records {
                 if let Some(p) = &r.profile {
                     write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;
+                    if let Some(pts) = r.profiled_ts {
+                        writeln!(
+                            o,
+                            "with timestamps {pts:.2} t/s, without {:.2} t/s (the profile's times include the difference)",
+                            r.avg_ts
+                        )?;
+                    }
                 }
             }
             writeln!(o, "\nkiln {} ({}), {}", env!("CARGO_PKG_VERSION"), env!("KILN_GIT_COMMIT"), ctx.describe())?;

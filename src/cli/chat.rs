@@ -117,5 +117,6 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             stats.generated as f64 / stats.gen_secs.max(1e-9)
         );
     }
+    crate::cli::load::report_profile(&session)?;
     Ok(())
 }

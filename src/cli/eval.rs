@@ -59,5 +59,6 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         writeln!(o, "tokens 1 (no next-token predictions to score)")?;
     }
     eprintln!("{} tokens in {:.3} s ({:.1} tok/s)", ids.len(), secs, ids.len() as f64 / secs);
+    crate::cli::load::report_profile(&session)?;
     Ok(())
 }

@@ -25,6 +25,9 @@ pub struct ModelArgs {
     /// KV cache element type: f16 or f32.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: String,
+    /// Per-stage GPU timing of prefill and decode, printed at the end (also PROFILE=1).
+    #[arg(long)]
+    pub profile: bool,
     #[command(flatten)]
     pub gpu: GpuArgs,
 }
@@ -96,5 +99,27 @@ pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: b
         tracing::info!("ubatch lowered from {ubatch} to {fit} so attention scores fit one binding");
         ubatch = fit;
     }
-    model.session(SessionOptions { n_ctx, ubatch, f16_kv, all_logits })
+    let mut session = model.session(SessionOptions { n_ctx, ubatch, f16_kv, all_logits })?;
+    if args.profile || crate::profile::profile_env() {
+        session.enable_profiling()?;
+    }
+    Ok(session)
+}
+
+/// Prints the session's per-stage profile to stderr (when profiling), against the device
+/// peaks measured now.
+pub fn report_profile(session: &Session) -> Result<()> {
+    let Some(profile) = session.profile() else {
+        return Ok(());
+    };
+    let peak = crate::kernels::probe::run(session.context())?.peak;
+    eprintln!(
+        "\nprofile on {}: measured peaks read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs",
+        session.context().info.name,
+        peak.read_gbs,
+        peak.gflops,
+        peak.dispatch_us
+    );
+    eprint!("{}", profile.tables(Some(&peak)));
+    Ok(())
 }

@@ -7,6 +7,7 @@ pub mod info;
 pub mod inspect;
 pub mod load;
 pub mod perplexity;
+pub mod report;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
@@ -71,6 +72,8 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// Perplexity of a text file (llama.cpp's method).
     Perplexity(perplexity::PerplexityArgs),
+    /// Merge bench JSON files from several machines into a markdown table and SVG charts.
+    Report(report::ReportArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -84,5 +87,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenize(a) => tokenize::run(&a),
         Command::Chat(a) => chat::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
+        Command::Report(a) => report::run(&a),
     }
 }

@@ -62,5 +62,6 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     writeln!(o)?;
     writeln!(o, "Final estimate: PPL = {:.4} over {chunks} chunks of {n} tokens", (nll / count as f64).exp())?;
     eprintln!("{} tokens in {:.2} s", chunks * n, t.elapsed().as_secs_f64());
+    crate::cli::load::report_profile(&session)?;
     Ok(())
 }

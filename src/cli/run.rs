@@ -120,6 +120,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         stats.gen_secs,
         stats.generated as f64 / stats.gen_secs.max(1e-9)
     );
+    crate::cli::load::report_profile(&session)?;
     match stats.stop {
         StopReason::ContextFull => {
             eprintln!("kiln: stopped: the context of {} tokens is full (raise -c)", session.opts.n_ctx)

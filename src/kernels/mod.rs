@@ -143,7 +143,7 @@ pub enum ProbeKind {
 /// Work sizes shared by host and shader.
 pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
-pub const ATTN_CHUNK: u32 = 256; // positions per decode-attention split
+pub const ATTN_CHUNK: u32 = 64; // positions per decode-attention split (short loops: latency, not bandwidth, bounds decode attention)
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG: u32 = 64;
 pub const ATTN_TILE: (u32, u32, u32, u32, u32) = (32, 32, 16, 4, 4);

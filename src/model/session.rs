@@ -16,7 +16,7 @@ use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::{KernelKey, KvKind, WG_ELT};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
-use crate::profile::{Profile, Profiler, Recorder, Stage, StageWork};
+use crate::profile::{Profile, ProfileMode, Profiler, Recorder, Stage, StageWork};
 
 fn pad4(n: u32) -> u32 {
     n.div_ceil(4) * 4
@@ -398,9 +398,20 @@ impl Session {
     /// the adapter has no timestamps). `timing.gpu` then holds each step's GPU time.
     pub fn enable_profiling(&mut self) -> Result<()> {
         if self.prof.is_none() {
-            self.prof = Some(Profiler::new(&self.ctx, 2)?);
+            self.prof = Some(Profiler::new(&self.ctx, 2, ProfileMode::Auto)?);
         }
         Ok(())
+    }
+
+    /// Profiling with the timestamps placed as `mode` says (replaces any profile so far).
+    pub fn enable_profiling_mode(&mut self, mode: ProfileMode) -> Result<()> {
+        self.prof = Some(Profiler::new(&self.ctx, 2, mode)?);
+        Ok(())
+    }
+
+    /// Stops profiling: steps write no timestamps again.
+    pub fn disable_profiling(&mut self) {
+        self.prof = None;
     }
 
     /// The stage totals so far (None when not profiling).
@@ -419,6 +430,10 @@ impl Session {
             p.profile.decode.cpu.sample += sample;
             p.profile.decode.cpu.detokenize += detokenize;
         }
+    }
+
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
     }
 
     /// Tokens in the KV cache.
