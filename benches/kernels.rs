@@ -54,6 +54,47 @@ fn benches(c: &mut Criterion) {
     eprintln!("bench adapter: {}  caps {:?}", ctx.describe(), ctx.caps);
     let mut timer = PassTimer::new(&ctx, 1).expect("timestamps");
 
+    // KILN_BENCH_DECODE=1: the per-layer shapes of TinyLlama's decode (GEMV) and prefill
+    // (GEMM) steps, every launch shape: what the planner should pick for small matrices.
+    if std::env::var("KILN_BENCH_DECODE").as_deref() == Ok("1") {
+        let mut g = c.benchmark_group("decode_shapes");
+        g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        for format in [WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16] {
+            for (n, k) in [(2048usize, 2048usize), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)] {
+                let w = weights(&ctx, format, n, k);
+                let x = ctx.upload_f32(&vec![0.01f32; 512 * k], "x").unwrap();
+                let y = ctx.storage((512 * n * 4) as u64, "y").unwrap();
+                g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
+                let mut plans: Vec<(u32, MatmulKernel)> = [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)]
+                    .map(|(wg, rows)| (1, MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } }))
+                    .to_vec();
+                if n != 32000 {
+                    plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
+                }
+                for (m, plan) in plans {
+                    let mm = Matmul {
+                        w: &w,
+                        x: &x,
+                        y: &y,
+                        bias: None,
+                        m,
+                        x_stride: k as u32,
+                        y_stride: n as u32,
+                        accumulate: false,
+                        norm: None,
+                        glu: None,
+                    };
+                    let ds = matmul::prepare_with(&ctx, &mm, plan, "decode").unwrap();
+                    g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                    });
+                }
+            }
+        }
+        g.finish();
+        return;
+    }
+
     let (n, k) = if small() { (4096, 2048) } else { (65536, 8192) };
     let mut g = c.benchmark_group(format!("gemv_{n}x{k}"));
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));

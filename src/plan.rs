@@ -75,20 +75,33 @@ impl std::fmt::Display for MatmulKernel {
 pub const GEMV_MAX_COLS: u32 = 8;
 
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ.
+///
+/// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
+/// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
+/// latency, not bandwidth, so what matters is enough workgroups in flight.
 pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) -> MatmulKernel {
     if m <= GEMV_MAX_COLS {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
-        } else {
-            // Best of the sweep on an H200 (profiling/results/h200-kernels-2026-11-21.txt).
-            // Short rows (a 2048-wide model) leave each invocation one or two units of work;
-            // smaller workgroups for them are the next thing to measure.
+        } else if n <= 512 {
+            // K/V projections of GQA models: 256 invocations on 2 rows, the most parallel reduction.
+            GemvShape { wg: 256, rows: 2 }
+        } else if n >= 16384 {
+            // The LM head: enough rows to fill the GPU either way; 4 rows per workgroup reuse x best.
             GemvShape { wg: 128, rows: 4 }
+        } else {
+            GemvShape { wg: 128, rows: 2 }
         };
         return MatmulKernel::Gemv { ncols: m.max(1), shape };
     }
-    // 128x64 tiles measured best on an H200 for 512-token prefill (profiling/results/).
-    let tile = if caps.cpu_adapter || m < 64 || n < 128 { GemmTile::T32 } else { GemmTile::T128x64 };
+    if caps.cpu_adapter || m < 64 || n < 128 {
+        return MatmulKernel::Gemm { tile: GemmTile::T32 };
+    }
+    // 128x64 tiles do the most per byte loaded but only pay off with enough of them to fill the
+    // GPU: at 512 tokens they win for 5632 outputs (352 tiles), and lose by 1.5x to 64x64 tiles
+    // for 2048 outputs (128 tiles).
+    let tiles = |bm: u32, bn: u32| m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
+    let tile = if tiles(128, 64) >= 256 { GemmTile::T128x64 } else { GemmTile::T64 };
     MatmulKernel::Gemm { tile }
 }
 
@@ -113,6 +126,26 @@ mod tests {
             plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
             MatmulKernel::Gemm { tile: GemmTile::T128x64 }
         ));
+    }
+
+    #[test]
+    fn small_matrices_get_more_workgroups() {
+        let c = gpu();
+        let gemv = |n| match plan_matmul(1, n, 2048, WeightFormat::Q4K, &c) {
+            MatmulKernel::Gemv { shape, .. } => (shape.wg, shape.rows),
+            k => panic!("{k}"),
+        };
+        assert_eq!(gemv(256), (256, 2));
+        assert_eq!(gemv(2048), (128, 2));
+        assert_eq!(gemv(32000), (128, 4));
+        let gemm = |m, n| match plan_matmul(m, n, 2048, WeightFormat::Q4K, &c) {
+            MatmulKernel::Gemm { tile } => tile,
+            k => panic!("{k}"),
+        };
+        assert_eq!(gemm(512, 5632), GemmTile::T128x64);
+        assert_eq!(gemm(512, 2048), GemmTile::T64);
+        assert_eq!(gemm(512, 256), GemmTile::T64);
+        assert_eq!(gemm(2048, 2048), GemmTile::T128x64);
     }
 
     #[test]
