@@ -176,13 +176,15 @@ pub fn chart_tokens_per_second(records: &[BenchRecord], path: &Path) -> Result<(
         models.sort();
         models.dedup();
         let slots = (models.len() * (gpus.len() + 1)) as u32;
-        let max = rs.iter().map(|r| r.avg_ts + r.stddev_ts).fold(0.0, f64::max) * 1.15;
+        // A log scale: a CPU adapter and a datacenter GPU differ by a thousand times.
+        let max = rs.iter().map(|r| r.avg_ts).fold(0.0, f64::max).max(1e-3) * 2.0;
+        let min = rs.iter().map(|r| r.avg_ts).filter(|&v| v > 0.0).fold(f64::MAX, f64::min).min(max / 4.0) / 2.0;
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("{test}: tokens per second"), ("sans-serif", 20))
+            .caption(format!("{test}: tokens per second (log scale)"), ("sans-serif", 20))
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d((0u32..slots).into_segmented(), 0f64..max.max(1e-9))
+            .build_cartesian_2d((0u32..slots).into_segmented(), (min..max).log_scale())
             .map_err(plot_err)?;
         let group = gpus.len() + 1;
         let names = models.clone();
@@ -197,6 +199,7 @@ pub fn chart_tokens_per_second(records: &[BenchRecord], path: &Path) -> Result<(
                 _ => String::new(),
             })
             .y_desc("t/s")
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(plot_err)?;
         for (gi, gpu) in gpus.iter().enumerate() {
@@ -208,7 +211,7 @@ pub fn chart_tokens_per_second(records: &[BenchRecord], path: &Path) -> Result<(
                     let mi = models.iter().position(|m| *m == model_label(r))?;
                     let x = (mi * group + gi) as u32;
                     let mut bar = Rectangle::new(
-                        [(SegmentValue::Exact(x), 0.0), (SegmentValue::Exact(x + 1), r.avg_ts)],
+                        [(SegmentValue::Exact(x), min), (SegmentValue::Exact(x + 1), r.avg_ts.max(min))],
                         color.filled(),
                     );
                     bar.set_margin(0, 0, 2, 2);
@@ -233,68 +236,77 @@ pub fn chart_tokens_per_second(records: &[BenchRecord], path: &Path) -> Result<(
     Ok(())
 }
 
-/// Stacked bars of µs per token by stage, one bar per profiled (model, test, GPU).
+/// Stacked bars of µs per token by stage, one bar per profiled (model, test); a panel per
+/// GPU with its own scale, and one legend beside them.
 pub fn chart_stages(records: &[BenchRecord], path: &Path) -> Result<bool> {
     let rs: Vec<&BenchRecord> = records.iter().filter(|r| r.profile.as_ref().is_some_and(|p| p.steps > 0)).collect();
     if rs.is_empty() {
         return Ok(false);
     }
     let stages = stage_names(rs.iter().copied());
-    let per: Vec<BTreeMap<String, f64>> = rs.iter().map(|r| stage_us_per_token(r)).collect();
-    let max = per.iter().map(|m| m.values().sum::<f64>()).fold(0.0, f64::max) * 1.1;
-    let labels: Vec<String> =
-        rs.iter().map(|r| format!("{} {} | {}", model_label(r), r.test, r.adapter.name)).collect();
-    let n = rs.len() as u32;
-    let root = SVGBackend::new(path, (1100, 140 + 60 * n.max(3))).into_drawing_area();
+    let mut gpus: Vec<String> = rs.iter().map(|r| gpu_label(r)).collect();
+    gpus.sort();
+    gpus.dedup();
+    let panel_h = |n: usize| 90 + 45 * n as u32;
+    let heights: Vec<u32> = gpus.iter().map(|g| panel_h(rs.iter().filter(|r| &gpu_label(r) == g).count())).collect();
+    let total_h = heights.iter().sum::<u32>().max(60 + 22 * stages.len() as u32);
+    let root = SVGBackend::new(path, (1200, total_h)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("GPU time per token by stage (µs)", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(330)
-        .build_cartesian_2d(0f64..max.max(1e-9), (0u32..n).into_segmented())
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(n as usize)
-        .y_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
-            _ => String::new(),
-        })
-        .x_desc("µs per token")
-        .draw()
-        .map_err(plot_err)?;
+    let (plots, legend) = root.split_horizontally(960);
+    let mut rest = plots;
+    for (gpu, h) in gpus.iter().zip(&heights) {
+        let (area, below) = rest.split_vertically(*h);
+        rest = below;
+        let mine: Vec<&BenchRecord> = rs.iter().copied().filter(|r| &gpu_label(r) == gpu).collect();
+        let per: Vec<BTreeMap<String, f64>> = mine.iter().map(|r| stage_us_per_token(r)).collect();
+        let max = per.iter().map(|m| m.values().sum::<f64>()).fold(0.0, f64::max).max(1e-9) * 1.05;
+        let labels: Vec<String> = mine.iter().map(|r| format!("{} {}", model_label(r), r.test)).collect();
+        let n = mine.len() as u32;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(format!("{gpu}: GPU time per token by stage"), ("sans-serif", 18))
+            .margin(8)
+            .x_label_area_size(35)
+            .y_label_area_size(230)
+            .build_cartesian_2d(0f64..max, (0u32..n).into_segmented())
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n as usize)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .x_desc("µs per token")
+            .draw()
+            .map_err(plot_err)?;
+        for (si, stage) in stages.iter().enumerate() {
+            let color = Palette99::pick(si).to_rgba();
+            let bars: Vec<Rectangle<(f64, SegmentValue<u32>)>> = per
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| {
+                    let v = *m.get(stage)?;
+                    // Stages before this one, in execution order.
+                    let start: f64 = stages[..si].iter().filter_map(|s| m.get(s)).sum();
+                    let mut bar = Rectangle::new(
+                        [(start, SegmentValue::Exact(i as u32)), (start + v, SegmentValue::Exact(i as u32 + 1))],
+                        color.filled(),
+                    );
+                    bar.set_margin(5, 5, 0, 0);
+                    Some(bar)
+                })
+                .collect();
+            chart.draw_series(bars).map_err(plot_err)?;
+        }
+    }
+    // The legend: one swatch per stage, in execution order.
     for (si, stage) in stages.iter().enumerate() {
         let color = Palette99::pick(si).to_rgba();
-        let bars: Vec<Rectangle<(f64, SegmentValue<u32>)>> = per
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| {
-                let v = *m.get(stage)?;
-                // Stages before this one, in the common order.
-                let start: f64 = stages[..si].iter().filter_map(|s| m.get(s)).sum();
-                let mut bar = Rectangle::new(
-                    [(start, SegmentValue::Exact(i as u32)), (start + v, SegmentValue::Exact(i as u32 + 1))],
-                    color.filled(),
-                );
-                bar.set_margin(6, 6, 0, 0);
-                Some(bar)
-            })
-            .collect();
-        chart
-            .draw_series(bars)
-            .map_err(plot_err)?
-            .label(stage.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        let y = 40 + 22 * si as i32;
+        legend.draw(&Rectangle::new([(10, y), (24, y + 14)], color.filled())).map_err(plot_err)?;
+        legend.draw(&Text::new(stage.clone(), (32, y), ("sans-serif", 14))).map_err(plot_err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_err)?;
     root.present().map_err(plot_err)?;
     Ok(true)
 }
