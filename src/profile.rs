@@ -144,6 +144,10 @@ pub struct Peak {
     pub gflops: f64,
     /// Cost of one dispatch that depends on the previous one, µs.
     pub dispatch_us: f64,
+    /// The same with a timestamp written after each dispatch: the least a profiled stage
+    /// can take (0 where timestamps inside passes are not offered).
+    #[serde(default)]
+    pub timed_dispatch_us: f64,
 }
 
 /// One stage's totals over a phase.
@@ -267,15 +271,26 @@ impl PhaseProfile {
             let of_peak = match peak {
                 Some(p) if p.read_gbs > 0.0 && p.gflops > 0.0 => {
                     let (bw, fl) = (gbs / p.read_gbs, gflops / p.gflops);
-                    // Per call, a stage cannot beat one dependent dispatch.
                     let per_call_us = s.total_ms * 1e3 / s.calls.max(1) as f64;
-                    if bw < 0.25 && fl < 0.25 && per_call_us < 4.0 * p.dispatch_us.max(0.1) {
-                        format!("{:.0}% bw (dispatch-bound)", bw * 100.0)
-                    } else if bw >= fl {
-                        format!("{:.0}% bw", bw * 100.0)
+                    // What bounds the stage: near a peak, that peak; a call hardly longer than
+                    // a dependent dispatch, dispatch overhead; far from everything, latency
+                    // (too little work in flight to fill the device).
+                    let bound = if bw >= 0.5 && bw >= fl {
+                        "bandwidth"
+                    } else if fl >= 0.5 {
+                        "arithmetic"
+                    } else if per_call_us < 2.0 * p.timed_dispatch_us.max(p.dispatch_us).max(0.1) {
+                        "dispatch overhead"
+                    } else if bw.max(fl) >= 0.3 {
+                        if bw >= fl {
+                            "bandwidth"
+                        } else {
+                            "arithmetic"
+                        }
                     } else {
-                        format!("{:.0}% flops", fl * 100.0)
-                    }
+                        "latency"
+                    };
+                    format!("{:.0}% bw, {:.0}% flops: {bound}", bw * 100.0, fl * 100.0)
                 }
                 _ => "-".into(),
             };

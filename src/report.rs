@@ -97,11 +97,12 @@ pub fn markdown(records: &[BenchRecord], charts: &[String]) -> String {
             if let Some(p) = &r.profile {
                 if let Some(pk) = &r.peak {
                     o.push_str(&format!(
-                        "\n{} peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs\n",
+                        "\n{} peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)\n",
                         gpu_label(r),
                         pk.read_gbs,
                         pk.gflops,
-                        pk.dispatch_us
+                        pk.dispatch_us,
+                        pk.timed_dispatch_us
                     ));
                 }
                 o.push_str(&p.table(&format!("{} {} on {}", model_label(r), r.test, gpu_label(r)), r.peak.as_ref()));

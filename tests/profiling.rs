@@ -149,6 +149,9 @@ fn bench_json_records_carry_every_field() {
         for key in ["read_gbs", "gflops", "dispatch_us"] {
             assert!(peak[key].as_f64().unwrap() > 0.0, "peak.{key}");
         }
+        if gpus()[0].ctx.caps.timestamps_in_passes {
+            assert!(peak["timed_dispatch_us"].as_f64().unwrap() > 0.0);
+        }
         assert!(r["profiled_ts"].as_f64().unwrap() > 0.0);
         let p: PhaseProfile = serde_json::from_value(r["profile"].clone()).unwrap();
         // Two timed repetitions of the test (the warm-up is not counted).

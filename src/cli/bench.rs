@@ -154,8 +154,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             if let Some(p) = &peak {
                 writeln!(
                     o,
-                    "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs",
-                    ctx.info.name, p.read_gbs, p.gflops, p.dispatch_us
+                    "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
+                    ctx.info.name, p.read_gbs, p.gflops, p.dispatch_us, p.timed_dispatch_us
                 )?;
             }
             for r in &records {

@@ -124,6 +124,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 "    dependent dispatch: {:.2} µs each ({} back-to-back dispatches, each waiting for the last)",
                 r.peak.dispatch_us, r.dependent_dispatches
             )?;
+            if r.peak.timed_dispatch_us > 0.0 {
+                writeln!(
+                    o,
+                    "    dependent dispatch with a timestamp after it: {:.2} µs (the least a profiled stage takes)",
+                    r.peak.timed_dispatch_us
+                )?;
+            }
         }
         Ok(_) => {}
     }

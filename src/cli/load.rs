@@ -114,11 +114,12 @@ pub fn report_profile(session: &Session) -> Result<()> {
     };
     let peak = crate::kernels::probe::run(session.context())?.peak;
     eprintln!(
-        "\nprofile on {}: measured peaks read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs",
+        "\nprofile on {}: measured peaks read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
         session.context().info.name,
         peak.read_gbs,
         peak.gflops,
-        peak.dispatch_us
+        peak.dispatch_us,
+        peak.timed_dispatch_us
     );
     eprint!("{}", profile.tables(Some(&peak)));
     Ok(())

@@ -103,5 +103,57 @@ pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
     best_time(ctx, &mut timer, &chain_key, params, &src, &dst, 1, chain, 1)?;
     let t = best_time(ctx, &mut timer, &chain_key, params, &src, &dst, 1, chain, 3)?;
     let dispatch_us = t / chain as f64 * 1e6;
-    Ok(ProbeReport { peak: Peak { read_gbs, gflops, dispatch_us }, read_bytes: bytes, dependent_dispatches: chain })
+    let timed_dispatch_us = if ctx.caps.timestamps_in_passes {
+        timed_chain(ctx, &chain_key, &src, &dst, chain.min(1000))? * 1e6
+    } else {
+        0.0
+    };
+    Ok(ProbeReport {
+        peak: Peak { read_gbs, gflops, dispatch_us, timed_dispatch_us },
+        read_bytes: bytes,
+        dependent_dispatches: chain,
+    })
+}
+
+/// Seconds per dependent dispatch with a timestamp written after each (the profiler's
+/// floor for one stage): the span of `n` such dispatches, best of three.
+fn timed_chain(ctx: &GpuContext, key: &KernelKey, src: &wgpu::Buffer, dst: &wgpu::Buffer, n: u32) -> Result<f64> {
+    let pipeline = ctx.pipeline(key)?;
+    let ub = ctx.uniform(&ProbeParams { n: 0, iters: 0, _pad: [0; 2] }, "probe");
+    let bg = bind(ctx, &pipeline, "probe", &[&ub, src, dst]);
+    let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("probe timestamps"),
+        ty: wgpu::QueryType::Timestamp,
+        count: n + 1,
+    });
+    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("probe resolve"),
+        size: (n as u64 + 1) * 8,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let period = ctx.queue.get_timestamp_period() as f64;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("probe") });
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("probe"), timestamp_writes: None });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.write_timestamp(&set, 0);
+            for i in 0..n {
+                pass.dispatch_workgroups(1, 1, 1);
+                pass.write_timestamp(&set, i + 1);
+            }
+        }
+        enc.resolve_query_set(&set, 0..n + 1, &resolve, 0);
+        ctx.queue.submit([enc.finish()]);
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&resolve, 0, (n as u64 + 1) * 8)?);
+        let span = ticks[n as usize].saturating_sub(ticks[0]) as f64 * period * 1e-9;
+        if span > 0.0 {
+            best = best.min(span / n as f64);
+        }
+    }
+    Ok(if best == f64::MAX { 0.0 } else { best })
 }
