@@ -8,13 +8,18 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     var h: vec4<u32>;
     var g: vec4<u32>;
     if ((e & 1u) == 0u && k0 + 8u <= k) {
-        // Aligned whole chunk: four words.
+        // Aligned whole chunk: four words, converted by the hardware (exact: every half,
+        // subnormals included, is an f32; the tests hold it to ggml's bits).
         let w0 = wq[e >> 1u];
         let w1 = wq[(e >> 1u) + 1u];
         let w2 = wq[(e >> 1u) + 2u];
         let w3 = wq[(e >> 1u) + 3u];
-        h = vec4<u32>(w0 & 0xffffu, w0 >> 16u, w1 & 0xffffu, w1 >> 16u);
-        g = vec4<u32>(w2 & 0xffffu, w2 >> 16u, w3 & 0xffffu, w3 >> 16u);
+        return Chunk8(
+            vec4<f32>(unpack2x16float(w0), unpack2x16float(w1)),
+            vec4<f32>(unpack2x16float(w2), unpack2x16float(w3)),
+            1.0,
+            0.0,
+        );
     } else {
         for (var i = 0u; i < 4u; i++) {
             h[i] = select(0u, half_at(e + i), k0 + i < k);

@@ -22,7 +22,7 @@ fn unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 16u; }
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
     let b = (row * (k / BLOCK_ELEMS) + u / 16u) * BLOCK_WORDS;
     let v = u % 16u;
-    return UnitHeader(b, v / 8u, (v / 4u) % 2u, (v % 4u) * 8u, f16_bits_to_f32(wq[b + 52u] & 0xffffu));
+    return UnitHeader(b, v / 8u, (v / 4u) % 2u, (v % 4u) * 8u, unpack2x16float(wq[b + 52u]).x);
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {

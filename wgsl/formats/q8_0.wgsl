@@ -11,7 +11,7 @@ fn unit_count(k: u32) -> u32 { return k / 8u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
     let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    return UnitHeader(b + 2u * (u % 4u), f16_bits_to_f32(wq[b + 8u] & 0xffffu));
+    return UnitHeader(b + 2u * (u % 4u), unpack2x16float(wq[b + 8u]).x);
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
