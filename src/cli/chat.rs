@@ -9,7 +9,6 @@ use crate::chat::{new_part, render_tokens as render, ChatTemplate, Message};
 use crate::cli::load::{load_model, open_session, ModelArgs};
 use crate::cli::run::{interrupt_flag, SamplingArgs};
 use crate::generate::{generate, sampler, StopReason};
-use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 #[derive(clap::Args, Debug)]
@@ -31,8 +30,7 @@ pub struct ChatArgs {
 
 pub fn run(args: &ChatArgs) -> Result<()> {
     let cfg = args.sampling.config()?;
-    let model = load_model(&args.model)?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
+    let (model, tok) = load_model(&args.model)?;
     let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let eos = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let tmpl = ChatTemplate::select(&model.file, args.chat_template.as_deref(), bos, eos)?;

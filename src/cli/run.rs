@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::cli::load::{load_model, open_session, ModelArgs};
 use crate::generate::{generate, sampler, StopReason};
 use crate::sample::SamplerConfig;
-use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
 
 /// Sampling flags, named and defaulted as llama.cpp's.
@@ -96,8 +95,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         n if n < 0 => None,
         n => Some(n as usize),
     };
-    let model = load_model(&args.model)?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
+    let (model, tok) = load_model(&args.model)?;
     let prompt = tok.encode(&args.prompt, tok.add_bos_default() && !args.no_bos)?;
     let mut session = open_session(&model, &args.model, prompt.len() as u32 + 1, false)?;
     let stop = interrupt_flag();

@@ -47,6 +47,9 @@ pub struct ContextOptions {
     pub disable: Disabled,
     /// Plan with a smaller storage-binding limit than the adapter's (tests of tensor splitting).
     pub max_binding_override: Option<u64>,
+    /// Assume this much device memory instead of what the driver reports (tests of the
+    /// memory checks, `KILN_GPU_MEMORY`).
+    pub memory_override: Option<u64>,
 }
 
 impl ContextOptions {
@@ -56,6 +59,7 @@ impl ContextOptions {
         Ok(ContextOptions {
             disable,
             max_binding_override: crate::config::max_binding_from_env(),
+            memory_override: crate::config::gpu_memory_from_env(),
             ..Default::default()
         })
     }
@@ -190,6 +194,40 @@ pub struct GpuContext {
     pub pipelines: PipelineCache,
     /// Bound on every wait for the GPU, so a lost device becomes an error, not a hang.
     pub poll_timeout: Duration,
+    /// Device-local memory the driver reports (the largest device-local heap), where the
+    /// backend tells it (Vulkan); `KILN_GPU_MEMORY` overrides it.
+    pub device_memory: Option<u64>,
+}
+
+/// GPU buffers alive on a device, from wgpu's internal counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BufferCount {
+    pub buffers: u64,
+    pub bytes: u64,
+}
+
+/// The largest device-local memory heap of a Vulkan adapter. wgpu has no portable query of
+/// memory size, so other backends report none.
+fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    #[cfg(any(target_os = "linux", target_os = "windows", target_os = "android", target_os = "freebsd"))]
+    {
+        // SAFETY: only reads the physical device's memory properties; nothing is created or
+        // destroyed through the raw handles.
+        let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+        let instance = hal.shared_instance().raw_instance();
+        let props = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+        const DEVICE_LOCAL: u32 = 0x1;
+        props.memory_heaps[..props.memory_heap_count.min(16) as usize]
+            .iter()
+            .filter(|h| h.flags.as_raw() & DEVICE_LOCAL != 0)
+            .map(|h| h.size)
+            .max()
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "windows", target_os = "android", target_os = "freebsd")))]
+    {
+        let _ = adapter;
+        None
+    }
 }
 
 impl GpuContext {
@@ -295,6 +333,7 @@ impl GpuContext {
             max_binding,
             pipelines: PipelineCache::default(),
             poll_timeout: Duration::from_secs(120),
+            device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
         });
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
@@ -321,6 +360,12 @@ impl GpuContext {
                 }
                 other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
             })
+    }
+
+    /// Buffers alive on the device now and their memory (wgpu's counters).
+    pub fn buffers_alive(&self) -> BufferCount {
+        let c = self.device.get_internal_counters();
+        BufferCount { buffers: c.hal.buffers.read().max(0) as u64, bytes: c.hal.buffer_memory.read().max(0) as u64 }
     }
 
     /// Short adapter description for logs and reports.

@@ -398,6 +398,11 @@ impl Session {
         Ok(())
     }
 
+    /// Bytes of one element of the KV cache (2 for f16, 4 for f32).
+    pub fn kv_bytes_per_elem(&self) -> u64 {
+        self.kv.bytes_per_elem()
+    }
+
     /// Tokens in the KV cache.
     pub fn position(&self) -> u32 {
         self.pos
