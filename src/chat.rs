@@ -39,6 +39,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
+/// Instructions a template may execute per rendering: ample for a conversation of thousands
+/// of turns, and a bound on a template that loops without end.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// A compiled chat template with the special-token strings it may use.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
@@ -72,6 +76,8 @@ impl ChatTemplate {
 
     pub fn from_source(source: &str, text: &str, bos: String, eos: String) -> Result<ChatTemplate> {
         let mut env = minijinja::Environment::new();
+        // A template comes from the model file, which is untrusted: bound the work it may do.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         // Templates call raise_exception() on bad conversations (e.g. roles out of order).
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
