@@ -222,7 +222,7 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
     // entry at least 32 (name length, dimension count, one dimension, type, offset).
     if n_kv > c.remaining() / 13 {
         return Err(format!(
-            "the header claims {n_kv} metadata entries, more than the file's {} bytes can hold",
+            "the header claims {n_kv} metadata entries, more than the file's {} bytes can hold (truncated or corrupt)",
             bytes.len()
         ));
     }
