@@ -194,6 +194,9 @@ pub struct GpuContext {
     pub pipelines: PipelineCache,
     /// Bound on every wait for the GPU, so a lost device becomes an error, not a hang.
     pub poll_timeout: Duration,
+    /// The first fatal GPU fault (device lost, a failed command), if any: every wait checks
+    /// it, so a fault ends generation with an error instead of wrong results or a hang.
+    fault: Arc<std::sync::Mutex<Option<String>>>,
     /// Device-local memory the driver reports (the largest device-local heap), where the
     /// backend tells it (Vulkan); `KILN_GPU_MEMORY` overrides it.
     pub device_memory: Option<u64>,
@@ -320,10 +323,25 @@ impl GpuContext {
             None => adapter_binding,
         };
         // Device errors are reported through error scopes where kiln can act on them; any
-        // other one is logged instead of aborting the process.
-        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+        // other one (a failed submission) and a lost device are recorded as the context's
+        // fault, which the next wait reports, instead of aborting the process.
+        let fault: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let f = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             tracing::error!("uncaptured GPU error: {e}");
+            if let Ok(mut f) = f.lock() {
+                f.get_or_insert_with(|| {
+                    format!("a GPU command failed: {}", e.to_string().lines().next().unwrap_or(""))
+                });
+            }
         }));
+        let f = fault.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut f) = f.lock() {
+                let detail = if message.is_empty() { String::new() } else { format!(": {message}") };
+                f.get_or_insert_with(|| format!("the GPU device was lost ({reason:?}{detail})"));
+            }
+        });
         let ctx = Arc::new(GpuContext {
             device,
             queue,
@@ -334,6 +352,7 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             poll_timeout: Duration::from_secs(120),
             device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
+            fault,
         });
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
@@ -349,17 +368,29 @@ impl GpuContext {
         Ok(ctx)
     }
 
-    /// Blocks until all submitted work is done, or fails after `poll_timeout`.
+    /// The recorded fault (device lost, failed command) as an error naming `what`.
+    pub fn check_fault(&self, what: &str) -> Result<()> {
+        match self.fault.lock().ok().and_then(|f| f.clone()) {
+            None => Ok(()),
+            Some(m) => Err(KilnError::Gpu {
+                context: what.to_string(),
+                message: format!("{m}; restart kiln (and check the GPU driver if it happens again)"),
+            }),
+        }
+    }
+
+    /// Blocks until all submitted work is done, or fails after `poll_timeout` or on a fault.
     pub fn wait_idle(&self, what: &str) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(self.poll_timeout) })
-            .map(|_| ())
-            .map_err(|e| match e {
-                wgpu::PollError::Timeout => {
-                    KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() }
-                }
-                other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
-            })
+        self.check_fault(what)?;
+        let polled =
+            self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(self.poll_timeout) });
+        self.check_fault(what)?;
+        polled.map(|_| ()).map_err(|e| match e {
+            wgpu::PollError::Timeout => {
+                KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() }
+            }
+            other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
+        })
     }
 
     /// Buffers alive on the device now and their memory (wgpu's counters).

@@ -741,12 +741,13 @@ impl Session {
             slot.map_async(wgpu::MapMode::Read, 0..4, move |r| {
                 let _ = tx.send(r);
             });
-            ctx.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: submitted[k % 2].take(),
-                    timeout: Some(ctx.poll_timeout),
-                })
-                .map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
+            let polled = ctx.device.poll(wgpu::PollType::Wait {
+                submission_index: submitted[k % 2].take(),
+                timeout: Some(ctx.poll_timeout),
+            });
+            // A lost device or failed submission explains a failed poll best.
+            ctx.check_fault("a decode step")?;
+            polled.map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
             match rx.recv_timeout(ctx.poll_timeout) {
                 Ok(Ok(())) => {}
                 _ => {
