@@ -43,6 +43,14 @@ impl Model {
         Self::upload(ctx, file, cfg, progress)
     }
 
+    /// Validates an opened GGUF image (a file, or a synthetic model built in memory) and
+    /// uploads its weights.
+    pub fn load_file(ctx: Arc<GpuContext>, file: GgufFile, progress: &mut dyn FnMut(u64)) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(&file)?;
+        cfg.validate_tensors(&file)?;
+        Self::upload(ctx, file, cfg, progress)
+    }
+
     /// Opens `path` and checks everything that needs no GPU: the file's structure, the model
     /// configuration, and every tensor the forward pass reads.
     pub fn check(path: impl AsRef<Path>) -> Result<(GgufFile, ModelConfig)> {

@@ -138,6 +138,25 @@ impl GgufFile {
         Self::validate(path.as_ref().to_path_buf(), Storage::Owned(bytes))
     }
 
+    /// A GGUF image built in memory (synthetic models): `write` fills exactly `len` bytes.
+    pub fn from_memory(
+        label: &str,
+        len: u64,
+        write: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<GgufFile> {
+        let path = PathBuf::from(label);
+        let err = |m: String| KilnError::File { path: path.clone(), message: m };
+        let mut map = memmap2::MmapMut::map_anon(len as usize).map_err(|e| err(format!("cannot allocate: {e}")))?;
+        write(&mut map[..]).map_err(|e| err(format!("cannot build: {e}")))?;
+        let map = map.make_read_only().map_err(|e| err(format!("cannot seal: {e}")))?;
+        Self::from_map(path, map)
+    }
+
+    /// Parses and validates a mapped GGUF image.
+    pub fn from_map(path: PathBuf, map: memmap2::Mmap) -> Result<GgufFile> {
+        Self::validate(path, Storage::Map(map))
+    }
+
     fn validate(path: PathBuf, map: Storage) -> Result<GgufFile> {
         let err = |m: String| KilnError::File { path: path.clone(), message: m };
         let header = parse::parse(&map).map_err(|m| {
