@@ -209,9 +209,26 @@ pub struct BufferCount {
     pub bytes: u64,
 }
 
-/// The largest device-local memory heap of a Vulkan adapter. wgpu has no portable query of
-/// memory size, so other backends report none.
+/// Memory for a model on this adapter: the largest device-local heap of a Vulkan adapter
+/// (wgpu has no portable query of memory size, so other backends report none); on a CPU
+/// adapter, whose "heap" is a nominal figure (lavapipe says 2 GiB), the host's available
+/// memory when that is larger.
 fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    let heap = device_heap(adapter);
+    if adapter.get_info().device_type != wgpu::DeviceType::Cpu {
+        return heap;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    match (heap, available) {
+        (Some(h), Some(a)) => Some(h.max(a)),
+        (h, a) => h.or(a),
+    }
+}
+
+fn device_heap(adapter: &wgpu::Adapter) -> Option<u64> {
     #[cfg(any(target_os = "linux", target_os = "windows", target_os = "android", target_os = "freebsd"))]
     {
         // SAFETY: only reads the physical device's memory properties; nothing is created or
