@@ -62,8 +62,9 @@ def write(target, name, data):
 
 
 write("gguf", "tiny-llama.gguf", gguf())
-write("gguf", "vocab-only.gguf", gguf()[:0] or (b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv("tokenizer.ggml.model", 8, s("gpt2"))
-      + kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + s("a") + s("b") + s("ab"))))
+write("gguf", "vocab-only.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 3) + kv("tokenizer.ggml.model", 8, s("gpt2"))
+      + kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + s("a") + s("b") + s("ab"))
+      + kv("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + s("a b")))
 for i, t in enumerate(["\x00Hello world", "\x01 Hello  world!\n\tcode() {}", "\x02\u00fcber \U0001F600 \u4e2d\u6587 123456",
                        "\x80<s>x</s><|endoftext|>", "\x81   "]):
     write("tokenize", f"text{i}", t)

@@ -523,3 +523,14 @@ fn kiln_run_and_inspect_refuse_every_malformed_file_on_one_line() {
         slowest.1
     );
 }
+
+/// The committed fuzzing seeds stay what they claim to be: a runnable model and a
+/// vocabulary-only file.
+#[test]
+fn fuzz_seeds_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf");
+    check("tiny-llama.gguf", std::fs::read(dir.join("tiny-llama.gguf")).unwrap()).unwrap();
+    let vocab = GgufFile::from_bytes("vocab-only.gguf", std::fs::read(dir.join("vocab-only.gguf")).unwrap()).unwrap();
+    assert!(vocab.tensors.is_empty());
+    Tokenizer::from_gguf(&vocab).unwrap();
+}
