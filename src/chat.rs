@@ -39,6 +39,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
+/// Instructions a template may execute per rendering: ample for a conversation of thousands
+/// of turns, and a bound on a template that loops without end.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// A compiled chat template with the special-token strings it may use.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
@@ -72,6 +76,8 @@ impl ChatTemplate {
 
     pub fn from_source(source: &str, text: &str, bos: String, eos: String) -> Result<ChatTemplate> {
         let mut env = minijinja::Environment::new();
+        // A template comes from the model file, which is untrusted: bound the work it may do.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         // Templates call raise_exception() on bad conversations (e.g. roles out of order).
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -120,6 +126,92 @@ pub fn new_part(session: &mut crate::model::Session, cached: &mut Vec<u32>, ids:
     session.truncate(keep as u32);
     cached.truncate(keep);
     ids[keep..].to_vec()
+}
+
+/// A conversation on a session: the KV cache carries over between turns (only the new part
+/// of the rendered conversation is prefilled); when the context fills up, the oldest turns
+/// are dropped (the system prompt stays) and the rest is prefilled again.
+pub struct Conversation {
+    system: Vec<Message>,
+    pub messages: Vec<Message>,
+    /// The tokens in the session's cache.
+    cached: Vec<u32>,
+}
+
+/// What one turn did.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub answer: String,
+    pub stats: crate::generate::GenStats,
+    /// Oldest turns dropped to make room.
+    pub dropped: usize,
+}
+
+impl Conversation {
+    pub fn new(system: Option<&str>) -> Conversation {
+        let system: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
+        Conversation { messages: system.clone(), system, cached: Vec::new() }
+    }
+
+    /// Forgets every turn but the system prompt.
+    pub fn reset(&mut self, session: &mut crate::model::Session) {
+        self.messages = self.system.clone();
+        self.cached.clear();
+        session.reset();
+    }
+
+    /// Adds the user's message and generates the answer (at most `max_new` tokens; None:
+    /// until the model ends its turn or the context is full), streaming its text to `on_text`.
+    /// A message that alone does not fit the context is an error and leaves no trace.
+    #[allow(clippy::too_many_arguments)]
+    pub fn turn(
+        &mut self,
+        session: &mut crate::model::Session,
+        tmpl: &ChatTemplate,
+        tok: &crate::tokenizer::Tokenizer,
+        input: &str,
+        max_new: Option<usize>,
+        sampler: &mut crate::sample::Sampler,
+        stop: &std::sync::atomic::AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<Turn> {
+        let n_ctx = session.opts.n_ctx as usize;
+        let mut messages = self.messages.clone();
+        messages.push(Message::new("user", input));
+        let mut ids = render_tokens(tmpl, tok, &messages)?;
+        // Drop the oldest turns (keeping the system prompt) until the prompt and some room
+        // for the answer fit.
+        let reserve = max_new.unwrap_or(256).min(n_ctx / 4);
+        let mut dropped = 0;
+        while ids.len() + reserve > n_ctx && messages.len() > self.system.len() + 1 {
+            messages.remove(self.system.len());
+            dropped += 1;
+            ids = render_tokens(tmpl, tok, &messages)?;
+        }
+        if ids.len() >= n_ctx {
+            return Err(KilnError::invalid(
+                "message",
+                format!("it does not fit the context of {n_ctx} tokens by itself; try a shorter one or raise -c"),
+            ));
+        }
+        self.messages = messages;
+        let feed = new_part(session, &mut self.cached, &ids);
+        let mut answer = String::new();
+        let mut history = self.cached.clone();
+        let room = n_ctx - session.position() as usize - feed.len();
+        let limit = Some(max_new.unwrap_or(room).min(room));
+        let stats = crate::generate::generate(session, tok, &feed, &mut history, limit, sampler, stop, &mut |s| {
+            answer.push_str(s);
+            on_text(s)
+        })?;
+        // The cache now holds the prompt and the answer (the end-of-turn token, if any, was
+        // not fed); the next render is compared against exactly that.
+        self.cached.extend_from_slice(&feed);
+        self.cached.extend_from_slice(&history[history.len() - stats.generated..]);
+        self.cached.truncate(session.position() as usize);
+        self.messages.push(Message::new("assistant", answer.trim()));
+        Ok(Turn { answer, stats, dropped })
+    }
 }
 
 #[cfg(test)]

@@ -54,6 +54,24 @@ pub fn max_binding_from_env() -> Option<u64> {
     std::env::var("KILN_MAX_BINDING").ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// `KILN_GPU_MEMORY=<bytes>[K|M|G]`: the device memory kiln assumes when it checks that a
+/// model fits (for adapters that report none, or to reserve memory for other programs).
+pub fn gpu_memory_from_env() -> Option<u64> {
+    std::env::var("KILN_GPU_MEMORY").ok().and_then(|v| parse_size(&v))
+}
+
+/// "1234", "512K", "300M", "2G" (binary multiples).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +83,14 @@ mod tests {
         assert!(d.subgroup && d.f16 && !d.coopmat);
         assert_eq!(Disabled::parse("all").unwrap(), Disabled::ALL);
         assert!(Disabled::parse("subgrup").is_err());
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("1234"), Some(1234));
+        assert_eq!(parse_size("3M"), Some(3 << 20));
+        assert_eq!(parse_size(" 2g "), Some(2 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999G"), None);
     }
 }

@@ -28,6 +28,9 @@ pub enum KilnError {
     #[error("{what} needs {needed} bytes but the adapter allows at most {limit} bytes per buffer")]
     TooLarge { what: String, needed: u64, limit: u64 },
 
+    #[error("not enough GPU memory for {what}: {:.1} MiB needed, the adapter has {:.1} MiB; {hint}", *needed as f64 / 1048576.0, *available as f64 / 1048576.0)]
+    OutOfMemory { what: String, needed: u64, available: u64, hint: String },
+
     #[error("invalid {what}: {message}")]
     InvalidInput { what: String, message: String },
 

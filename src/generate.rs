@@ -42,6 +42,94 @@ pub fn generate(
     stop: &AtomicBool,
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<GenStats> {
+    let mut dec = StreamDecoder::new(tok);
+    let stats = generate_with(session, tok, prompt, history, max_new, sampler, stop, &mut dec, on_text)?;
+    let rest = dec.finish()?;
+    if !rest.is_empty() {
+        on_text(&rest)?;
+    }
+    Ok(stats)
+}
+
+/// Generates `max_new` tokens however small the context: when it fills up, the session
+/// restarts from the last half of the context's tokens (after BOS, if the vocabulary uses
+/// one), as llama.cpp's context shift does, re-evaluating them since kiln keeps no
+/// position-free keys. Stops early only at end of generation or on a stop request.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_shifting(
+    session: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    max_new: usize,
+    sampler: &mut Sampler,
+    stop: &AtomicBool,
+    on_text: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<GenStats> {
+    let n_ctx = session.opts.n_ctx as usize;
+    let mut dec = StreamDecoder::new(tok);
+    let mut total = GenStats {
+        prompt_tokens: prompt.len(),
+        prompt_secs: 0.0,
+        generated: 0,
+        gen_secs: 0.0,
+        stop: StopReason::Limit,
+    };
+    let mut feed = prompt.to_vec();
+    let mut first = true;
+    loop {
+        let before = history.len();
+        let left = Some(max_new - total.generated);
+        let s = generate_with(session, tok, &feed, history, left, sampler, stop, &mut dec, on_text)?;
+        if first {
+            total.prompt_secs = s.prompt_secs;
+            first = false;
+        } else {
+            total.gen_secs += s.prompt_secs;
+        }
+        total.generated += s.generated;
+        total.gen_secs += s.gen_secs;
+        total.stop = s.stop;
+        if s.stop != StopReason::ContextFull || total.generated >= max_new {
+            break;
+        }
+        // The cache holds what was fed and generated (history got both, in that order).
+        let mut context = feed;
+        context.extend_from_slice(&history[before + context.len()..]);
+        // Keep BOS and the last half of the context; the next call evaluates them and goes on.
+        let bos: Vec<u32> = match (tok.add_bos_default(), tok.bos()) {
+            (true, Some(b)) => vec![b],
+            _ => Vec::new(),
+        };
+        let keep = (n_ctx / 2).saturating_sub(bos.len()).max(1).min(context.len());
+        feed = [bos.as_slice(), &context[context.len() - keep..]].concat();
+        session.reset();
+        if history.len() > 2 * n_ctx {
+            // The repetition penalty only looks back a window; the rest can go.
+            history.drain(..history.len() - n_ctx);
+        }
+        tracing::debug!("context full: restarting from the last {keep} tokens");
+    }
+    let rest = dec.finish()?;
+    if !rest.is_empty() {
+        on_text(&rest)?;
+    }
+    Ok(total)
+}
+
+/// `generate` with the caller's decoder (kept across context restarts).
+#[allow(clippy::too_many_arguments)]
+fn generate_with(
+    session: &mut Session,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    max_new: Option<usize>,
+    sampler: &mut Sampler,
+    stop: &AtomicBool,
+    dec: &mut StreamDecoder,
+    on_text: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<GenStats> {
     let n_ctx = session.opts.n_ctx as usize;
     if prompt.is_empty() {
         return Err(KilnError::invalid("prompt", "the prompt is empty (and the model adds no BOS token)"));
@@ -71,7 +159,6 @@ pub fn generate(
     let prompt_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let limit = max_new.unwrap_or(usize::MAX);
-    let mut dec = StreamDecoder::new(tok);
     let mut generated = 0usize;
     let mut reason = StopReason::Limit;
     let mut error: Option<KilnError> = None;
@@ -137,10 +224,6 @@ pub fn generate(
     session.add_host_time(sample_secs, detok_secs);
     if let Some(e) = error {
         return Err(e);
-    }
-    let rest = dec.finish()?;
-    if !rest.is_empty() {
-        on_text(&rest)?;
     }
     Ok(GenStats {
         prompt_tokens: prompt.len(),

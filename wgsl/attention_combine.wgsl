@@ -19,8 +19,10 @@ struct Params {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
-    let hd = p.head_dim;
-    let n_used = (p.kv_len + CHUNK - 1u) / CHUNK;
+    // Not inlinable by lavapipe: see attention_decode.wgsl.
+    let opaque = wid.z == 0xffffffffu;
+    let hd = select(p.head_dim, 0u, opaque);
+    let n_used = select((p.kv_len + CHUNK - 1u) / CHUNK, 0u, opaque);
     var gmax = -3.4028235e38;
     for (var s = 0u; s < n_used; s++) { gmax = max(gmax, part[(h * p.n_splits + s) * (hd + 2u) + hd]); }
     var total = 0.0;

@@ -29,7 +29,10 @@ fn v_at(i: u32) -> f32 { return kv_get(v_cache[i / KV_PER_WORD], i); }
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let split = wid.y;
-    let hd = p.head_dim;
+    // Loop bounds from the uniform would let lavapipe (Mesa 22/23) inline them and compile
+    // a new shader variant per dispatch, growing host memory by ~1 MB per decode step; a
+    // bound that also depends on the workgroup id (never 0xffffffff) is not inlinable.
+    let hd = select(p.head_dim, 0u, wid.z == 0xffffffffu);
     let kvh = h / p.group;
     let j0 = split * CHUNK;
     let j1 = min(j0 + CHUNK, p.kv_len);

@@ -1,16 +1,14 @@
-//! `kiln chat`: an interactive conversation. The KV cache carries over between turns (only
-//! the new part of the rendered conversation is prefilled); when the context fills up, the
-//! oldest turns are dropped and the rest is prefilled again.
+//! `kiln chat`: an interactive conversation on a [`Conversation`]: the KV cache carries over
+//! between turns; when the context fills up, the oldest turns are dropped.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::Ordering;
 
-use crate::chat::{new_part, render_tokens as render, ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Conversation};
 use crate::cli::load::{load_model, open_session, ModelArgs};
 use crate::cli::run::{interrupt_flag, SamplingArgs};
-use crate::generate::{generate, sampler, StopReason};
-use crate::tokenizer::Tokenizer;
-use crate::Result;
+use crate::generate::{sampler, StopReason};
+use crate::{KilnError, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -31,8 +29,7 @@ pub struct ChatArgs {
 
 pub fn run(args: &ChatArgs) -> Result<()> {
     let cfg = args.sampling.config()?;
-    let model = load_model(&args.model)?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
+    let (model, tok) = load_model(&args.model)?;
     let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let eos = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let tmpl = ChatTemplate::select(&model.file, args.chat_template.as_deref(), bos, eos)?;
@@ -41,9 +38,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let stop = interrupt_flag();
     let mut sampler = sampler(cfg, args.sampling.seed);
     let max_new = if args.n_predict < 0 { None } else { Some(args.n_predict as usize) };
-    let system: Vec<Message> = args.system.iter().map(|s| Message::new("system", s)).collect();
-    let mut messages = system.clone();
-    let mut cached: Vec<u32> = Vec::new();
+    let mut conv = Conversation::new(args.system.as_deref());
     eprintln!("kiln chat: {} ({} template, context {n_ctx}). /reset clears the conversation, /exit quits, Ctrl-C stops an answer.", model.cfg.name, tmpl.source);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -59,51 +54,33 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             "" => continue,
             "/exit" | "/quit" => break,
             "/reset" => {
-                messages = system.clone();
-                cached.clear();
-                session.reset();
+                conv.reset(&mut session);
                 eprintln!("(conversation cleared)");
                 continue;
             }
             _ => {}
         }
-        messages.push(Message::new("user", input));
-        let mut ids = render(&tmpl, &tok, &messages)?;
-        // Drop the oldest turns (keeping the system prompt) until the prompt and some room
-        // for the answer fit.
-        let reserve = max_new.unwrap_or(256).min(n_ctx / 4);
-        while ids.len() + reserve > n_ctx && messages.len() > system.len() + 1 {
-            messages.remove(system.len());
-            ids = render(&tmpl, &tok, &messages)?;
-            eprintln!("(context full: dropped the oldest turn)");
-        }
-        if ids.len() >= n_ctx {
-            eprintln!(
-                "kiln: this message alone does not fit the context of {n_ctx} tokens; try a shorter one or raise -c"
-            );
-            messages.pop();
-            continue;
-        }
-        let feed = new_part(&mut session, &mut cached, &ids);
         stop.store(false, Ordering::SeqCst);
-        let mut answer = String::new();
         let mut out = std::io::stdout().lock();
-        let mut history = cached.clone();
-        let room = n_ctx - session.position() as usize - feed.len();
-        let limit = Some(max_new.unwrap_or(room).min(room));
-        let stats = generate(&mut session, &tok, &feed, &mut history, limit, &mut sampler, &stop, &mut |s| {
-            answer.push_str(s);
+        let turn = conv.turn(&mut session, &tmpl, &tok, input, max_new, &mut sampler, &stop, &mut |s| {
             out.write_all(s.as_bytes())?;
             out.flush()?;
             Ok(())
-        })?;
+        });
+        let turn = match turn {
+            Ok(t) => t,
+            Err(e @ KilnError::InvalidInput { .. }) => {
+                eprintln!("kiln: {e}");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         writeln!(out)?;
-        // The cache now holds the prompt and the answer (the end-of-turn token, if any, was
-        // not fed); the next render is compared against exactly that.
-        cached.extend_from_slice(&feed);
-        cached.extend_from_slice(&history[history.len() - stats.generated..]);
-        cached.truncate(session.position() as usize);
-        messages.push(Message::new("assistant", answer.trim()));
+        if turn.dropped > 0 {
+            let s = if turn.dropped == 1 { "" } else { "s" };
+            eprintln!("(context full: dropped the {} oldest turn{s})", turn.dropped);
+        }
+        let stats = turn.stats;
         match stats.stop {
             StopReason::Interrupted => eprintln!("(stopped)"),
             StopReason::ContextFull => eprintln!("(the context is full; the oldest turns will be dropped next time)"),

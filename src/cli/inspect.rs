@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::gguf::GgufFile;
 use crate::model::ModelConfig;
+use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 #[derive(clap::Args, Debug)]
@@ -57,7 +58,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         writeln!(o, "  {k} = {}", short(v))?;
     }
     writeln!(o, "\nmodel:")?;
-    match ModelConfig::from_gguf(&f).and_then(|c| c.validate_tensors(&f).map(|_| c)) {
+    let runnable = ModelConfig::from_gguf(&f)
+        .and_then(|c| c.validate_tensors(&f).map(|_| c))
+        .and_then(|c| Tokenizer::from_gguf(&f).map(|_| c));
+    match runnable {
         Ok(c) => {
             writeln!(
                 o,

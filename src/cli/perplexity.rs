@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use crate::cli::load::{load_model, open_session, ModelArgs};
 use crate::model::Output;
-use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
 
 #[derive(clap::Args, Debug)]
@@ -22,8 +21,7 @@ pub struct PerplexityArgs {
 pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| KilnError::File { path: args.file.clone(), message: e.to_string() })?;
-    let model = load_model(&args.model)?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
+    let (model, tok) = load_model(&args.model)?;
     let tokens = tok.encode(&text, false)?;
     let n_ctx = args.model.ctx_size.unwrap_or(512).min(model.cfg.n_ctx_train.max(16));
     let mut margs = args.model.clone();

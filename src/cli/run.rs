@@ -5,9 +5,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::cli::load::{load_model, open_session, ModelArgs};
-use crate::generate::{generate, sampler, StopReason};
+use crate::generate::{generate, generate_shifting, sampler, StopReason};
 use crate::sample::SamplerConfig;
-use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
 
 /// Sampling flags, named and defaulted as llama.cpp's.
@@ -67,7 +66,8 @@ pub struct RunArgs {
     /// The prompt.
     #[arg(short = 'p', long)]
     pub prompt: String,
-    /// Tokens to generate; -1 = until end of generation or a full context.
+    /// Tokens to generate (past a full context, generation goes on from its last half);
+    /// -1 = until end of generation or a full context.
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
     pub n_predict: i64,
     /// Do not add the BOS token in front of the prompt.
@@ -96,19 +96,24 @@ pub fn run(args: &RunArgs) -> Result<()> {
         n if n < 0 => None,
         n => Some(n as usize),
     };
-    let model = load_model(&args.model)?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
+    let (model, tok) = load_model(&args.model)?;
     let prompt = tok.encode(&args.prompt, tok.add_bos_default() && !args.no_bos)?;
     let mut session = open_session(&model, &args.model, prompt.len() as u32 + 1, false)?;
     let stop = interrupt_flag();
     let mut out = std::io::stdout().lock();
     let mut history = Vec::new();
     let mut sampler = sampler(cfg, args.sampling.seed);
-    let stats = generate(&mut session, &tok, &prompt, &mut history, max_new, &mut sampler, &stop, &mut |s| {
+    let mut print = |s: &str| -> Result<()> {
         out.write_all(s.as_bytes())?;
         out.flush()?;
         Ok(())
-    })?;
+    };
+    // With -n, a full context restarts from its last half (as llama.cpp's context shift);
+    // with -n -1, generation ends there.
+    let stats = match max_new {
+        Some(n) => generate_shifting(&mut session, &tok, &prompt, &mut history, n, &mut sampler, &stop, &mut print)?,
+        None => generate(&mut session, &tok, &prompt, &mut history, None, &mut sampler, &stop, &mut print)?,
+    };
     writeln!(out)?;
     out.flush()?;
     eprintln!(

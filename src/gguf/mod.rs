@@ -1,6 +1,8 @@
-//! GGUF files: memory-mapped, parsed with gguf-rs, and validated before anything is trusted:
-//! every tensor's type, shape and byte range is checked against the file.
+//! GGUF files: memory-mapped, parsed by kiln's own bounds-checked reader ([`parse`]), and
+//! validated before anything is trusted: every tensor's type, shape and byte range is checked
+//! against the file.
 
+pub mod parse;
 pub mod writer;
 
 use std::collections::BTreeMap;
@@ -23,7 +25,7 @@ pub struct TensorInfo {
     pub dims: Vec<u64>,
     /// Absolute offset of the data in the file.
     pub offset: u64,
-    /// Size of the data in bytes (0 when the type is unsupported).
+    /// Size of the data in bytes.
     pub bytes: u64,
 }
 
@@ -45,49 +47,66 @@ impl TensorInfo {
     }
 }
 
-/// Names of the ggml types kiln does not decode, for messages.
+/// ggml's names of its types, for messages.
 pub fn ggml_type_name(id: u32) -> String {
     let name = match id {
+        0 => "F32",
+        1 => "F16",
         2 => "Q4_0",
         3 => "Q4_1",
         6 => "Q5_0",
         7 => "Q5_1",
+        8 => "Q8_0",
         9 => "Q8_1",
         10 => "Q2_K",
         11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
         15 => "Q8_K",
-        16..=23 => "IQ (importance-matrix quant)",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
         26 => "I32",
         27 => "I64",
         28 => "F64",
         29 => "IQ1_M",
+        30 => "BF16",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
         _ => "unknown",
     };
     format!("{name} (ggml type {id})")
 }
 
-/// A reader over the mapped file that gguf-rs can own.
-struct MapReader {
-    map: std::sync::Arc<memmap2::Mmap>,
-    pos: usize,
+/// The bytes of the file: memory-mapped, or owned (files built in memory, fuzzing).
+enum Storage {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
 }
 
-impl std::io::Read for MapReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let rest = &self.map[self.pos.min(self.map.len())..];
-        let n = rest.len().min(buf.len());
-        buf[..n].copy_from_slice(&rest[..n]);
-        self.pos += n;
-        Ok(n)
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Map(m) => m,
+            Storage::Owned(v) => v,
+        }
     }
 }
 
 /// An open, validated GGUF file.
 pub struct GgufFile {
     pub path: PathBuf,
-    map: std::sync::Arc<memmap2::Mmap>,
+    map: Storage,
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
@@ -99,11 +118,24 @@ impl GgufFile {
         let path = path.as_ref().to_path_buf();
         let err = |m: String| KilnError::File { path: path.clone(), message: m };
         let file = std::fs::File::open(&path).map_err(|e| err(format!("cannot open: {e}")))?;
-        // SAFETY: the file is mapped read-only; kiln does not modify it, and a change made by
-        // another process while kiln runs can corrupt results but not memory safety of the
-        // slices we hand out (they stay within the mapping).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
-        Self::from_map(path, map)
+        let meta = file.metadata().map_err(|e| err(format!("cannot open: {e}")))?;
+        if meta.is_dir() {
+            return Err(err("is a directory, not a GGUF file".into()));
+        }
+        let storage = if meta.len() == 0 {
+            Storage::Owned(Vec::new())
+        } else {
+            // SAFETY: the file is mapped read-only; kiln does not modify it, and a change made by
+            // another process while kiln runs can corrupt results but not memory safety of the
+            // slices we hand out (they stay within the mapping).
+            Storage::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?)
+        };
+        Self::validate(path, storage)
+    }
+
+    /// Parses and validates a file held in memory; `path` only names it in errors.
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<GgufFile> {
+        Self::validate(path.as_ref().to_path_buf(), Storage::Owned(bytes))
     }
 
     /// A GGUF image built in memory (synthetic models): `write` fills exactly `len` bytes.
@@ -122,78 +154,58 @@ impl GgufFile {
 
     /// Parses and validates a mapped GGUF image.
     pub fn from_map(path: PathBuf, map: memmap2::Mmap) -> Result<GgufFile> {
+        Self::validate(path, Storage::Map(map))
+    }
+
+    fn validate(path: PathBuf, map: Storage) -> Result<GgufFile> {
         let err = |m: String| KilnError::File { path: path.clone(), message: m };
-        if map.len() < 8 || &map[..4] != b"GGUF" {
-            return Err(err("not a GGUF file (bad magic); kiln reads GGUF v2/v3 model files".into()));
-        }
-        let version = u32::from_le_bytes([map[4], map[5], map[6], map[7]]);
-        if !(2..=3).contains(&version) {
-            return Err(err(format!("GGUF version {version} is not supported (kiln reads versions 2 and 3)")));
-        }
-        let map = std::sync::Arc::new(map);
-        // gguf-rs reads the header from after the magic; it never reads the tensor data.
-        let reader = MapReader { map: map.clone(), pos: 4 };
-        let mut container = gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
-        let model = container.decode().map_err(|e| err(format!("malformed GGUF header: {e}")))?;
-        let data_offset = model.data_offset();
-        let alignment = model.alignment();
+        let header = parse::parse(&map).map_err(|m| {
+            if m.starts_with("not a GGUF") || m.starts_with("GGUF version") {
+                err(m)
+            } else {
+                err(format!("malformed GGUF header: {m}"))
+            }
+        })?;
+        let data_offset = header.data_offset;
+        let alignment = header.alignment;
         let file_len = map.len() as u64;
         // A vocabulary-only file has no tensor data, and need not pad up to where it would start.
-        if data_offset > file_len && !model.tensors().is_empty() {
+        if data_offset > file_len && !header.tensors.is_empty() {
             return Err(err(format!(
                 "truncated: the tensor data would start at byte {data_offset}, past the end ({file_len} bytes)"
             )));
         }
-        let mut tensors = Vec::with_capacity(model.tensors().len());
-        let mut seen = std::collections::HashSet::new();
-        for t in model.tensors() {
-            if !seen.insert(t.name.clone()) {
-                return Err(err(format!("tensor {} appears twice", t.name)));
-            }
-            let dims: Vec<u64> = t.shape.clone();
-            if dims.is_empty() || dims.iter().any(|&d| d == 0) {
-                return Err(err(format!("tensor {} has an empty shape {dims:?}", t.name)));
-            }
-            let n = dims
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| err(format!("tensor {} shape {dims:?} overflows", t.name)))?;
-            let format = WeightFormat::from_ggml_type(t.kind);
-            let bytes = match format {
-                Some(f) => {
-                    let k = dims[0] as usize;
-                    let rows = (n / dims[0]) as usize;
-                    f.tensor_bytes(rows, k).ok_or_else(|| {
-                        err(format!("tensor {}: row length {k} is not a whole number of {} blocks", t.name, f.name()))
-                    })? as u64
-                }
-                None => 0,
-            };
-            if t.offset % alignment != 0 {
-                return Err(err(format!("tensor {} data offset {} is not aligned to {alignment}", t.name, t.offset)));
-            }
+        let mut tensors = Vec::with_capacity(header.tensors.len());
+        for t in header.tensors {
             let start =
                 data_offset.checked_add(t.offset).ok_or_else(|| err(format!("tensor {} offset overflows", t.name)))?;
-            let end = start.checked_add(bytes).ok_or_else(|| err(format!("tensor {} size overflows", t.name)))?;
+            let end = start.checked_add(t.bytes).ok_or_else(|| err(format!("tensor {} size overflows", t.name)))?;
             if end > file_len {
                 return Err(err(format!(
                     "truncated: tensor {} needs bytes {start}..{end} but the file has {file_len}; re-download or re-convert the model",
                     t.name
                 )));
             }
-            tensors.push(TensorInfo { name: t.name.clone(), ggml_type: t.kind, format, dims, offset: start, bytes });
+            let format = WeightFormat::from_ggml_type(t.ggml_type);
+            tensors.push(TensorInfo {
+                name: t.name,
+                ggml_type: t.ggml_type,
+                format,
+                dims: t.dims,
+                offset: start,
+                bytes: t.bytes,
+            });
         }
         // Overlapping tensor data means a corrupt table.
         let mut ranges: Vec<(u64, u64, &str)> =
-            tensors.iter().filter(|t| t.bytes > 0).map(|t| (t.offset, t.offset + t.bytes, t.name.as_str())).collect();
+            tensors.iter().map(|t| (t.offset, t.offset + t.bytes, t.name.as_str())).collect();
         ranges.sort();
         for w in ranges.windows(2) {
             if w[1].0 < w[0].1 {
                 return Err(err(format!("tensors {} and {} overlap in the file", w[0].2, w[1].2)));
             }
         }
-        let metadata = model.metadata().clone();
-        Ok(GgufFile { path, map, version, metadata, tensors, alignment })
+        Ok(GgufFile { path, map, version: header.version, metadata: header.metadata, tensors, alignment })
     }
 
     pub fn file_len(&self) -> u64 {

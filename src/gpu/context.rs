@@ -47,6 +47,9 @@ pub struct ContextOptions {
     pub disable: Disabled,
     /// Plan with a smaller storage-binding limit than the adapter's (tests of tensor splitting).
     pub max_binding_override: Option<u64>,
+    /// Assume this much device memory instead of what the driver reports (tests of the
+    /// memory checks, `KILN_GPU_MEMORY`).
+    pub memory_override: Option<u64>,
 }
 
 impl ContextOptions {
@@ -56,6 +59,7 @@ impl ContextOptions {
         Ok(ContextOptions {
             disable,
             max_binding_override: crate::config::max_binding_from_env(),
+            memory_override: crate::config::gpu_memory_from_env(),
             ..Default::default()
         })
     }
@@ -190,6 +194,60 @@ pub struct GpuContext {
     pub pipelines: PipelineCache,
     /// Bound on every wait for the GPU, so a lost device becomes an error, not a hang.
     pub poll_timeout: Duration,
+    /// The first fatal GPU fault (device lost, a failed command), if any: every wait checks
+    /// it, so a fault ends generation with an error instead of wrong results or a hang.
+    fault: Arc<std::sync::Mutex<Option<String>>>,
+    /// Device-local memory the driver reports (the largest device-local heap), where the
+    /// backend tells it (Vulkan); `KILN_GPU_MEMORY` overrides it.
+    pub device_memory: Option<u64>,
+}
+
+/// GPU buffers alive on a device, from wgpu's internal counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BufferCount {
+    pub buffers: u64,
+    pub bytes: u64,
+}
+
+/// Memory for a model on this adapter: the largest device-local heap of a Vulkan adapter
+/// (wgpu has no portable query of memory size, so other backends report none); on a CPU
+/// adapter, whose "heap" is a nominal figure (lavapipe says 2 GiB), the host's available
+/// memory when that is larger.
+fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    let heap = device_heap(adapter);
+    if adapter.get_info().device_type != wgpu::DeviceType::Cpu {
+        return heap;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    match (heap, available) {
+        (Some(h), Some(a)) => Some(h.max(a)),
+        (h, a) => h.or(a),
+    }
+}
+
+fn device_heap(adapter: &wgpu::Adapter) -> Option<u64> {
+    #[cfg(any(target_os = "linux", target_os = "windows", target_os = "android", target_os = "freebsd"))]
+    {
+        // SAFETY: only reads the physical device's memory properties; nothing is created or
+        // destroyed through the raw handles.
+        let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+        let instance = hal.shared_instance().raw_instance();
+        let props = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+        const DEVICE_LOCAL: u32 = 0x1;
+        props.memory_heaps[..props.memory_heap_count.min(16) as usize]
+            .iter()
+            .filter(|h| h.flags.as_raw() & DEVICE_LOCAL != 0)
+            .map(|h| h.size)
+            .max()
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "windows", target_os = "android", target_os = "freebsd")))]
+    {
+        let _ = adapter;
+        None
+    }
 }
 
 impl GpuContext {
@@ -282,10 +340,25 @@ impl GpuContext {
             None => adapter_binding,
         };
         // Device errors are reported through error scopes where kiln can act on them; any
-        // other one is logged instead of aborting the process.
-        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+        // other one (a failed submission) and a lost device are recorded as the context's
+        // fault, which the next wait reports, instead of aborting the process.
+        let fault: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let f = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             tracing::error!("uncaptured GPU error: {e}");
+            if let Ok(mut f) = f.lock() {
+                f.get_or_insert_with(|| {
+                    format!("a GPU command failed: {}", e.to_string().lines().next().unwrap_or(""))
+                });
+            }
         }));
+        let f = fault.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut f) = f.lock() {
+                let detail = if message.is_empty() { String::new() } else { format!(": {message}") };
+                f.get_or_insert_with(|| format!("the GPU device was lost ({reason:?}{detail})"));
+            }
+        });
         let ctx = Arc::new(GpuContext {
             device,
             queue,
@@ -295,6 +368,8 @@ impl GpuContext {
             max_binding,
             pipelines: PipelineCache::default(),
             poll_timeout: Duration::from_secs(120),
+            device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
+            fault,
         });
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
@@ -310,17 +385,35 @@ impl GpuContext {
         Ok(ctx)
     }
 
-    /// Blocks until all submitted work is done, or fails after `poll_timeout`.
+    /// The recorded fault (device lost, failed command) as an error naming `what`.
+    pub fn check_fault(&self, what: &str) -> Result<()> {
+        match self.fault.lock().ok().and_then(|f| f.clone()) {
+            None => Ok(()),
+            Some(m) => Err(KilnError::Gpu {
+                context: what.to_string(),
+                message: format!("{m}; restart kiln (and check the GPU driver if it happens again)"),
+            }),
+        }
+    }
+
+    /// Blocks until all submitted work is done, or fails after `poll_timeout` or on a fault.
     pub fn wait_idle(&self, what: &str) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(self.poll_timeout) })
-            .map(|_| ())
-            .map_err(|e| match e {
-                wgpu::PollError::Timeout => {
-                    KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() }
-                }
-                other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
-            })
+        self.check_fault(what)?;
+        let polled =
+            self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(self.poll_timeout) });
+        self.check_fault(what)?;
+        polled.map(|_| ()).map_err(|e| match e {
+            wgpu::PollError::Timeout => {
+                KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() }
+            }
+            other => KilnError::Gpu { context: what.to_string(), message: other.to_string() },
+        })
+    }
+
+    /// Buffers alive on the device now and their memory (wgpu's counters).
+    pub fn buffers_alive(&self) -> BufferCount {
+        let c = self.device.get_internal_counters();
+        BufferCount { buffers: c.hal.buffers.read().max(0) as u64, bytes: c.hal.buffer_memory.read().max(0) as u64 }
     }
 
     /// Short adapter description for logs and reports.

@@ -7,4 +7,4 @@ pub mod shader;
 pub mod timer;
 
 pub use buffers::{bind, grid, run_dispatches, Bound, Dispatch, WeightChunk, WeightTensor};
-pub use context::{list_adapters, parse_backend, AdapterReport, Caps, ContextOptions, GpuContext};
+pub use context::{list_adapters, parse_backend, AdapterReport, BufferCount, Caps, ContextOptions, GpuContext};

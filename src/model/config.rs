@@ -107,6 +107,13 @@ impl ModelConfig {
                 n_embd / n_head
             }
         };
+        // Sizes kiln computes in u32 (and allocates from): refuse what cannot be real.
+        let fits = |heads: u32| heads.checked_mul(head_dim).filter(|&d| d <= 1 << 20).is_some();
+        if !fits(n_head) || !fits(n_kv_head) || n_embd > 1 << 20 || n_ff > 1 << 22 || n_layer > 1 << 12 {
+            return Err(bad(format!(
+                "model dimensions are too large: {n_layer} layers, embedding {n_embd}, FFN {n_ff}, {n_head} heads of {head_dim}"
+            )));
+        }
         let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 || head_dim % 2 != 0 {
             return Err(bad(format!("RoPE over {n_rot} of {head_dim} head dimensions is not supported")));

@@ -436,6 +436,11 @@ impl Session {
         &self.ctx
     }
 
+    /// Bytes of one element of the KV cache (2 for f16, 4 for f32).
+    pub fn kv_bytes_per_elem(&self) -> u64 {
+        self.kv.bytes_per_elem()
+    }
+
     /// Tokens in the KV cache.
     pub fn position(&self) -> u32 {
         self.pos
@@ -857,9 +862,12 @@ impl Session {
                 let _ = tx.send(r);
             });
             let index = submitted[k % 2].take();
-            ctx.device
-                .poll(wgpu::PollType::Wait { submission_index: index.clone(), timeout: Some(ctx.poll_timeout) })
-                .map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
+            let polled = ctx
+                .device
+                .poll(wgpu::PollType::Wait { submission_index: index.clone(), timeout: Some(ctx.poll_timeout) });
+            // A lost device or failed submission explains a failed poll best.
+            ctx.check_fault("a decode step")?;
+            polled.map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
             match rx.recv_timeout(ctx.poll_timeout) {
                 Ok(Ok(())) => {}
                 _ => {

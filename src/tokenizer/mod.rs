@@ -326,7 +326,7 @@ impl Meta<'_> {
 
     fn floats(&self, key: &str) -> Result<Option<Vec<f32>>> {
         self.array(key, "numbers", |v| match v {
-            // gguf-rs stores non-finite floats as null.
+            // The GGUF reader stores non-finite floats as null.
             Value::Null => Some(f32::NEG_INFINITY),
             v => v.as_f64().map(|f| f as f32),
         })
