@@ -126,6 +126,13 @@ fn unusable_reason(
             info.driver, info.driver_info
         ));
     }
+    // unpack2x16float decodes every f16 weight and block scale.
+    if !downlevel.flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32) {
+        return Some(format!(
+            "no f16 packing builtins in shaders ({} {}); kiln needs OpenGL 4.3+ or ES 3.1+ on GL, or a Vulkan, Metal or DX12 driver",
+            info.driver, info.driver_info
+        ));
+    }
     if limits.max_storage_buffers_per_shader_stage < 6 {
         return Some(format!(
             "only {} storage buffers per shader stage (kiln needs 6){}",
