@@ -261,8 +261,10 @@ impl PhaseProfile {
             step_ms,
             self.span_ms
         );
-        let _ =
-            writeln!(o, "| stage | kernel | shape | calls | total ms | µs/token | share | GB/s | GFLOP/s | of peak |");
+        let _ = writeln!(
+            o,
+            "| stage | kernel | shape | calls | total ms | µs/token | share | GB/s | GFLOP/s | of peak: bound by |"
+        );
         let _ = writeln!(o, "|---|---|---|---:|---:|---:|---:|---:|---:|---|");
         for s in &self.stages {
             let secs = s.total_ms * 1e-3;
