@@ -421,6 +421,8 @@ fn the_base_file_is_valid() {
 
 #[test]
 fn every_malformed_file_is_refused_in_the_library_without_large_allocations() {
+    let (mut slowest, mut n) = (Duration::ZERO, 0);
+    let mut biggest = (0usize, 0usize, String::new());
     for (name, bytes, want, _) in cases() {
         let len = bytes.len();
         let copy = bytes.clone();
@@ -444,7 +446,19 @@ fn every_malformed_file_is_refused_in_the_library_without_large_allocations() {
         assert!(largest <= len.max(4096), "{name}: an allocation of {largest} bytes for a file of {len}");
         assert!(took < Duration::from_millis(500), "{name}: took {took:?}");
         drop(copy);
+        slowest = slowest.max(took);
+        if largest > biggest.0 {
+            biggest = (largest, len, name.clone());
+        }
+        n += 1;
     }
+    eprintln!(
+        "{n} malformed files refused in the library; slowest {:.3} ms; largest single allocation {} bytes ({}, a file of {} bytes)",
+        slowest.as_secs_f64() * 1e3,
+        biggest.0,
+        biggest.2,
+        biggest.1
+    );
 }
 
 fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
