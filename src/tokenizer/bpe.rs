@@ -14,7 +14,10 @@ pub(super) fn build(tokens: &[String], merges: &[String], pre: Pre) -> tokenizer
     let vocab: Vocab = tokens.iter().enumerate().map(|(id, token)| (token.clone(), id as u32)).collect();
     tracing::debug!("byte-level BPE, pre-tokenizer {}", pre.name);
     let merges = parse_merges(merges, &vocab)?;
-    let model = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(pre.ignore_merges).build()?;
+    // No word cache: tokenizers keeps it per thread and never frees the entries of a dropped
+    // model, so every vocabulary loaded in a process would leak its cache (found by fuzzing).
+    let model =
+        BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(pre.ignore_merges).cache_capacity(0).build()?;
     let mut tokenizer = Tokenizer::new(model);
 
     let mut steps = pre

@@ -22,7 +22,8 @@ pub(super) fn build(
 ) -> tokenizers::Result<Tokenizer> {
     let vocab: Vocab = tokens.iter().enumerate().map(|(id, token)| (token.clone(), id as u32)).collect();
     let merges = merges_by_score(tokens, scores, &vocab);
-    let mut model = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    // No word cache (see bpe.rs: it would leak per model).
+    let mut model = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).cache_capacity(0);
     if let Some(unk) = unk_token {
         model = model.unk_token(unk.to_owned());
     }
