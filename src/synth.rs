@@ -271,6 +271,19 @@ fn norm_weights(n: usize) -> Vec<u8> {
 
 /// Builds the synthetic model of `preset` in file type `ft`.
 pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
+    Ok(build_impl(preset, ft, true)?.0)
+}
+
+/// The bytes of tensor data the model of `preset` in `ft` has, and of its largest tensor,
+/// without generating any of it.
+pub fn data_bytes(preset: &Preset, ft: FileType) -> Result<(u64, u64)> {
+    let (_, total, largest) = build_impl(preset, ft, false)?;
+    Ok((total, largest))
+}
+
+/// Builds the model (`fill`: with random data; else with empty tensors, only sized) and
+/// returns it with its total and largest tensor data sizes.
+fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, u64, u64)> {
     let p = preset;
     let a = p.arch;
     let mut w = GgufWriter::default();
@@ -306,11 +319,17 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
         p.n_vocab as usize,
     );
     let mut seed = 1u64;
+    let (mut total, mut largest) = (0u64, 0u64);
     let mut mat = |w: &mut GgufWriter, name: &str, layer: Option<u32>, rows: usize, k: usize| -> Result<()> {
         // token_embd keeps the base type, as llama.cpp does for *_K_M.
         let fmt = tensor_format(ft, name, layer, p.n_layer);
         seed += 1;
-        w.tensor(name, fmt, vec![k as u64, rows as u64], random_matrix(fmt, rows, k, seed)?);
+        let bytes =
+            fmt.tensor_bytes(rows, k).ok_or_else(|| KilnError::invalid("synthetic model", "tensor too large"))?;
+        total += bytes as u64;
+        largest = largest.max(bytes as u64);
+        let data = if fill { random_matrix(fmt, rows, k, seed)? } else { Vec::new() };
+        w.tensor(name, fmt, vec![k as u64, rows as u64], data);
         Ok(())
     };
     mat(&mut w, "token_embd.weight", None, v, e)?;
@@ -341,7 +360,10 @@ pub fn build(preset: &Preset, ft: FileType) -> Result<GgufWriter> {
         mat(&mut w, &n("ffn_up.weight"), Some(i), ff, e)?;
         mat(&mut w, &n("ffn_down.weight"), Some(i), e, ff)?;
     }
-    Ok(w)
+    // Norms and biases are small next to the matrices; count them through the writer.
+    let small: u64 = w.data_bytes().0;
+    let small = if fill { small.saturating_sub(total) } else { small };
+    Ok((w, total + small, largest))
 }
 
 #[cfg(test)]
@@ -358,6 +380,22 @@ mod tests {
         assert_eq!(tensor_format(FileType::Q4KM, "output.weight", None, 22), WeightFormat::Q6K);
         assert_eq!(tensor_format(FileType::Q4KM, "token_embd.weight", None, 22), WeightFormat::Q4K);
         assert_eq!(tensor_format(FileType::Q4KM, "blk.3.attn_q.weight", Some(3), 22), WeightFormat::Q4K);
+    }
+
+    #[test]
+    fn sizing_matches_the_built_model() {
+        for spec in ["tiny-test:q4_k_m", "tiny-qwen2:q8_0", "tiny-qwen3:f16", "mini-llama:q6_k"] {
+            let (p, f) = parse_spec(spec).unwrap();
+            let w = build(&p, f).unwrap();
+            let (total, largest) = data_bytes(&p, f).unwrap();
+            assert_eq!(total, w.data_bytes().0, "{spec}");
+            assert_eq!(largest, w.data_bytes().1, "{spec}");
+            // The in-memory image holds the same tensors as the written file.
+            let len = w.len();
+            let file = w.into_gguf(spec).unwrap();
+            assert_eq!(file.file_len(), len);
+            assert_eq!(file.tensors.iter().map(|t| t.bytes).sum::<u64>(), total, "{spec}");
+        }
     }
 
     #[test]

@@ -126,6 +126,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             Source::Synthetic(spec) => {
                 bar.set_message(format!("building {spec}"));
                 let (preset, ft) = crate::synth::parse_spec(spec)?;
+                check_host_memory(&ctx, spec, &preset, ft)?;
                 let file: GgufFile = crate::synth::build(&preset, ft)?.into_gguf(spec)?;
                 (spec.clone(), Model::load_file(ctx.clone(), file, &mut |_| {})?, Some(spec.as_str()))
             }
@@ -174,4 +175,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A synthetic model is built in host memory (its image, plus one tensor while copying; on a
+/// CPU adapter the "GPU" copy is host memory too): refuse one that cannot fit, with the sizes,
+/// instead of being killed by the OS.
+fn check_host_memory(
+    ctx: &GpuContext,
+    spec: &str,
+    preset: &crate::synth::Preset,
+    ft: crate::synth::FileType,
+) -> Result<()> {
+    let (total, largest) = crate::synth::data_bytes(preset, ft)?;
+    let needed = total + largest + if ctx.caps.cpu_adapter { total } else { 0 };
+    match crate::gpu::host_available_memory() {
+        Some(available) if needed > available => Err(KilnError::invalid(
+            "--synthetic",
+            format!(
+                "building {spec} in memory needs {:.1} GiB of host memory and {:.1} GiB are available; \
+                 choose a smaller preset or format, or benchmark a model file with -m",
+                needed as f64 / (1u64 << 30) as f64,
+                available as f64 / (1u64 << 30) as f64
+            ),
+        )),
+        _ => Ok(()),
+    }
 }

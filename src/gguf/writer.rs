@@ -125,9 +125,28 @@ impl GgufWriter {
     }
 
     /// Parses the written image in memory, as if it had been written to a file and opened.
-    pub fn into_gguf(self, label: &str) -> crate::Result<crate::gguf::GgufFile> {
+    /// Each tensor's buffer is freed once copied, so building takes about the image's size
+    /// plus one tensor, not twice the image.
+    pub fn into_gguf(mut self, label: &str) -> crate::Result<crate::gguf::GgufFile> {
         let len = self.len();
-        crate::gguf::GgufFile::from_memory(label, len, |mut buf: &mut [u8]| self.write(&mut buf))
+        let header = self.header();
+        let tensors = std::mem::take(&mut self.tensors);
+        let pad = |n: u64| vec![0u8; ((ALIGN - n % ALIGN) % ALIGN) as usize];
+        crate::gguf::GgufFile::from_memory(label, len, move |mut buf: &mut [u8]| {
+            buf.write_all(&header)?;
+            buf.write_all(&pad(header.len() as u64))?;
+            for (_, _, _, data) in tensors {
+                buf.write_all(&data)?;
+                buf.write_all(&pad(data.len() as u64))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The tensor data bytes (sum over tensors) and the largest tensor's bytes.
+    pub fn data_bytes(&self) -> (u64, u64) {
+        let sizes = self.tensors.iter().map(|t| t.3.len() as u64);
+        (sizes.clone().sum(), sizes.max().unwrap_or(0))
     }
 
     pub fn write(&self, out: &mut dyn Write) -> std::io::Result<()> {

@@ -225,14 +225,18 @@ fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
     if adapter.get_info().device_type != wgpu::DeviceType::Cpu {
         return heap;
     }
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-    });
+    let available = host_available_memory();
     match (heap, available) {
         (Some(h), Some(a)) => Some(h.max(a)),
         (h, a) => h.or(a),
     }
+}
+
+/// The host memory available now (Linux's MemAvailable), where the OS says.
+pub fn host_available_memory() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
 }
 
 fn device_heap(adapter: &wgpu::Adapter) -> Option<u64> {

@@ -7,4 +7,6 @@ pub mod shader;
 pub mod timer;
 
 pub use buffers::{bind, grid, run_dispatches, Bound, Dispatch, WeightChunk, WeightTensor};
-pub use context::{list_adapters, parse_backend, AdapterReport, BufferCount, Caps, ContextOptions, GpuContext};
+pub use context::{
+    host_available_memory, list_adapters, parse_backend, AdapterReport, BufferCount, Caps, ContextOptions, GpuContext,
+};
