@@ -72,18 +72,7 @@ fn benches(c: &mut Criterion) {
                     plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
                 }
                 for (m, plan) in plans {
-                    let mm = Matmul {
-                        w: &w,
-                        x: &x,
-                        y: &y,
-                        bias: None,
-                        m,
-                        x_stride: k as u32,
-                        y_stride: n as u32,
-                        accumulate: false,
-                        norm: None,
-                        glu: None,
-                    };
+                    let mm = Matmul::dense(&w, &x, &y, m);
                     let ds = matmul::prepare_with(&ctx, &mm, plan, "decode").unwrap();
                     g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}", format.name()), |b| {
                         b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
@@ -102,18 +91,7 @@ fn benches(c: &mut Criterion) {
         let w = weights(&ctx, format, n, k);
         let x = ctx.upload_f32(&vec![0.01f32; k], "x").unwrap();
         let y = ctx.storage((n * 4) as u64, "y").unwrap();
-        let mm = Matmul {
-            w: &w,
-            x: &x,
-            y: &y,
-            bias: None,
-            m: 1,
-            x_stride: k as u32,
-            y_stride: n as u32,
-            accumulate: false,
-            norm: None,
-            glu: None,
-        };
+        let mm = Matmul::dense(&w, &x, &y, 1);
         let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
@@ -138,18 +116,7 @@ fn benches(c: &mut Criterion) {
         let w = weights(&ctx, format, n, k);
         let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
         let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
-        let mm = Matmul {
-            w: &w,
-            x: &x,
-            y: &y,
-            bias: None,
-            m: m as u32,
-            x_stride: k as u32,
-            y_stride: n as u32,
-            accumulate: false,
-            norm: None,
-            glu: None,
-        };
+        let mm = Matmul::dense(&w, &x, &y, m as u32);
         let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
             plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();

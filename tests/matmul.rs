@@ -123,18 +123,7 @@ fn planner_choice_runs_for_decode_and_prefill() {
         let w = WeightTensor::upload(&g.ctx, "w", WeightFormat::Q4K, n, k, &c.weights).unwrap();
         let x = g.ctx.upload_f32(&c.x, "x").unwrap();
         let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
-        let mm = Matmul {
-            w: &w,
-            x: &x,
-            y: &y,
-            bias: None,
-            m: m as u32,
-            x_stride: k as u32,
-            y_stride: n as u32,
-            accumulate: false,
-            norm: None,
-            glu: None,
-        };
+        let mm = Matmul::dense(&w, &x, &y, m as u32);
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
         let got = g.ctx.read_f32(&y, m * n).unwrap();
@@ -184,18 +173,7 @@ fn gemv_with_fused_rms_norm() {
                 let x = g.ctx.upload_f32(&c.x, "x").unwrap();
                 let nw = g.ctx.upload_f32(&gamma, "norm").unwrap();
                 let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
-                let mm = Matmul {
-                    w: &w,
-                    x: &x,
-                    y: &y,
-                    bias: None,
-                    m: m as u32,
-                    x_stride: k as u32,
-                    y_stride: n as u32,
-                    accumulate: false,
-                    norm: Some((&nw, 1e-5)),
-                    glu: None,
-                };
+                let mm = Matmul { norm: Some((&nw, 1e-5)), ..Matmul::dense(&w, &x, &y, m as u32) };
                 let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
                 let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
                 run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -221,18 +199,7 @@ fn gemv_with_fused_swiglu() {
                 let up = randn(&mut rng(8), m * k, 1.0);
                 let (gb, ub) = (g.ctx.upload_f32(&c.x, "gate").unwrap(), g.ctx.upload_f32(&up, "up").unwrap());
                 let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
-                let mm = Matmul {
-                    w: &w,
-                    x: &gb,
-                    y: &y,
-                    bias: None,
-                    m: m as u32,
-                    x_stride: k as u32,
-                    y_stride: n as u32,
-                    accumulate: false,
-                    norm: None,
-                    glu: Some(&ub),
-                };
+                let mm = Matmul { glu: Some(&ub), ..Matmul::dense(&w, &gb, &y, m as u32) };
                 let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
                 let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
                 run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();

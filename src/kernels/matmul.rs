@@ -44,6 +44,14 @@ pub struct Matmul<'a> {
     pub glu: Option<&'a wgpu::Buffer>,
 }
 
+impl<'a> Matmul<'a> {
+    /// Y[m, rows] = X[m, k] · Wᵀ with rows packed back to back, nothing fused (tests, benches);
+    /// struct-update syntax adds the rest.
+    pub fn dense(w: &'a WeightTensor, x: &'a wgpu::Buffer, y: &'a wgpu::Buffer, m: u32) -> Matmul<'a> {
+        Matmul { w, x, y, bias: None, m, x_stride: w.k, y_stride: w.rows, accumulate: false, norm: None, glu: None }
+    }
+}
+
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
 pub fn launch(
     ctx: &GpuContext,
