@@ -59,16 +59,40 @@ fn benches(c: &mut Criterion) {
     if std::env::var("KILN_BENCH_DECODE").as_deref() == Ok("1") {
         let mut g = c.benchmark_group("decode_shapes");
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        // KILN_BENCH_DECODE_SHAPES=NxK,...: these shapes instead, each with the planner's float
+        // GEMV and the int8-activation GEMV only (where the planner should switch between them).
+        let custom: Option<Vec<(usize, usize)>> = std::env::var("KILN_BENCH_DECODE_SHAPES").ok().map(|v| {
+            v.split(',')
+                .filter_map(|s| s.split_once('x'))
+                .map(|(n, k)| (n.trim().parse().unwrap(), k.trim().parse().unwrap()))
+                .collect()
+        });
+        let shapes =
+            custom.clone().unwrap_or(vec![(2048, 2048), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)]);
         for format in [WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16] {
-            for (n, k) in [(2048usize, 2048usize), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)] {
+            for &(n, k) in &shapes {
                 let w = weights(&ctx, format, n, k);
                 let x = ctx.upload_f32(&vec![0.01f32; 512 * k], "x").unwrap();
                 let y = ctx.storage((512 * n * 4) as u64, "y").unwrap();
                 g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
-                let mut plans: Vec<(u32, MatmulKernel)> = [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)]
-                    .map(|(wg, rows)| (1, MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } }))
-                    .to_vec();
-                if n != 32000 {
+                let mut plans: Vec<(u32, MatmulKernel)> = Vec::new();
+                for q8 in [false, true] {
+                    if q8 && !format.is_quantized() {
+                        continue;
+                    }
+                    plans.extend(
+                        [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)]
+                            .map(|(wg, rows)| (1, MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows }, q8 })),
+                    );
+                }
+                if custom.is_some() {
+                    let ncaps = kiln::gpu::Caps { int8_dot: false, ..ctx.caps };
+                    plans = vec![(1, plan_matmul(1, n as u32, k as u32, format, &ncaps))];
+                    if format.is_quantized() {
+                        let shape = GemvShape { wg: 64, rows: 4 };
+                        plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
+                    }
+                } else if n != 32000 {
                     plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
                 }
                 for (m, plan) in plans {
@@ -92,12 +116,27 @@ fn benches(c: &mut Criterion) {
         let x = ctx.upload_f32(&vec![0.01f32; k], "x").unwrap();
         let y = ctx.storage((n * 4) as u64, "y").unwrap();
         let mm = Matmul::dense(&w, &x, &y, 1);
-        let mut plans = vec![plan_matmul(1, n as u32, k as u32, format, &ctx.caps)];
+        let planned = plan_matmul(1, n as u32, k as u32, format, &ctx.caps);
+        let mut plans = vec![planned];
+        // Quantized formats: the other activation path too (float and int8 dot products).
+        if let MatmulKernel::Gemv { ncols, shape, q8 } = planned {
+            if format.is_quantized() {
+                plans.push(MatmulKernel::Gemv { ncols, shape, q8: !q8 });
+            }
+        }
         // KILN_BENCH_SWEEP=1: every GEMV launch shape, to tune the planner on this adapter.
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
-            plans = [(32, 4), (64, 4), (128, 4)]
-                .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows } })
-                .to_vec();
+            plans = [false, true]
+                .into_iter()
+                .filter(|&q8| !q8 || format.is_quantized())
+                .flat_map(|q8| {
+                    [(32, 4), (64, 4), (128, 4), (128, 2), (256, 2)].map(|(wg, rows)| MatmulKernel::Gemv {
+                        ncols: 1,
+                        shape: GemvShape { wg, rows },
+                        q8,
+                    })
+                })
+                .collect();
         }
         g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
         for plan in plans {

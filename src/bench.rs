@@ -49,6 +49,9 @@ impl AdapterRecord {
         if c.coopmat {
             features.push("cooperative-matrix".into());
         }
+        if c.int8_dot {
+            features.push("int8-dot-product".into());
+        }
         let l = &ctx.limits;
         let limits = BTreeMap::from([
             ("max_buffer_size".to_string(), l.max_buffer_size),

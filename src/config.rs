@@ -3,17 +3,19 @@
 use std::collections::BTreeSet;
 
 /// Capabilities a user can switch off to force the portable fallbacks
-/// (`KILN_DISABLE=subgroup,f16,coopmat`).
+/// (`KILN_DISABLE=subgroup,f16,coopmat,int8dot`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Disabled {
     pub subgroup: bool,
     pub f16: bool,
     pub coopmat: bool,
+    /// Packed 4x8-bit integer dot products (the int8-activation GEMV).
+    pub int8dot: bool,
 }
 
 impl Disabled {
-    pub const NONE: Disabled = Disabled { subgroup: false, f16: false, coopmat: false };
-    pub const ALL: Disabled = Disabled { subgroup: true, f16: true, coopmat: true };
+    pub const NONE: Disabled = Disabled { subgroup: false, f16: false, coopmat: false, int8dot: false };
+    pub const ALL: Disabled = Disabled { subgroup: true, f16: true, coopmat: true, int8dot: true };
 
     /// Parses a comma-separated list; unknown words are returned as an error so typos surface.
     pub fn parse(list: &str) -> Result<Disabled, String> {
@@ -24,10 +26,11 @@ impl Disabled {
                 "subgroup" | "subgroups" => d.subgroup = true,
                 "f16" | "shader-f16" | "shader_f16" => d.f16 = true,
                 "coopmat" | "cooperative-matrix" => d.coopmat = true,
+                "int8dot" | "int8" | "dp4a" => d.int8dot = true,
                 "all" => d = Disabled::ALL,
                 other => {
                     return Err(format!(
-                        "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat or all)"
+                        "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat, int8dot or all)"
                     ))
                 }
             }
@@ -80,7 +83,8 @@ mod tests {
     fn parses_disable_lists() {
         assert_eq!(Disabled::parse("").unwrap(), Disabled::NONE);
         let d = Disabled::parse("subgroup, f16").unwrap();
-        assert!(d.subgroup && d.f16 && !d.coopmat);
+        assert!(d.subgroup && d.f16 && !d.coopmat && !d.int8dot);
+        assert!(Disabled::parse("int8dot").unwrap().int8dot);
         assert_eq!(Disabled::parse("all").unwrap(), Disabled::ALL);
         assert!(Disabled::parse("subgrup").is_err());
     }

@@ -51,8 +51,9 @@ pub struct GemvShape {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MatmulKernel {
-    /// Matrix-vector over `ncols` activation columns (1 = single-token decode).
-    Gemv { ncols: u32, shape: GemvShape },
+    /// Matrix-vector over `ncols` activation columns (1 = single-token decode); `q8`: the
+    /// activations are quantized to int8 and multiplied with integer dot products.
+    Gemv { ncols: u32, shape: GemvShape, q8: bool },
     /// Tiled matrix-matrix (prefill).
     Gemm { tile: GemmTile },
 }
@@ -60,8 +61,9 @@ pub enum MatmulKernel {
 impl std::fmt::Display for MatmulKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MatmulKernel::Gemv { ncols, shape } => {
-                write!(f, "gemv[cols={ncols},wg={},rows={}]", shape.wg, shape.rows)
+            MatmulKernel::Gemv { ncols, shape, q8 } => {
+                let name = if *q8 { "gemv_q8" } else { "gemv" };
+                write!(f, "{name}[cols={ncols},wg={},rows={}]", shape.wg, shape.rows)
             }
             MatmulKernel::Gemm { tile } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
@@ -74,12 +76,29 @@ impl std::fmt::Display for MatmulKernel {
 /// Up to this many activation columns go to GEMV (as llama.cpp's Vulkan backend and candle).
 pub const GEMV_MAX_COLS: u32 = 8;
 
+/// The int8-activation GEMV holds each column's quantized x in registers: up to 4 columns.
+pub const GEMV_Q8_MAX_COLS: u32 = 4;
+
+/// Weights (n x k) from which the int8-activation GEMV takes over from the float one for
+/// K-quants on GPUs with native integer dot products. On an H200 it wins from 4096 x 4096
+/// (Q4_K 882 vs 712 GiB/s) up to 65536 x 8192 (Q4_K +19%, Q5_K +39%, Q6_K +28%), ties at
+/// 32000 x 2048 and loses below (profiling/results/h200-gemv-q8-2026-11-21.txt).
+pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 24;
+
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ.
 ///
 /// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
 /// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
 /// latency, not bandwidth, so what matters is enough workgroups in flight.
-pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) -> MatmulKernel {
+pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
+    plan_matmul_input(m, n, k, format, caps, false)
+}
+
+/// As `plan_matmul`, for a GEMV whose input is computed on the fly (`fused`: RMSNorm or
+/// SwiGLU in front). Those stay on the float GEMV: the int8 one recomputes the fused input
+/// for every block it quantizes, and TinyLlama and Llama-7B decode ran 23% and 6% slower
+/// with it there on an H200.
+pub fn plan_matmul_input(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps, fused: bool) -> MatmulKernel {
     if m <= GEMV_MAX_COLS {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
@@ -92,7 +111,18 @@ pub fn plan_matmul(m: u32, n: u32, _k: u32, _format: WeightFormat, caps: &Caps) 
         } else {
             GemvShape { wg: 128, rows: 2 }
         };
-        return MatmulKernel::Gemv { ncols: m.max(1), shape };
+        // K-quants decoded to floats cost more instructions than their bytes take to read;
+        // integer dot products take fewer (Q8_0's float GEMV is already the faster one).
+        let k_quant = matches!(format, WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K);
+        let q8 = k_quant
+            && !fused
+            && caps.int8_dot
+            && !caps.cpu_adapter
+            && m <= GEMV_Q8_MAX_COLS
+            && n as u64 * k as u64 >= GEMV_Q8_MIN_WEIGHTS;
+        // 64 invocations on 4 rows, which share each quantized x block (H200 sweep).
+        let shape = if q8 { GemvShape { wg: 64, rows: 4 } } else { shape };
+        return MatmulKernel::Gemv { ncols: m.max(1), shape, q8 };
     }
     if caps.cpu_adapter || m < 64 || n < 128 {
         return MatmulKernel::Gemm { tile: GemmTile::T32 };
@@ -125,6 +155,24 @@ mod tests {
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
             MatmulKernel::Gemm { tile: GemmTile::T128x64 }
+        ));
+    }
+
+    #[test]
+    fn int8_gemv_for_large_unfused_k_quant_gemvs_only() {
+        let c = Caps { int8_dot: true, ..gpu() };
+        let q8 =
+            |m, n, k, f, fused| matches!(plan_matmul_input(m, n, k, f, &c, fused), MatmulKernel::Gemv { q8: true, .. });
+        assert!(q8(1, 65536, 8192, WeightFormat::Q4K, false));
+        assert!(q8(4, 4096, 4096, WeightFormat::Q6K, false));
+        assert!(!q8(1, 4096, 4096, WeightFormat::Q4K, true), "fused input");
+        assert!(!q8(1, 2048, 2048, WeightFormat::Q4K, false), "small");
+        assert!(!q8(1, 65536, 8192, WeightFormat::Q8_0, false), "Q8_0");
+        assert!(!q8(5, 65536, 8192, WeightFormat::Q4K, false), "5 columns");
+        let no_dot = Caps { int8_dot: false, ..gpu() };
+        assert!(!matches!(
+            plan_matmul(1, 65536, 8192, WeightFormat::Q4K, &no_dot),
+            MatmulKernel::Gemv { q8: true, .. }
         ));
     }
 

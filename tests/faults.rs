@@ -52,7 +52,7 @@ fn greedy_tokens_are_identical_with_and_without_subgroup_and_f16_kernels() {
     let (full, tok) = load(Disabled::NONE);
     eprintln!("full: {}  caps {:?}", full.ctx.describe(), full.ctx.caps);
     let a = tokens(&full, &tok, greedy, 200);
-    let (plain, _) = load(Disabled { subgroup: true, f16: true, coopmat: false });
+    let (plain, _) = load(Disabled { subgroup: true, f16: true, ..Disabled::NONE });
     eprintln!("plain: caps {:?}", plain.ctx.caps);
     let b = tokens(&plain, &tok, greedy, 200);
     let first_diff = a.iter().zip(&b).position(|(x, y)| x != y);

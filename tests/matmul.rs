@@ -50,7 +50,27 @@ fn run_case(
     accumulate: bool,
     what: &str,
 ) {
-    let c = case(format, n, k, m, (n * 31 + k * 7 + m) as u64);
+    run_case_x(ctx, format, n, k, m, kernel, bias, accumulate, None, what)
+}
+
+/// As `run_case`, with the activations `x` ([m, k]) given.
+#[allow(clippy::too_many_arguments)]
+fn run_case_x(
+    ctx: &GpuContext,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    m: usize,
+    kernel: MatmulKernel,
+    bias: bool,
+    accumulate: bool,
+    x: Option<Vec<f32>>,
+    what: &str,
+) {
+    let mut c = case(format, n, k, m, (n * 31 + k * 7 + m) as u64);
+    if let Some(x) = x {
+        c.x = x;
+    }
     // Activation rows padded to a multiple of 4 floats, as the engine lays them out.
     let xs = k.div_ceil(4) * 4;
     let mut xp = vec![0f32; m * xs];
@@ -92,7 +112,7 @@ fn gemv_every_format() {
             ] {
                 let k = k_for(format, 3, 171);
                 let n = 37;
-                let kernel = MatmulKernel::Gemv { ncols: m, shape };
+                let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: false };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
                 run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, &what);
             }
@@ -127,7 +147,13 @@ fn planner_choice_runs_for_decode_and_prefill() {
         let ds = matmul::prepare(&g.ctx, &mm, "test").unwrap();
         run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
         let got = g.ctx.read_f32(&y, m * n).unwrap();
-        assert_close(&format!("planned m={m}"), &got, &matmul::reference(&c.w_ref, n, k, &c.x, m, None, None), TOL);
+        let want = matmul::reference(&c.w_ref, n, k, &c.x, m, None, None);
+        let planned = kiln::plan::plan_matmul(m as u32, n as u32, k as u32, WeightFormat::Q4K, &g.ctx.caps);
+        if let MatmulKernel::Gemv { q8: true, .. } = planned {
+            assert_within(&format!("planned m={m} {planned}"), &got, &want, &q8_bound(&c.w_ref, n, k, &c.x, m));
+        } else {
+            assert_close(&format!("planned m={m} {planned}"), &got, &want, TOL);
+        }
     }
 }
 
@@ -142,7 +168,7 @@ fn split_tensors_match_unsplit_results() {
         let w = WeightTensor::upload(&ctx, "w", format, n, k, &c.weights).unwrap();
         assert!(w.chunks.len() > 1, "{} should be split, got {} chunk", format.name(), w.chunks.len());
         for kernel in [
-            MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 } },
+            MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 }, q8: false },
             MatmulKernel::Gemm { tile: GemmTile::T32 },
         ] {
             run_case(
@@ -174,7 +200,7 @@ fn gemv_with_fused_rms_norm() {
                 let nw = g.ctx.upload_f32(&gamma, "norm").unwrap();
                 let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
                 let mm = Matmul { norm: Some((&nw, 1e-5)), ..Matmul::dense(&w, &x, &y, m as u32) };
-                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
+                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 }, q8: false };
                 let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
                 run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
                 let got = g.ctx.read_f32(&y, m * n).unwrap();
@@ -200,7 +226,7 @@ fn gemv_with_fused_swiglu() {
                 let (gb, ub) = (g.ctx.upload_f32(&c.x, "gate").unwrap(), g.ctx.upload_f32(&up, "up").unwrap());
                 let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
                 let mm = Matmul { glu: Some(&ub), ..Matmul::dense(&w, &gb, &y, m as u32) };
-                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 } };
+                let kernel = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 }, q8: false };
                 let ds = matmul::prepare_with(&g.ctx, &mm, kernel, "test").unwrap();
                 run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
                 let got = g.ctx.read_f32(&y, m * n).unwrap();
@@ -209,5 +235,137 @@ fn gemv_with_fused_swiglu() {
                 assert_close(&format!("[{}] gemv+swiglu {} m={m}", g.name, format.name()), &got, &want, TOL);
             }
         }
+    }
+}
+
+/// Activations the int8 GEMV quantizes without error: each 32-value block is integers in
+/// -127..=127 (one of them ±127) times a power of two, so the only error left is f32
+/// accumulation and the test holds the kernel to the float reference's tolerance.
+fn q8_exact_x(m: usize, k: usize, seed: u64) -> Vec<f32> {
+    use rand::Rng;
+    let mut r = rng(seed);
+    let mut x = vec![0f32; m * k];
+    for block in x.chunks_mut(32) {
+        let scale = (2f32).powi(-r.random_range(4..10));
+        for v in block.iter_mut() {
+            *v = r.random_range(-127i32..=127) as f32 * scale;
+        }
+        let i = r.random_range(0..block.len());
+        block[i] = if r.random::<bool>() { 127.0 } else { -127.0 } * scale;
+    }
+    x
+}
+
+/// The int8 GEMV's error bound for arbitrary activations: each x value rounds by at most
+/// half its block's step (max |x| / 127 / 2), so |Δy[m, n]| <= sum_k |w[n, k]| step(k) / 2.
+fn q8_bound(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let mut bound = vec![0f32; m * n];
+    for mi in 0..m {
+        let row = &x[mi * k..(mi + 1) * k];
+        let step: Vec<f32> = row
+            .chunks(32)
+            .flat_map(|b| {
+                let d = b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                std::iter::repeat_n(d / 2.0, b.len())
+            })
+            .collect();
+        for ni in 0..n {
+            let wr = &w[ni * k..(ni + 1) * k];
+            bound[mi * n + ni] = wr.iter().zip(&step).map(|(a, s)| a.abs() * s).sum::<f32>() * 1.01;
+        }
+    }
+    bound
+}
+
+/// |got - want| <= bound + TOL x max |want|, element by element.
+fn assert_within(what: &str, got: &[f32], want: &[f32], bound: &[f32]) {
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let mut worst = 0f32;
+    for (i, ((g, w), b)) in got.iter().zip(want).zip(bound).enumerate() {
+        let d = (g - w).abs();
+        assert!(d <= b + TOL * scale, "{what}: index {i}: got {g}, want {w} (|Δ| {d} > bound {b})");
+        worst = worst.max(d / (b + TOL * scale));
+    }
+    eprintln!("{what}: worst |Δ| / bound {worst:.3}");
+}
+
+/// The int8-activation GEMV for every quantized format, launch shape and column count:
+/// exact on activations it quantizes without error, within the rounding bound otherwise.
+#[test]
+fn gemv_q8_every_format() {
+    for g in gpus() {
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_quantized()) {
+            for (m, shape) in [
+                (1, GemvShape { wg: 64, rows: 4 }),
+                (2, GemvShape { wg: 32, rows: 4 }),
+                (3, GemvShape { wg: 64, rows: 2 }),
+                (4, GemvShape { wg: 64, rows: 4 }),
+            ] {
+                // Several x tiles for the 32-invocation shape, a ragged last one.
+                let k = if format == WeightFormat::Q8_0 { 32 * 75 } else { 256 * 11 };
+                let n = 37;
+                let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: true };
+                let x = q8_exact_x(m as usize, k, 11 + m as u64);
+                let what = format!("[{}] gemv_q8 {} n={n} k={k} m={m}", g.name, format.name());
+                run_case_x(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x), &what);
+
+                // Normal activations: within the bound of x's rounding.
+                let c = case(format, n, k, m as usize, 5 + m as u64);
+                let w = WeightTensor::upload(&g.ctx, "w", format, n, k, &c.weights).unwrap();
+                let xb = g.ctx.upload_f32(&c.x, "x").unwrap();
+                let y = g.ctx.storage((m as usize * n * 4) as u64, "y").unwrap();
+                let ds = matmul::prepare_with(&g.ctx, &Matmul::dense(&w, &xb, &y, m), kernel, "test").unwrap();
+                run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                let got = g.ctx.read_f32(&y, m as usize * n).unwrap();
+                let want = matmul::reference(&c.w_ref, n, k, &c.x, m as usize, None, None);
+                assert_within(&format!("{what} randn"), &got, &want, &q8_bound(&c.w_ref, n, k, &c.x, m as usize));
+            }
+        }
+    }
+}
+
+/// The int8 GEMV with RMSNorm or SwiGLU fused in front, and on a tensor split across bindings.
+#[test]
+fn gemv_q8_fused_and_split() {
+    use kiln::kernels::elementwise::{self, EltOp};
+    let kernel = |m: usize| MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 }, q8: true };
+    for g in gpus() {
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
+            let (n, k) = (45usize, k_for(format, 2, 0));
+            for m in [1usize, 3] {
+                let c = case(format, n, k, m, 78);
+                let w = WeightTensor::upload(&g.ctx, "w", format, n, k, &c.weights).unwrap();
+                let x = g.ctx.upload_f32(&c.x, "x").unwrap();
+                let y = g.ctx.storage((m * n * 4) as u64, "y").unwrap();
+                let gamma = randn(&mut rng(5), k, 1.0);
+                let up = randn(&mut rng(8), m * k, 1.0);
+                let (nw, ub) = (g.ctx.upload_f32(&gamma, "norm").unwrap(), g.ctx.upload_f32(&up, "up").unwrap());
+                let cases = [
+                    ("norm", Matmul { norm: Some((&nw, 1e-5)), ..Matmul::dense(&w, &x, &y, m as u32) }),
+                    ("swiglu", Matmul { glu: Some(&ub), ..Matmul::dense(&w, &x, &y, m as u32) }),
+                ];
+                for (fused, mm) in cases {
+                    let input = match fused {
+                        "norm" => kiln::kernels::norm::reference(&c.x, &gamma, k, 1e-5),
+                        _ => elementwise::reference(EltOp::SiluMul, &c.x, &up),
+                    };
+                    let ds = matmul::prepare_with(&g.ctx, &mm, kernel(m), "test").unwrap();
+                    run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                    let got = g.ctx.read_f32(&y, m * n).unwrap();
+                    let want = matmul::reference(&c.w_ref, n, k, &input, m, None, None);
+                    let what = format!("[{}] gemv_q8+{fused} {} m={m}", g.name, format.name());
+                    assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &input, m));
+                }
+            }
+        }
+    }
+    let ctx = small_binding_gpu(4096);
+    for format in [WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
+        let (n, k) = (120, k_for(format, 2, 0));
+        let x = q8_exact_x(1, k, 3);
+        let w_chunks =
+            WeightTensor::upload(&ctx, "w", format, n, k, &case(format, n, k, 1, 5).weights).unwrap().chunks.len();
+        assert!(w_chunks > 1, "{} should be split", format.name());
+        run_case_x(&ctx, format, n, k, 1, kernel(1), true, false, Some(x), &format!("split gemv_q8 {}", format.name()));
     }
 }

@@ -15,6 +15,10 @@ pub struct Caps {
     pub timestamps: bool,
     pub timestamps_in_passes: bool,
     pub coopmat: bool,
+    /// Packed 4x8-bit integer dot products run natively: Vulkan, where wgpu turns on
+    /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
+    /// writes them out in plain integer arithmetic, slower than the float GEMV.
+    pub int8_dot: bool,
     pub subgroup_min: u32,
     pub subgroup_max: u32,
     /// A CPU adapter (lavapipe, llvmpipe, WARP): smaller tiles and workloads suit it better.
@@ -30,6 +34,7 @@ impl Caps {
             timestamps: false,
             timestamps_in_passes: false,
             coopmat: false,
+            int8_dot: false,
             subgroup_min: 0,
             subgroup_max: 0,
             cpu_adapter: false,
@@ -341,6 +346,7 @@ impl GpuContext {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
             subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,

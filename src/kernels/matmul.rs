@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::{KilnError, Result};
 use crate::gpu::{grid, Bound, Dispatch, GpuContext, WeightTensor};
 use crate::kernels::KernelKey;
-use crate::plan::{plan_matmul, MatmulKernel};
+use crate::plan::MatmulKernel;
 
 /// Mirrors `Params` in gemv.wgsl and gemm.wgsl (the same layout for both).
 #[repr(C)]
@@ -63,7 +63,13 @@ pub fn launch(
     glu: bool,
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
-        MatmulKernel::Gemv { ncols, shape } => {
+        MatmulKernel::Gemv { ncols, shape, q8 } => {
+            if q8 && (ncols > crate::plan::GEMV_Q8_MAX_COLS || !format.is_quantized()) {
+                return Err(KilnError::invalid(
+                    "matmul",
+                    format!("no int8-activation GEMV for {format} with {ncols} columns"),
+                ));
+            }
             if m > ncols {
                 return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
             }
@@ -75,6 +81,7 @@ pub fn launch(
                 subgroups: ctx.caps.subgroups,
                 norm,
                 glu,
+                q8,
             };
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
@@ -178,7 +185,8 @@ impl BoundMatmul {
 
     /// The kernel the planner picks for m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
-        plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+        let fused = self.norm_eps.is_some() || self.glu;
+        crate::plan::plan_matmul_input(m, self.n, self.k, self.format, &ctx.caps, fused)
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks,
@@ -221,7 +229,8 @@ impl BoundMatmul {
 
 /// One-off dispatches for `mm` with the kernel the planner picks (tests, tools).
 pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
-    let kernel = plan_matmul(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
+    let fused = mm.norm.is_some() || mm.glu.is_some();
+    let kernel = crate::plan::plan_matmul_input(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps, fused);
     prepare_with(ctx, mm, kernel, stage)
 }
 

@@ -88,6 +88,9 @@ pub enum KernelKey {
         norm: bool,
         /// SiLU(gate) * up fused in front (decode's FFN down projection).
         glu: bool,
+        /// Activations quantized to int8 in registers, integer dot products (gemv_q8.wgsl;
+        /// quantized formats only).
+        q8: bool,
     },
     Gemm {
         format: WeightFormat,
@@ -192,17 +195,25 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu } => c
-                .const_u32("WG", wg as u32)
-                .const_u32("ROWS", rows as u32)
-                .const_u32("NCOLS", ncols as u32)
-                .const_bool("NORM", norm)
-                .const_bool("GLU", glu)
-                .include("common/quant.wgsl")
-                .include(format_file(format))
-                .include(reduce_file(subgroups))
-                .include("gemv.wgsl")
-                .build(),
+            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8 } => {
+                if q8 && !format.is_quantized() {
+                    return Err(crate::error::KilnError::invalid(
+                        "kernel",
+                        format!("the int8-activation GEMV needs a quantized format, not {format}"),
+                    ));
+                }
+                c.const_u32("WG", wg as u32)
+                    .const_u32("ROWS", rows as u32)
+                    .const_u32("NCOLS", ncols as u32)
+                    .const_bool("NORM", norm)
+                    .const_bool("GLU", glu)
+                    .include("common/quant.wgsl")
+                    .include(format_file(format))
+                    .include(reduce_file(subgroups))
+                    .include("common/gemv_io.wgsl")
+                    .include(if q8 { "gemv_q8.wgsl" } else { "gemv.wgsl" })
+                    .build()
+            }
             KernelKey::Gemm { format, tile } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
                 c.const_u32("BM", bm)
@@ -306,7 +317,10 @@ impl KernelKey {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
                     for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
-                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu });
+                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false });
+                            if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
+                                v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: true });
+                            }
                         }
                     }
                 }

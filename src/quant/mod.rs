@@ -70,6 +70,11 @@ impl WeightFormat {
         Self::ALL.into_iter().find(|format| format.name().replace('_', "") == wanted)
     }
 
+    /// Block-quantized (integer quants with scales), as opposed to plain floats.
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
     /// Elements per block (1 for plain float formats).
     pub fn block_elems(self) -> usize {
         match self {

@@ -35,6 +35,16 @@ fn chunk_hi(ch: Chunk8) -> vec4<f32> {
     return v;
 }
 
+// 32 activations quantized to int8 for the integer GEMV (gemv_q8.wgsl), which the formats'
+// dot_block functions multiply with their quants: lo holds values 0-15, hi 16-31, four to a
+// word; x ~= d * q.
+struct Q8Block {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+    d: f32,
+    sum: f32, // sum of the 32 values x~ = d * q, for the formats' offsets
+}
+
 fn byte_at(word: u32, i: u32) -> u32 {
     return (word >> (8u * i)) & 0xffu;
 }

@@ -1,0 +1,115 @@
+// What every GEMV body shares (gemv.wgsl: float activations; gemv_q8.wgsl: int8
+// activations): the parameters and bindings (one layout for every matmul), the fused inputs
+// (RMSNorm, SwiGLU), the RMSNorm prologue and the reduction that writes Y.
+// NORM: x is the residual stream; the kernel applies RMSNorm (weights norm_w) on the fly,
+// so the norm needs no dispatch of its own (each workgroup recomputes the row's sum of
+// squares, a few KiB it reads from cache).
+// GLU: x holds the gate activations and aux (binding 5) the up activations, same layout;
+// the kernel feeds silu(gate) * up, so SwiGLU needs no dispatch of its own.
+// Header constants: WG, ROWS, NCOLS, NORM, GLU.
+
+struct Params {
+    n_cols: u32,     // active columns (m), <= NCOLS
+    k: u32,          // weights per row
+    n_rows: u32,     // rows in this weight chunk
+    row_offset: u32, // output column of the chunk's first row
+    x_stride: u32,   // elements between input rows (m)
+    y_stride: u32,   // elements between output rows (m)
+    has_bias: u32,   // add bias[row_offset + r]
+    accumulate: u32, // add the value already in Y (fused residual)
+    eps: f32,        // RMSNorm epsilon (gemv with NORM)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> wq: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;   // NORM: weights; GLU: up rows
+
+// Half `part` (0: weights 0-3, 1: weights 4-7) of chunk c of an x row; zero past k (the
+// last chunk of a ragged row, or a unit's second chunk beyond the row's end).
+fn load_x(row_base: u32, c: u32, part: u32) -> vec4<f32> {
+    let k0 = c * 8u + part * 4u;
+    let kk = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
+    if (k0 >= p.k) { return vec4<f32>(0.0); }
+    return select(vec4<f32>(0.0), x[row_base + 2u * c + part], kk < vec4<u32>(p.k));
+}
+
+// The RMSNorm factor of x values 8c + 4 part .. +3: inv_rms * norm weight (1 without NORM).
+fn norm_scale(c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
+    if (!NORM) { return vec4<f32>(1.0); }
+    let k0 = c * 8u + part * 4u;
+    if (k0 >= p.k) { return vec4<f32>(0.0); }
+    return inv_rms * norm_w[k0 / 4u];
+}
+
+// The GEMV's input values 8c + 4 part .. +3 of the x row at row_base (in vec4s): x itself,
+// RMS-normalized x (NORM), or silu(gate) * up (GLU).
+fn load_in(row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
+    let v = load_x(row_base, c, part);
+    if (GLU) {
+        let k0 = c * 8u + part * 4u;
+        if (k0 >= p.k) { return vec4<f32>(0.0); }
+        let up = norm_w[row_base + 2u * c + part];
+        return v / (vec4<f32>(1.0) + exp(-v)) * up;
+    }
+    return v * norm_scale(c, part, inv_rms);
+}
+
+var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
+
+// 1 / rms of each x row for the fused RMSNorm (k % 4 == 0 there); 1 without NORM.
+// Uniform control flow: it has barriers.
+fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {
+    var inv: array<f32, NCOLS>;
+    for (var m = 0u; m < NCOLS; m++) { inv[m] = 1.0; }
+    if (NORM) {
+        for (var m = 0u; m < NCOLS; m++) {
+            let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
+            var ss = 0.0;
+            for (var i = lane.lid; i < p.k / 4u; i += WG) {
+                let v = x[xr + i];
+                ss += dot(v, v);
+            }
+            let s = group_sum(ss, lane);
+            if (lane_is_leader(lane)) { partial[m * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+        }
+        workgroupBarrier();
+        for (var m = 0u; m < NCOLS; m++) {
+            var total = 0.0;
+            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[m * LANE_GROUPS_MAX + g]; }
+            inv[m] = 1.0 / sqrt(total / f32(p.k) + p.eps);
+        }
+        workgroupBarrier();
+    }
+    return inv;
+}
+
+// Adds up every lane's ROWS x NCOLS partial sums with a single barrier and writes the
+// workgroup's rows of Y (+ bias, + the value already there). Uniform control flow.
+fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
+    for (var i = 0u; i < ROWS * NCOLS; i++) {
+        let s = group_sum(acc[i], lane);
+        if (lane_is_leader(lane)) { partial[i * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+    }
+    workgroupBarrier();
+    for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
+        let r = i / NCOLS;
+        let m = i % NCOLS;
+        let row = row0 + r;
+        if (row < p.n_rows && m < p.n_cols) {
+            var total = 0.0;
+            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
+            let n = p.row_offset + row;
+            let o = m * p.y_stride + n;
+            var v = total;
+            if (p.has_bias != 0u) { v += bias[n]; }
+            if (p.accumulate != 0u) { v += y[o]; }
+            y[o] = v;
+        }
+    }
+}
