@@ -127,3 +127,26 @@ fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
     let sm1 = kquant_scale_min(b, 2u * grp + 1u);
     return vec4<f32>(d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
 }
+
+// Q4_K and Q5_K in the int8-activation GEMV: a unit is 64-weight group grp of the block at
+// word b; its x blocks j = 0 and 1 are sub-blocks 2 grp and 2 grp + 1.
+struct KquantDotHeader {
+    b: u32,
+    grp: u32,
+    scale0: f32,
+    offset0: f32,
+    scale1: f32,
+    offset1: f32,
+}
+
+fn kquant_dot_header(b: u32, grp: u32) -> KquantDotHeader {
+    let sc = kquant_group_scales(b, grp);
+    return KquantDotHeader(b, grp, sc.x, sc.y, sc.z, sc.w);
+}
+
+// Sub-block 2 grp + j's contribution from the integer dot product q_dot = sum(q * x_q).
+fn kquant_dot_scale(h: KquantDotHeader, j: u32, q_dot: i32, xq: Q8Block) -> f32 {
+    let s = f32(q_dot) * xq.d;
+    if (j == 0u) { return h.scale0 * s + h.offset0 * xq.sum; }
+    return h.scale1 * s + h.offset1 * xq.sum;
+}

@@ -43,24 +43,14 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
 // Int8-activation GEMV (gemv_q8.wgsl): a unit is one 64-weight group g of a block, its 8
 // quant words read once: low nibbles are sub-block 2g (x block j = 0), high nibbles 2g + 1.
 const DOT_BLOCKS: u32 = 2u;
-
-struct DotHeader {
-    qw: u32,
-    scale0: f32,
-    offset0: f32,
-    scale1: f32,
-    offset1: f32,
-}
+alias DotHeader = KquantDotHeader;
 
 fn dot_unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
 
 fn dot_unit_block(u: u32, j: u32) -> u32 { return 2u * u + j; }
 
 fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    let grp = u % 4u;
-    let sc = kquant_group_scales(b, grp);
-    return DotHeader(b + 4u + grp * 8u, sc.x, sc.y, sc.z, sc.w);
+    return kquant_dot_header((row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS, u % 4u);
 }
 
 // Sum over the 32 weights (nibbles 0..15 are valid signed bytes) of q * x_q.
@@ -73,7 +63,5 @@ fn dot_nibbles(qw: u32, sh: u32, xq: Q8Block) -> i32 {
 }
 
 fn dot_block(h: DotHeader, j: u32, xq: Q8Block) -> f32 {
-    let s = f32(dot_nibbles(h.qw, 4u * j, xq)) * xq.d;
-    if (j == 0u) { return h.scale0 * s + h.offset0 * xq.sum; }
-    return h.scale1 * s + h.offset1 * xq.sum;
+    return kquant_dot_scale(h, j, dot_nibbles(h.b + 4u + 8u * h.grp, 4u * j, xq), xq);
 }

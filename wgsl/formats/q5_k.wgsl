@@ -46,25 +46,14 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
 // Int8-activation GEMV (gemv_q8.wgsl): a unit is one 64-weight group g, as in Q4_K; the
 // fifth bits of sub-block 2g + j are bit 2g + j of each of the 32 qh bytes.
 const DOT_BLOCKS: u32 = 2u;
-
-struct DotHeader {
-    b: u32,
-    grp: u32,
-    scale0: f32,
-    offset0: f32,
-    scale1: f32,
-    offset1: f32,
-}
+alias DotHeader = KquantDotHeader;
 
 fn dot_unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
 
 fn dot_unit_block(u: u32, j: u32) -> u32 { return 2u * u + j; }
 
 fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    let grp = u % 4u;
-    let sc = kquant_group_scales(b, grp);
-    return DotHeader(b, grp, sc.x, sc.y, sc.z, sc.w);
+    return kquant_dot_header((row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS, u % 4u);
 }
 
 // Quant word i (weights 4i .. 4i + 3) of sub-block 2 grp + j: 5-bit values as bytes.
@@ -79,7 +68,5 @@ fn dot_block(h: DotHeader, j: u32, xq: Q8Block) -> f32 {
         + dot4I8Packed(q5_word(h, j, 2u), xq.lo.z) + dot4I8Packed(q5_word(h, j, 3u), xq.lo.w)
         + dot4I8Packed(q5_word(h, j, 4u), xq.hi.x) + dot4I8Packed(q5_word(h, j, 5u), xq.hi.y)
         + dot4I8Packed(q5_word(h, j, 6u), xq.hi.z) + dot4I8Packed(q5_word(h, j, 7u), xq.hi.w);
-    let s = f32(si) * xq.d;
-    if (j == 0u) { return h.scale0 * s + h.offset0 * xq.sum; }
-    return h.scale1 * s + h.offset1 * xq.sum;
+    return kquant_dot_scale(h, j, si, xq);
 }
