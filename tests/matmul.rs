@@ -39,23 +39,10 @@ fn case(format: WeightFormat, n: usize, k: usize, m: usize, seed: u64) -> Case {
     Case { weights, w_ref, x: randn(&mut r, m * k, 1.0), bias: randn(&mut r, n, 1.0), y0: randn(&mut r, m * n, 1.0) }
 }
 
-fn run_case(
-    ctx: &GpuContext,
-    format: WeightFormat,
-    n: usize,
-    k: usize,
-    m: usize,
-    kernel: MatmulKernel,
-    bias: bool,
-    accumulate: bool,
-    what: &str,
-) {
-    run_case_x(ctx, format, n, k, m, kernel, bias, accumulate, None, what)
-}
-
-/// As `run_case`, with the activations `x` ([m, k]) given.
+/// Runs one matmul and checks it against the CPU reference; `x` ([m, k]) replaces the
+/// case's Gaussian activations when given.
 #[allow(clippy::too_many_arguments)]
-fn run_case_x(
+fn run_case(
     ctx: &GpuContext,
     format: WeightFormat,
     n: usize,
@@ -114,7 +101,7 @@ fn gemv_every_format() {
                 let n = 37;
                 let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: false };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, &what);
+                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, None, &what);
             }
         }
     }
@@ -128,7 +115,7 @@ fn gemm_every_format() {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
                 let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, &what);
+                run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, None, &what);
             }
         }
     }
@@ -180,6 +167,7 @@ fn split_tensors_match_unsplit_results() {
                 kernel,
                 true,
                 false,
+                None,
                 &format!("split {} {kernel}", format.name()),
             );
         }
@@ -307,7 +295,7 @@ fn gemv_q8_every_format() {
                 let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: true };
                 let x = q8_exact_x(m as usize, k, 11 + m as u64);
                 let what = format!("[{}] gemv_q8 {} n={n} k={k} m={m}", g.name, format.name());
-                run_case_x(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x), &what);
+                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x), &what);
 
                 // Normal activations: within the bound of x's rounding.
                 let c = case(format, n, k, m as usize, 5 + m as u64);
@@ -366,6 +354,6 @@ fn gemv_q8_fused_and_split() {
         let w_chunks =
             WeightTensor::upload(&ctx, "w", format, n, k, &case(format, n, k, 1, 5).weights).unwrap().chunks.len();
         assert!(w_chunks > 1, "{} should be split", format.name());
-        run_case_x(&ctx, format, n, k, 1, kernel(1), true, false, Some(x), &format!("split gemv_q8 {}", format.name()));
+        run_case(&ctx, format, n, k, 1, kernel(1), true, false, Some(x), &format!("split gemv_q8 {}", format.name()));
     }
 }
