@@ -69,7 +69,12 @@ fn benches(c: &mut Criterion) {
         });
         let shapes =
             custom.clone().unwrap_or(vec![(2048, 2048), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)]);
-        for format in [WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16] {
+        let formats = if custom.is_some() {
+            vec![WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0]
+        } else {
+            vec![WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16]
+        };
+        for format in formats {
             for &(n, k) in &shapes {
                 let w = weights(&ctx, format, n, k);
                 let x = ctx.upload_f32(&vec![0.01f32; 512 * k], "x").unwrap();
@@ -89,8 +94,10 @@ fn benches(c: &mut Criterion) {
                     let ncaps = kiln::gpu::Caps { int8_dot: false, ..ctx.caps };
                     plans = vec![(1, plan_matmul(1, n as u32, k as u32, format, &ncaps))];
                     if format.is_quantized() {
-                        let shape = GemvShape { wg: 64, rows: 4 };
-                        plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
+                        for (wg, rows) in [(32, 4), (64, 4), (128, 2), (256, 2)] {
+                            let shape = GemvShape { wg, rows };
+                            plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
+                        }
                     }
                 } else if n != 32000 {
                     plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
@@ -130,11 +137,8 @@ fn benches(c: &mut Criterion) {
                 .into_iter()
                 .filter(|&q8| !q8 || format.is_quantized())
                 .flat_map(|q8| {
-                    [(32, 4), (64, 4), (128, 4), (128, 2), (256, 2)].map(|(wg, rows)| MatmulKernel::Gemv {
-                        ncols: 1,
-                        shape: GemvShape { wg, rows },
-                        q8,
-                    })
+                    [(32, 4), (64, 4), (128, 4), (128, 2), (256, 2), (64, 2), (32, 8), (64, 8), (256, 4)]
+                        .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows }, q8 })
                 })
                 .collect();
         }

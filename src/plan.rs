@@ -16,10 +16,12 @@ pub enum GemmTile {
     T128x64,
     /// 128x128, 8x8 per invocation, 256 invocations.
     T128,
+    /// 64x128 (64 rows of X, 128 of W), 8x8 per invocation, 128 invocations: F32 weights.
+    T64x128,
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 4] = [GemmTile::T32, GemmTile::T64, GemmTile::T128x64, GemmTile::T128];
+    pub const ALL: [GemmTile; 5] = [GemmTile::T32, GemmTile::T64, GemmTile::T128x64, GemmTile::T128, GemmTile::T64x128];
     /// (BM, BN, BK, TM, TN)
     pub fn dims(self) -> (u32, u32, u32, u32, u32) {
         match self {
@@ -27,6 +29,7 @@ impl GemmTile {
             GemmTile::T64 => (64, 64, 16, 4, 4),
             GemmTile::T128x64 => (128, 64, 16, 8, 8),
             GemmTile::T128 => (128, 128, 16, 8, 8),
+            GemmTile::T64x128 => (64, 128, 16, 8, 8),
         }
     }
     /// The register-tile file for (TM, TN).
@@ -79,26 +82,24 @@ pub const GEMV_MAX_COLS: u32 = 8;
 /// The int8-activation GEMV holds each column's quantized x in registers: up to 4 columns.
 pub const GEMV_Q8_MAX_COLS: u32 = 4;
 
-/// Weights (n x k) from which the int8-activation GEMV takes over from the float one for
-/// K-quants on GPUs with native integer dot products. On an H200 it wins from 4096 x 4096
-/// (Q4_K 882 vs 712 GiB/s) up to 65536 x 8192 (Q4_K +19%, Q5_K +39%, Q6_K +28%), ties at
-/// 32000 x 2048 and loses below (profiling/results/h200-gemv-q8-2026-11-21.txt).
-pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 24;
+/// Weights (n x k) from which the int8-activation GEMV takes over from the float one on GPUs
+/// with native integer dot products, its quantize dispatch included. On an H200
+/// (profiling/results/h200-gemv-q8-prequant-2026-11-21.txt), for K-quants it wins from
+/// 5632 x 2048 (Q4_K 8.3 vs 9.6 us) and loses at 2048 x 2048 (6.4 vs 5.7 us): the extra
+/// dispatch costs more than a small matrix saves. Q8_0's float GEMV is faster, so it
+/// switches later: it ties at 5632 x 2048 and wins from 4096 x 4096 (8.6 vs 9.9 us).
+pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
+pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
-/// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ.
+/// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
+/// SwiGLU in front) gets the same choice: the int8 GEMV applies it in its quantize dispatch
+/// (Llama-7B Q4_K_M decode on an H200: 141 t/s with fused inputs on the float GEMV, 211
+/// with them on the int8 one).
 ///
 /// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
 /// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
 /// latency, not bandwidth, so what matters is enough workgroups in flight.
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
-    plan_matmul_input(m, n, k, format, caps, false)
-}
-
-/// As `plan_matmul`, for a GEMV whose input is computed on the fly (`fused`: RMSNorm or
-/// SwiGLU in front). Those stay on the float GEMV: the int8 one recomputes the fused input
-/// for every block it quantizes, and TinyLlama and Llama-7B decode ran 23% and 6% slower
-/// with it there on an H200.
-pub fn plan_matmul_input(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps, fused: bool) -> MatmulKernel {
     if m <= GEMV_MAX_COLS {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
@@ -111,17 +112,24 @@ pub fn plan_matmul_input(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Ca
         } else {
             GemvShape { wg: 128, rows: 2 }
         };
-        // K-quants decoded to floats cost more instructions than their bytes take to read;
-        // integer dot products take fewer (Q8_0's float GEMV is already the faster one).
-        let k_quant = matches!(format, WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K);
-        let q8 = k_quant
-            && !fused
-            && caps.int8_dot
-            && !caps.cpu_adapter
+        // Quants decoded to floats cost more instructions than their bytes take to read;
+        // integer dot products over int8 activations take fewer.
+        let min_weights = match format {
+            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => GEMV_Q8_MIN_WEIGHTS,
+            WeightFormat::Q8_0 => GEMV_Q8_MIN_WEIGHTS_Q8_0,
+            _ => u64::MAX,
+        };
+        let q8 = caps.int8_dot
             && m <= GEMV_Q8_MAX_COLS
-            && n as u64 * k as u64 >= GEMV_Q8_MIN_WEIGHTS;
-        // 64 invocations on 4 rows, which share each quantized x block (H200 sweep).
-        let shape = if q8 { GemvShape { wg: 64, rows: 4 } } else { shape };
+            && min_weights < u64::MAX
+            && (caps.int8_gemv_always || (!caps.cpu_adapter && n as u64 * k as u64 >= min_weights));
+        // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices,
+        // 128 on 2 for more workgroups below 8192 rows.
+        let shape = match (q8, n >= 8192) {
+            (true, true) => GemvShape { wg: 64, rows: 4 },
+            (true, false) => GemvShape { wg: 128, rows: 2 },
+            (false, _) => shape,
+        };
         return MatmulKernel::Gemv { ncols: m.max(1), shape, q8 };
     }
     if caps.cpu_adapter || m < 64 || n < 128 {
@@ -130,8 +138,16 @@ pub fn plan_matmul_input(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Ca
     // 128x64 tiles do the most per byte loaded but only pay off with enough of them to fill the
     // GPU: at 512 tokens they win for 5632 outputs (352 tiles), and lose by 1.5x to 64x64 tiles
     // for 2048 outputs (128 tiles).
+    // F32 weights take 128 W rows per tile instead: on an H200 at 512x2048x5632, 22.0 TFLOP/s
+    // against 20.1 with 128x64 (the other formats lose 1-9% with it).
     let tiles = |bm: u32, bn: u32| m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
-    let tile = if tiles(128, 64) >= 256 { GemmTile::T128x64 } else { GemmTile::T64 };
+    let tile = if tiles(128, 64) < 256 {
+        GemmTile::T64
+    } else if format == WeightFormat::F32 {
+        GemmTile::T64x128
+    } else {
+        GemmTile::T128x64
+    };
     MatmulKernel::Gemm { tile }
 }
 
@@ -159,19 +175,36 @@ mod tests {
     }
 
     #[test]
-    fn int8_gemv_for_large_unfused_k_quant_gemvs_only() {
+    fn int8_gemv_for_large_quantized_gemvs() {
         let c = Caps { int8_dot: true, ..gpu() };
-        let q8 =
-            |m, n, k, f, fused| matches!(plan_matmul_input(m, n, k, f, &c, fused), MatmulKernel::Gemv { q8: true, .. });
-        assert!(q8(1, 65536, 8192, WeightFormat::Q4K, false));
-        assert!(q8(4, 4096, 4096, WeightFormat::Q6K, false));
-        assert!(!q8(1, 4096, 4096, WeightFormat::Q4K, true), "fused input");
-        assert!(!q8(1, 2048, 2048, WeightFormat::Q4K, false), "small");
-        assert!(!q8(1, 65536, 8192, WeightFormat::Q8_0, false), "Q8_0");
-        assert!(!q8(5, 65536, 8192, WeightFormat::Q4K, false), "5 columns");
+        let plan = |m, n, k, f| plan_matmul(m, n, k, f, &c);
+        let q8 = |m, n, k, f| matches!(plan(m, n, k, f), MatmulKernel::Gemv { q8: true, .. });
+        assert!(q8(1, 65536, 8192, WeightFormat::Q4K));
+        assert!(q8(4, 4096, 4096, WeightFormat::Q6K));
+        assert!(q8(1, 5632, 2048, WeightFormat::Q5K));
+        assert!(!q8(1, 2048, 2048, WeightFormat::Q4K), "small");
+        assert!(q8(1, 4096, 4096, WeightFormat::Q8_0));
+        assert!(!q8(1, 5632, 2048, WeightFormat::Q8_0), "Q8_0 switches later");
+        assert!(!q8(1, 65536, 8192, WeightFormat::F16), "float weights");
+        assert!(!q8(5, 65536, 8192, WeightFormat::Q4K), "5 columns");
+        let shape = |n, k| match plan(1, n, k, WeightFormat::Q4K) {
+            MatmulKernel::Gemv { shape, .. } => (shape.wg, shape.rows),
+            k => panic!("{k}"),
+        };
+        assert_eq!(shape(65536, 8192), (64, 4));
+        assert_eq!(shape(4096, 4096), (128, 2));
         let no_dot = Caps { int8_dot: false, ..gpu() };
         assert!(!matches!(
             plan_matmul(1, 65536, 8192, WeightFormat::Q4K, &no_dot),
+            MatmulKernel::Gemv { q8: true, .. }
+        ));
+        let cpu = Caps { cpu_adapter: true, ..c };
+        assert!(!matches!(plan_matmul(1, 65536, 8192, WeightFormat::Q4K, &cpu), MatmulKernel::Gemv { q8: true, .. }));
+        let always = Caps { int8_gemv_always: true, ..cpu };
+        assert!(matches!(plan_matmul(4, 256, 256, WeightFormat::Q5K, &always), MatmulKernel::Gemv { q8: true, .. }));
+        assert!(!matches!(plan_matmul(1, 256, 256, WeightFormat::F32, &always), MatmulKernel::Gemv { q8: true, .. }));
+        assert!(!matches!(
+            plan_matmul(1, 256, 256, WeightFormat::Q4K, &Caps { int8_dot: false, ..always }),
             MatmulKernel::Gemv { q8: true, .. }
         ));
     }
@@ -194,6 +227,10 @@ mod tests {
         assert_eq!(gemm(512, 2048), GemmTile::T64);
         assert_eq!(gemm(512, 256), GemmTile::T64);
         assert_eq!(gemm(2048, 2048), GemmTile::T128x64);
+        assert!(matches!(
+            plan_matmul(512, 5632, 2048, WeightFormat::F32, &c),
+            MatmulKernel::Gemm { tile: GemmTile::T64x128 }
+        ));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 // Embedding lookup: out[t, :] = dequantized row ids[t] of the table, for the rows held by
 // this chunk of the table (a table larger than one binding is gathered chunk by chunk).
-// One invocation per 8-weight chunk. Header constants: WG.
+// One invocation per 8-weight chunk. Header constants: WG. Weights binding:
+// common/weights_words.wgsl.
 
 struct Params {
     n_tokens: u32,
@@ -14,7 +15,6 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 

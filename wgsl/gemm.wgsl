@@ -5,24 +5,8 @@
 // Header constants: BM, BN, BK (a multiple of 8), TM, TN (multiples of 4), WG = BM/TM * BN/TN.
 // The register tile lives in gemm_micro_<TM>x<TN>.wgsl, written out with constant indices so
 // drivers keep it in registers.
+// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl.
 
-struct Params {
-    m: u32,          // rows of X and Y
-    k: u32,          // weights per row
-    n_rows: u32,     // rows in this weight chunk (columns of Y it produces)
-    row_offset: u32, // output column of the chunk's first row
-    x_stride: u32,
-    y_stride: u32,
-    has_bias: u32,
-    accumulate: u32,
-    eps: f32,        // RMSNorm epsilon (gemv with NORM)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -47,7 +31,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let gm = m0 + mm;
             let gk = k0 + kq;
             var v = vec4<f32>(0.0);
-            if (gm < p.m && gk < p.k) {
+            if (gm < p.n_cols && gk < p.k) {
                 v = select(vec4<f32>(0.0), x[(gm * p.x_stride + gk) / 4u], vec4<u32>(gk) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
             }
             for (var j = 0u; j < 4u; j++) {
@@ -83,7 +67,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 
     for (var i = 0u; i < TM; i++) {
         let gm = m0 + ty * TM + i;
-        if (gm < p.m) {
+        if (gm < p.n_cols) {
             for (var j = 0u; j < TN; j++) {
                 let row = n0 + tx * TN + j;
                 if (row < p.n_rows) {

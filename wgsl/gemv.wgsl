@@ -1,7 +1,10 @@
 // GEMV for decode and few-token batches: Y[m, n] = sum_k W[n, k] * X[m, k] for m < n_cols,
 // one body for every weight format (the format file supplies the unit functions). Each
 // workgroup owns ROWS rows of one weight chunk; its invocations stride over the row's units.
-// Bindings, fused inputs and the final reduction: common/gemv_io.wgsl.
+// Parameters: common/matmul_params.wgsl; input (fused RMSNorm, SwiGLU): common/gemv_input.wgsl;
+// output and the final reduction: common/gemv_output.wgsl.
+
+var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -19,6 +19,9 @@ pub struct Caps {
     /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
     /// writes them out in plain integer arithmetic, slower than the float GEMV.
     pub int8_dot: bool,
+    /// Plan the int8-activation GEMV for every quantized GEMV it can run, whatever the size
+    /// or adapter (tests of the models' int8 path with small models on CPU adapters).
+    pub int8_gemv_always: bool,
     pub subgroup_min: u32,
     pub subgroup_max: u32,
     /// A CPU adapter (lavapipe, llvmpipe, WARP): smaller tiles and workloads suit it better.
@@ -35,6 +38,7 @@ impl Caps {
             timestamps_in_passes: false,
             coopmat: false,
             int8_dot: false,
+            int8_gemv_always: false,
             subgroup_min: 0,
             subgroup_max: 0,
             cpu_adapter: false,
@@ -55,6 +59,8 @@ pub struct ContextOptions {
     /// Assume this much device memory instead of what the driver reports (tests of the
     /// memory checks, `KILN_GPU_MEMORY`).
     pub memory_override: Option<u64>,
+    /// Plan the int8-activation GEMV wherever it can run (`Caps::int8_gemv_always`; tests).
+    pub int8_gemv_always: bool,
 }
 
 impl ContextOptions {
@@ -347,6 +353,7 @@ impl GpuContext {
             timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
+            int8_gemv_always: opts.int8_gemv_always,
             subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
             subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,

@@ -8,7 +8,7 @@ use crate::gpu::{grid, Bound, Dispatch, GpuContext, WeightTensor};
 use crate::kernels::KernelKey;
 use crate::plan::MatmulKernel;
 
-/// Mirrors `Params` in gemv.wgsl and gemm.wgsl (the same layout for both).
+/// Mirrors `Params` in common/matmul_params.wgsl (every GEMV, GEMM and the activation quantizer).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
 pub struct MatmulParams {
@@ -73,14 +73,15 @@ pub fn launch(
             if m > ncols {
                 return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
             }
+            // The int8 GEMV's fused input is applied by its quantize dispatch (`Q8Input`).
             let key = KernelKey::Gemv {
                 format,
                 ncols: ncols as u8,
                 rows: shape.rows as u8,
                 wg: shape.wg as u16,
                 subgroups: ctx.caps.subgroups,
-                norm,
-                glu,
+                norm: norm && !q8,
+                glu: glu && !q8,
                 q8,
             };
             Ok((key, grid(rows.div_ceil(shape.rows))))
@@ -101,6 +102,36 @@ pub fn launch(
     }
 }
 
+/// The int8-activation GEMV's input: X (through the fused RMSNorm or SwiGLU) quantized once
+/// into `blocks` by a QuantizeQ8 dispatch, which every weight chunk's GEMV then reads.
+struct Q8Input {
+    quantize: Bound,
+    key: KernelKey,
+    /// One binding per weight chunk, as `BoundMatmul::chunks`, with `blocks` in place of X.
+    chunks: Vec<Bound>,
+    blocks: wgpu::Buffer,
+}
+
+/// Whether the planner picks the int8 GEMV for `mm` at some m.
+fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
+    (1..=crate::plan::GEMV_Q8_MAX_COLS).any(|m| {
+        matches!(
+            crate::plan::plan_matmul(m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
+            MatmulKernel::Gemv { q8: true, .. }
+        )
+    })
+}
+
+/// The int8 blocks of up to `GEMV_Q8_MAX_COLS` rows of k activations.
+fn q8_blocks(ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
+    ctx.storage(q8_input_bytes(crate::plan::GEMV_Q8_MAX_COLS, k), "int8 activations")
+}
+
+/// Bytes of the int8 blocks of `m` rows of k activations (48 per 32: quants, d and sums).
+fn q8_input_bytes(m: u32, k: u32) -> u64 {
+    m as u64 * (k / 32) as u64 * 48
+}
+
 /// A matmul bound to its buffers once (one bind group per weight chunk); each `record`
 /// plans the kernel for that step's m and rewrites the parameters.
 pub struct BoundMatmul {
@@ -116,10 +147,38 @@ pub struct BoundMatmul {
     /// Epsilon of the fused RMSNorm, if any.
     norm_eps: Option<f32>,
     glu: bool,
+    /// Present when the int8-activation GEMV may run (the planner picks it for some m, or a
+    /// caller asked for it).
+    q8: Option<Q8Input>,
 }
 
 impl BoundMatmul {
+    /// Binds `mm`, with the int8 GEMV's input blocks if the planner picks it for any m.
     pub fn new(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<BoundMatmul> {
+        Self::with_q8(ctx, mm, stage, wants_q8(ctx, mm))
+    }
+
+    /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
+    pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
+        let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
+        Self::bind(ctx, mm, stage, blocks)
+    }
+
+    /// Binds matmuls that read the same input (the same X through the same fused RMSNorm or
+    /// SwiGLU, e.g. the Q, K and V projections): their int8 GEMVs share one quantized copy
+    /// of it, which `record_group` writes once per step.
+    pub fn group(ctx: &GpuContext, mms: &[Matmul], stage: &'static str) -> Result<Vec<BoundMatmul>> {
+        let k = mms.first().map(|mm| mm.w.k).unwrap_or(0);
+        if mms.iter().any(|mm| mm.w.k != k) {
+            return Err(KilnError::invalid("matmul", "a group of matmuls must share its input length k"));
+        }
+        let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(q8_blocks(ctx, k)?) } else { None };
+        mms.iter().map(|mm| Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)))).collect()
+    }
+
+    /// Binds `mm`; with `blocks`, also the int8 GEMV reading them and the quantize dispatch
+    /// writing them.
+    fn bind(ctx: &GpuContext, mm: &Matmul, stage: &'static str, blocks: Option<wgpu::Buffer>) -> Result<BoundMatmul> {
         if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
             return Err(KilnError::invalid(
                 "matmul",
@@ -152,7 +211,25 @@ impl BoundMatmul {
                     Ok((b, c.row_start, c.rows))
                 })
                 .collect::<Result<Vec<_>>>()?;
+        let q8 = if let Some(blocks) = blocks {
+            if !mm.w.format.is_quantized() {
+                return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {}", mm.w.format)));
+            }
+            let qkey =
+                KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm: mm.norm.is_some(), glu: mm.glu.is_some() };
+            // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
+            let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
+            let chunks =
+                mm.w.chunks
+                    .iter()
+                    .map(|c| Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, &blocks, mm.y, bias, &dummy]))
+                    .collect::<Result<Vec<_>>>()?;
+            Some(Q8Input { quantize, key: qkey, chunks, blocks })
+        } else {
+            None
+        };
         Ok(BoundMatmul {
+            q8,
             stage,
             format: mm.w.format,
             k: mm.w.k,
@@ -185,8 +262,7 @@ impl BoundMatmul {
 
     /// The kernel the planner picks for m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
-        let fused = self.norm_eps.is_some() || self.glu;
-        crate::plan::plan_matmul_input(m, self.n, self.k, self.format, &ctx.caps, fused)
+        crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks,
@@ -218,40 +294,93 @@ impl BoundMatmul {
         kernel: Option<MatmulKernel>,
     ) -> Result<()> {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
-        for (b, row_start, rows) in &self.chunks {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, self.norm_eps.is_some(), self.glu)?;
-            b.set(ctx, &self.params(m, *row_start, *rows));
-            b.record_with(pass, &*ctx.pipeline(&key)?, grid);
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, true)? {
+            b.record_with(pass, &pipeline, grid);
         }
         Ok(())
+    }
+
+    /// Records the members of one `group` over m columns with the kernels the planner picks:
+    /// the shared input is quantized once, by the first member that runs the int8 GEMV.
+    pub fn record_group(
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &[&BoundMatmul],
+        m: u32,
+    ) -> Result<()> {
+        let mut quantized: Option<&wgpu::Buffer> = None;
+        for b in group {
+            let kernel = b.plan(ctx, m);
+            let fresh = match (&b.q8, quantized) {
+                (Some(q), Some(done)) => q.blocks != *done,
+                _ => true,
+            };
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, fresh)? {
+                bound.record_with(pass, &pipeline, grid);
+            }
+            if matches!(kernel, MatmulKernel::Gemv { q8: true, .. }) {
+                quantized = b.q8.as_ref().map(|q| &q.blocks);
+            }
+        }
+        Ok(())
+    }
+
+    /// The bindings (parameters written), pipelines and grids of `kernel` over m columns:
+    /// for the int8 GEMV, the quantize dispatch (unless `quantize` is false: a group member
+    /// quantized the shared input already), then one GEMV per weight chunk.
+    fn dispatches(
+        &self,
+        ctx: &GpuContext,
+        m: u32,
+        kernel: MatmulKernel,
+        quantize: bool,
+    ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
+        let norm = self.norm_eps.is_some();
+        let mut out = Vec::new();
+        let chunks: Vec<&Bound> = match kernel {
+            MatmulKernel::Gemv { q8: true, .. } => {
+                let q8 = self.q8.as_ref().ok_or_else(|| {
+                    KilnError::invalid("matmul", format!("{} was bound without the int8 GEMV's input", self.stage))
+                })?;
+                if quantize {
+                    q8.quantize.set(ctx, &self.params(m, 0, 0));
+                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, grid((self.k / 32).div_ceil(super::QUANTIZE_WG))));
+                }
+                q8.chunks.iter().collect()
+            }
+            _ => self.chunks.iter().map(|(b, ..)| b).collect(),
+        };
+        for (b, (_, row_start, rows)) in chunks.into_iter().zip(&self.chunks) {
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu)?;
+            b.set(ctx, &self.params(m, *row_start, *rows));
+            out.push((b, ctx.pipeline(&key)?, grid));
+        }
+        Ok(out)
     }
 }
 
 /// One-off dispatches for `mm` with the kernel the planner picks (tests, tools).
 pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
-    let fused = mm.norm.is_some() || mm.glu.is_some();
-    let kernel = crate::plan::plan_matmul_input(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps, fused);
+    let kernel = crate::plan::plan_matmul(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
     prepare_with(ctx, mm, kernel, stage)
 }
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
 pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
-    let mut bm = BoundMatmul::new(ctx, mm, stage)?;
-    let chunks = std::mem::take(&mut bm.chunks);
-    chunks
+    let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
+    let bm = BoundMatmul::with_q8(ctx, mm, stage, q8)?;
+    let dispatches = bm
+        .dispatches(ctx, mm.m, kernel, true)?
         .into_iter()
-        .map(|(b, row_start, rows)| {
-            let (key, grid) = launch(ctx, kernel, bm.format, rows, mm.m, bm.norm_eps.is_some(), bm.glu)?;
-            b.set(ctx, &bm.params(mm.m, row_start, rows));
-            Ok(Dispatch {
-                label: stage,
-                pipeline: ctx.pipeline(&key)?,
-                bind_group: b.bind_group,
-                workgroups: grid,
-                params: Some(b.params),
-            })
+        .map(|(b, pipeline, grid)| Dispatch {
+            label: stage,
+            pipeline,
+            bind_group: b.bind_group.clone(),
+            workgroups: grid,
+            params: Some(b.params.clone()),
         })
-        .collect()
+        .collect();
+    Ok(dispatches)
 }
 
 /// CPU reference: y[m, n] = sum_k w[n, k] x[m, k] (+ bias[n]) (+ y_in[m, n]), in f64.

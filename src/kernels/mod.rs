@@ -88,9 +88,16 @@ pub enum KernelKey {
         norm: bool,
         /// SiLU(gate) * up fused in front (decode's FFN down projection).
         glu: bool,
-        /// Activations quantized to int8 in registers, integer dot products (gemv_q8.wgsl;
-        /// quantized formats only).
+        /// Over activations quantized to int8 by `QuantizeQ8`, with integer dot products
+        /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`).
         q8: bool,
+    },
+    /// A GEMV input quantized to int8 blocks for the int8-activation GEMV, through the fused
+    /// RMSNorm or SwiGLU (quantize_q8.wgsl); up to `plan::GEMV_Q8_MAX_COLS` rows.
+    QuantizeQ8 {
+        subgroups: bool,
+        norm: bool,
+        glu: bool,
     },
     Gemm {
         format: WeightFormat,
@@ -146,6 +153,7 @@ pub enum ProbeKind {
 /// Work sizes shared by host and shader.
 pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
+pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const ATTN_CHUNK: u32 = 64; // positions per decode-attention split (short loops: latency, not bandwidth, bounds decode attention)
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG: u32 = 64;
@@ -165,7 +173,9 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } | KernelKey::QuantizeQ8 { .. } => {
+                &[Uniform, Read, Read, ReadWrite, Read, Read]
+            }
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
@@ -196,13 +206,14 @@ impl KernelKey {
         let c = Composer::new(label);
         match *self {
             KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8 } => {
-                if q8 && !format.is_quantized() {
+                if q8 && (!format.is_quantized() || norm || glu) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
-                        format!("the int8-activation GEMV needs a quantized format, not {format}"),
+                        format!("the int8-activation GEMV needs a quantized format and no fused input, not {format}"),
                     ));
                 }
-                c.const_u32("WG", wg as u32)
+                let c = c
+                    .const_u32("WG", wg as u32)
                     .const_u32("ROWS", rows as u32)
                     .const_u32("NCOLS", ncols as u32)
                     .const_bool("NORM", norm)
@@ -210,10 +221,29 @@ impl KernelKey {
                     .include("common/quant.wgsl")
                     .include(format_file(format))
                     .include(reduce_file(subgroups))
-                    .include("common/gemv_io.wgsl")
-                    .include(if q8 { "gemv_q8.wgsl" } else { "gemv.wgsl" })
-                    .build()
+                    .include("common/matmul_params.wgsl")
+                    .include("common/gemv_output.wgsl");
+                if q8 {
+                    c.include("common/weights_vec4.wgsl").include("gemv_q8.wgsl").build()
+                } else {
+                    c.include("common/weights_words.wgsl")
+                        .include("common/gemv_input.wgsl")
+                        .include("gemv.wgsl")
+                        .build()
+                }
             }
+            KernelKey::QuantizeQ8 { subgroups, norm, glu } => c
+                .const_u32("WG", QUANTIZE_WG)
+                .const_u32("NCOLS", crate::plan::GEMV_Q8_MAX_COLS)
+                .const_bool("NORM", norm)
+                .const_bool("GLU", glu)
+                .include("common/quant.wgsl")
+                .include("common/weights_words.wgsl")
+                .include(reduce_file(subgroups))
+                .include("common/matmul_params.wgsl")
+                .include("common/gemv_input.wgsl")
+                .include("quantize_q8.wgsl")
+                .build(),
             KernelKey::Gemm { format, tile } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
                 c.const_u32("BM", bm)
@@ -224,6 +254,14 @@ impl KernelKey {
                     .const_u32("WG", tile.workgroup_size())
                     .include("common/quant.wgsl")
                     .include(format_file(format))
+                    // Float weights are streamed as whole 16-byte vectors; block formats
+                    // read scattered words.
+                    .include(if format.is_quantized() {
+                        "common/weights_words.wgsl"
+                    } else {
+                        "common/weights_vec4.wgsl"
+                    })
+                    .include("common/matmul_params.wgsl")
                     .include(tile.micro_file())
                     .include("gemm.wgsl")
                     .build()
@@ -232,6 +270,7 @@ impl KernelKey {
                 .const_u32("WG", WG_ELT)
                 .include("common/quant.wgsl")
                 .include(format_file(format))
+                .include("common/weights_words.wgsl")
                 .include("embed.wgsl")
                 .build(),
             KernelKey::AttnGemm { kv } => {
@@ -297,6 +336,7 @@ impl KernelKey {
     pub fn needs(&self) -> (bool, bool) {
         match *self {
             KernelKey::Gemv { subgroups, .. }
+            | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
             | KernelKey::Argmax { subgroups } => (false, subgroups),
@@ -318,9 +358,18 @@ impl KernelKey {
                     for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
                             v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false });
-                            if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
-                                v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: true });
-                            }
+                        }
+                        if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
+                            v.push(KernelKey::Gemv {
+                                format,
+                                ncols,
+                                rows,
+                                wg,
+                                subgroups,
+                                norm: false,
+                                glu: false,
+                                q8: true,
+                            });
                         }
                     }
                 }
@@ -347,6 +396,9 @@ impl KernelKey {
         }
         v.push(KernelKey::AttnCombine);
         for subgroups in [false, true] {
+            for (norm, glu) in [(false, false), (true, false), (false, true)] {
+                v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu });
+            }
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });

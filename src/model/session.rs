@@ -196,21 +196,19 @@ impl Session {
             };
             BoundMatmul::new(&ctx, &m, stage)
         };
-        // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself.
-        let mm_norm = |w, norm_w, ybuf, ys, bias, stage| {
-            let m = Matmul {
-                w,
-                x: &x,
-                y: ybuf,
-                bias,
-                m: 0,
-                x_stride: se,
-                y_stride: ys,
-                accumulate: false,
-                norm: Some((norm_w, c.rms_eps)),
-                glu: None,
-            };
-            BoundMatmul::new(&ctx, &m, stage)
+        // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself
+        // (or in the quantize dispatch that the int8 GEMVs of a group share).
+        let mm_norm = |w, norm_w, ybuf, ys, bias| Matmul {
+            w,
+            x: &x,
+            y: ybuf,
+            bias,
+            m: 0,
+            x_stride: se,
+            y_stride: ys,
+            accumulate: false,
+            norm: Some((norm_w, c.rms_eps)),
+            glu: None,
         };
         // Two gathers: token ids written by the host, or the id the previous step sampled on
         // the GPU (chained greedy decoding never waits for the host between steps).
@@ -240,16 +238,29 @@ impl Session {
             let qwen3 = w.q_norm.is_some();
             let (q_src, k_src) = if qwen3 { (&qn, &kn) } else { (&qb, &kb) };
             let rope_neox = c.rope_mode == RopeMode::Neox;
+            let qkv_fused = [
+                mm_norm(&w.wq, &w.attn_norm, &qb, q, w.bq.as_ref()),
+                mm_norm(&w.wk, &w.attn_norm, &kb, kvd, w.bk.as_ref()),
+                mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref()),
+            ];
+            let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] = BoundMatmul::group(&ctx, &qkv_fused, "qkv")?
+                .try_into()
+                .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
+            let gate_up_fused =
+                [mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None), mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None)];
+            let [gate_fused, up_fused]: [BoundMatmul; 2] = BoundMatmul::group(&ctx, &gate_up_fused, "ffn_gate_up")?
+                .try_into()
+                .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
             let ops = LayerOps {
                 attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
                 q: mm(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
                 k: mm(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
                 v: mm(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
-                q_fused: mm_norm(&w.wq, &w.attn_norm, &qb, q, w.bq.as_ref(), "qkv")?,
-                k_fused: mm_norm(&w.wk, &w.attn_norm, &kb, kvd, w.bk.as_ref(), "qkv")?,
-                v_fused: mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref(), "qkv")?,
-                gate_fused: mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None, "ffn_gate_up")?,
-                up_fused: mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None, "ffn_gate_up")?,
+                q_fused,
+                k_fused,
+                v_fused,
+                gate_fused,
+                up_fused,
                 down_fused: BoundMatmul::new(
                     &ctx,
                     &Matmul {
@@ -529,9 +540,7 @@ impl Session {
                 rec.stage(Stage::AttnNormQkv, || {
                     StageWork::combine(vec![l.q_fused.work(ctx, m), l.k_fused.work(ctx, m), l.v_fused.work(ctx, m)])
                 });
-                l.q_fused.record(ctx, rec.pass(), m, None)?;
-                l.k_fused.record(ctx, rec.pass(), m, None)?;
-                l.v_fused.record(ctx, rec.pass(), m, None)?;
+                BoundMatmul::record_group(ctx, rec.pass(), &[&l.q_fused, &l.k_fused, &l.v_fused], m)?;
             } else {
                 rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                 norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
@@ -605,8 +614,7 @@ impl Session {
                 rec.stage(Stage::FfnNormGateUp, || {
                     StageWork::combine(vec![l.gate_fused.work(ctx, m), l.up_fused.work(ctx, m)])
                 });
-                l.gate_fused.record(ctx, rec.pass(), m, None)?;
-                l.up_fused.record(ctx, rec.pass(), m, None)?;
+                BoundMatmul::record_group(ctx, rec.pass(), &[&l.gate_fused, &l.up_fused], m)?;
                 rec.stage(Stage::FfnActDown, || l.down_fused.work(ctx, m));
                 l.down_fused.record(ctx, rec.pass(), m, None)?;
             } else {

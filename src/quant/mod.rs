@@ -96,12 +96,13 @@ impl WeightFormat {
         }
     }
 
-    /// Bytes per block after `repack_for_gpu`: Q8_0 and Q6_K are padded so that
-    /// every block starts 4-byte aligned and the GPU can use 32-bit loads.
+    /// Bytes per block after `repack_for_gpu`: Q8_0 is padded so that every block
+    /// starts 4-byte aligned and the GPU can use 32-bit loads; Q6_K so that every block
+    /// starts 16-byte aligned and the int8 GEMV can load its quants as 16-byte vectors.
     pub fn gpu_block_bytes(self) -> usize {
         match self {
             WeightFormat::Q8_0 => 36,
-            WeightFormat::Q6K => 212,
+            WeightFormat::Q6K => 224,
             other => other.block_bytes(),
         }
     }
@@ -194,7 +195,7 @@ pub fn repack_for_gpu(format: WeightFormat, gguf_bytes: &[u8]) -> Result<Vec<u8>
 /// staging buffer for many tensors.
 ///
 /// Q8_0 `[d: f16][qs: 32 x i8]` (34 B) becomes `[qs][d][0, 0]` (36 B) so qs is
-/// 4-byte aligned; Q6_K (210 B) gets 2 zero bytes appended (212 B). Other
+/// 4-byte aligned; Q6_K (210 B) gets 14 zero bytes appended (224 B). Other
 /// formats are copied unchanged.
 pub fn repack_for_gpu_into(format: WeightFormat, gguf_bytes: &[u8], gpu_bytes: &mut Vec<u8>) -> Result<(), QuantError> {
     let block_bytes = format.block_bytes();
@@ -215,7 +216,7 @@ pub fn repack_for_gpu_into(format: WeightFormat, gguf_bytes: &[u8], gpu_bytes: &
         WeightFormat::Q6K => {
             for block in gguf_bytes.chunks_exact(block_bytes) {
                 gpu_bytes.extend_from_slice(block);
-                gpu_bytes.extend_from_slice(&[0, 0]);
+                gpu_bytes.extend_from_slice(&[0; 14]);
             }
         }
         _ => gpu_bytes.extend_from_slice(gguf_bytes),

@@ -173,9 +173,10 @@ fn repack_q8_0_moves_d_after_qs() {
 fn repack_q6_k_pads_and_others_copy() {
     let blocks = read_bytes("q6_K.blocks.bin");
     let gpu = repack_for_gpu(WeightFormat::Q6K, &blocks).expect("whole blocks");
-    for (src, dst) in blocks.chunks_exact(210).zip(gpu.chunks_exact(212)) {
+    assert_eq!(gpu.len(), blocks.len() / 210 * 224);
+    for (src, dst) in blocks.chunks_exact(210).zip(gpu.chunks_exact(224)) {
         assert_eq!(&dst[..210], src);
-        assert_eq!(&dst[210..], &[0, 0]);
+        assert_eq!(&dst[210..], &[0; 14]);
     }
     let q4 = read_bytes("q4_K.blocks.bin");
     assert_eq!(repack_for_gpu(WeightFormat::Q4K, &q4).expect("whole blocks"), q4);
@@ -183,7 +184,7 @@ fn repack_q6_k_pads_and_others_copy() {
     // Appending into a reused buffer keeps earlier contents.
     let mut staging = vec![9u8];
     repack_for_gpu_into(WeightFormat::Q6K, &blocks[..210], &mut staging).expect("one block");
-    assert_eq!(staging.len(), 213);
+    assert_eq!(staging.len(), 225);
 }
 
 #[test]
@@ -216,7 +217,7 @@ fn format_metadata() {
         (WeightFormat::Q8_0, 8, "Q8_0", 32, 34, 36),
         (WeightFormat::Q4K, 12, "Q4_K", 256, 144, 144),
         (WeightFormat::Q5K, 13, "Q5_K", 256, 176, 176),
-        (WeightFormat::Q6K, 14, "Q6_K", 256, 210, 212),
+        (WeightFormat::Q6K, 14, "Q6_K", 256, 210, 224),
     ];
     for (format, id, name, elems, bytes, gpu_bytes) in expected {
         assert_eq!(WeightFormat::from_ggml_type(id), Some(format));
@@ -232,7 +233,7 @@ fn format_metadata() {
     assert_eq!(WeightFormat::from_ggml_type(2), None);
     assert_eq!(WeightFormat::Q4K.row_bytes(4096), Some(16 * 144));
     assert_eq!(WeightFormat::Q4K.row_bytes(100), None);
-    assert_eq!(WeightFormat::Q6K.gpu_row_bytes(512), Some(424));
+    assert_eq!(WeightFormat::Q6K.gpu_row_bytes(512), Some(448));
     assert_eq!(WeightFormat::Q8_0.tensor_bytes(3, 64), Some(3 * 68));
     assert_eq!(WeightFormat::F32.tensor_bytes(usize::MAX, 2), None);
 }

@@ -35,14 +35,18 @@ fn chunk_hi(ch: Chunk8) -> vec4<f32> {
     return v;
 }
 
-// 32 activations quantized to int8 for the integer GEMV (gemv_q8.wgsl), which the formats'
-// dot_block functions multiply with their quants: lo holds values 0-15, hi 16-31, four to a
-// word; x ~= d * q.
-struct Q8Block {
-    lo: vec4<u32>,
-    hi: vec4<u32>,
+// 16 activations quantized to int8 for the integer GEMV (gemv_q8.wgsl, which reads them from
+// the blocks quantize_q8.wgsl writes): x~ = d * q, four values to a word; sum = sum of the x~
+// (for the formats' offsets). The formats' dot_part functions multiply them with their quants.
+struct XHalf {
+    q: vec4<u32>,
     d: f32,
-    sum: f32, // sum of the 32 values x~ = d * q, for the formats' offsets
+    sum: f32,
+}
+
+// Sum over four words of the products of their signed bytes.
+fn dot4x4(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }
 
 fn byte_at(word: u32, i: u32) -> u32 {
@@ -94,14 +98,22 @@ fn f16_bits_to_f32(h: u32) -> f32 {
 
 // The half stored at half-index i of the weights.
 fn half_at(i: u32) -> u32 {
-    return (wq[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
+    return (w32(i >> 1u) >> ((i & 1u) * 16u)) & 0xffffu;
+}
+
+// F16 and BF16: the four words holding halves e .. e + 7 (e even): one vector load when they
+// start at a 16-byte boundary.
+fn chunk_words(e: u32) -> vec4<u32> {
+    let i = e >> 1u;
+    if ((i & 3u) == 0u) { return w128(i >> 2u); }
+    return vec4<u32>(w32(i), w32(i + 1u), w32(i + 2u), w32(i + 3u));
 }
 
 // Q4_K and Q5_K: ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
 fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
-    let s0 = wq[b + 1u];
-    let s1 = wq[b + 2u];
-    let s2 = wq[b + 3u];
+    let s0 = w32(b + 1u);
+    let s1 = w32(b + 2u);
+    let s2 = w32(b + 3u);
     var sc: u32;
     var mn: u32;
     if (j < 4u) {
@@ -119,7 +131,7 @@ fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
 // Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
 // (scale0, offset0, scale1, offset1): weight = scale * q + offset.
 fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
-    let dm = wq[b];
+    let dm = w32(b);
     let d_dmin = unpack2x16float(dm);
     let d = d_dmin.x;
     let dmin = d_dmin.y;
@@ -128,25 +140,41 @@ fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
     return vec4<f32>(d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
 }
 
-// Q4_K and Q5_K in the int8-activation GEMV: a unit is 64-weight group grp of the block at
-// word b; its x blocks j = 0 and 1 are sub-blocks 2 grp and 2 grp + 1.
+// Q4_K and Q5_K in the int8-activation GEMV: a unit is one aligned 16-byte vector of quants,
+// half hf of the 64-weight group g = v / 2 (v = unit within the block, hf = v % 2): its low
+// nibbles are values 16 hf .. 16 hf + 15 of sub-block 2g (part j = 0), its high nibbles the
+// same values of sub-block 2g + 1 (part 1). Q5_K adds their fifth bits from qh.
+fn kquant_dot_unit_count(k: u32) -> u32 { return k / 256u * 8u; }
+
+// Sub-block 2g + j, half hf, as the 16-value half index of the row.
+fn kquant_dot_unit_half(u: u32, j: u32) -> u32 {
+    let v = u % 8u;
+    return (u / 8u) * 16u + (v / 2u) * 4u + 2u * j + v % 2u;
+}
+
 struct KquantDotHeader {
-    b: u32,
-    grp: u32,
-    scale0: f32,
+    q: vec4<u32>,   // the unit's 32 nibbles
+    qh: vec4<u32>,  // Q5_K: qh bytes 16 hf .. 16 hf + 15 (bit 2g + j is part j's fifth bit)
+    hbit: u32,      // 2g
+    scale0: f32,    // weight = scale * q + offset, sub-blocks 2g and 2g + 1
     offset0: f32,
     scale1: f32,
     offset1: f32,
 }
 
-fn kquant_dot_header(b: u32, grp: u32) -> KquantDotHeader {
+fn kquant_dot_header(b: u32, v: u32, q: vec4<u32>, qh: vec4<u32>) -> KquantDotHeader {
+    let grp = v / 2u;
     let sc = kquant_group_scales(b, grp);
-    return KquantDotHeader(b, grp, sc.x, sc.y, sc.z, sc.w);
+    return KquantDotHeader(q, qh, 2u * grp, sc.x, sc.y, sc.z, sc.w);
 }
 
-// Sub-block 2 grp + j's contribution from the integer dot product q_dot = sum(q * x_q).
-fn kquant_dot_scale(h: KquantDotHeader, j: u32, q_dot: i32, xq: Q8Block) -> f32 {
-    let s = f32(q_dot) * xq.d;
-    if (j == 0u) { return h.scale0 * s + h.offset0 * xq.sum; }
-    return h.scale1 * s + h.offset1 * xq.sum;
+// Part j's sum of w * x~ over its 16 values; FIFTH: add the qh bits (Q5_K).
+fn kquant_dot_part(h: KquantDotHeader, j: u32, xh: XHalf, FIFTH: bool) -> f32 {
+    var q = (h.q >> vec4<u32>(4u * j)) & vec4<u32>(0x0f0f0f0fu);
+    if (FIFTH) {
+        q |= ((h.qh >> vec4<u32>(h.hbit + j)) & vec4<u32>(0x01010101u)) << vec4<u32>(4u);
+    }
+    let s = xh.d * f32(dot4x4(q, xh.q));
+    if (j == 0u) { return h.scale0 * s + h.offset0 * xh.sum; }
+    return h.scale1 * s + h.offset1 * xh.sum;
 }

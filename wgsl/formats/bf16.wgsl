@@ -8,12 +8,9 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     var h: vec4<u32>;
     var g: vec4<u32>;
     if ((e & 1u) == 0u && k0 + 8u <= k) {
-        let w0 = wq[e >> 1u];
-        let w1 = wq[(e >> 1u) + 1u];
-        let w2 = wq[(e >> 1u) + 2u];
-        let w3 = wq[(e >> 1u) + 3u];
-        h = vec4<u32>(w0 << 16u, w0 & 0xffff0000u, w1 << 16u, w1 & 0xffff0000u);
-        g = vec4<u32>(w2 << 16u, w2 & 0xffff0000u, w3 << 16u, w3 & 0xffff0000u);
+        let w = chunk_words(e);
+        h = vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u);
+        g = vec4<u32>(w.z << 16u, w.z & 0xffff0000u, w.w << 16u, w.w & 0xffff0000u);
     } else {
         for (var i = 0u; i < 4u; i++) {
             h[i] = select(0u, half_at(e + i) << 16u, k0 + i < k);

@@ -8,15 +8,13 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     var h: vec4<u32>;
     var g: vec4<u32>;
     if ((e & 1u) == 0u && k0 + 8u <= k) {
-        // Aligned whole chunk: four words, converted by the hardware (exact: every half,
-        // subnormals included, is an f32; the tests hold it to ggml's bits).
-        let w0 = wq[e >> 1u];
-        let w1 = wq[(e >> 1u) + 1u];
-        let w2 = wq[(e >> 1u) + 2u];
-        let w3 = wq[(e >> 1u) + 3u];
+        // Aligned whole chunk: four words (one vector load at a 16-byte boundary), converted
+        // by the hardware (exact: every half, subnormals included, is an f32; the tests hold
+        // it to ggml's bits).
+        let w = chunk_words(e);
         return Chunk8(
-            vec4<f32>(unpack2x16float(w0), unpack2x16float(w1)),
-            vec4<f32>(unpack2x16float(w2), unpack2x16float(w3)),
+            vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+            vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
             1.0,
             0.0,
         );

@@ -26,8 +26,8 @@ fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
 
 // Chunk 0: low nibbles of the unit's 8 bytes; chunk 1: high nibbles of the same bytes.
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    let w0 = wq[h.qw];
-    let w1 = wq[h.qw + 1u];
+    let w0 = w32(h.qw);
+    let w1 = w32(h.qw + 1u);
     if (j == 0u) {
         return Chunk8(uint_to_f32x4(lo_nibbles(w0)), uint_to_f32x4(lo_nibbles(w1)), h.scale0, h.offset0);
     }
@@ -40,28 +40,18 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     return unit_decode(unit_header(row, (c / 8u) * 4u + c % 4u, k), (c / 4u) % 2u);
 }
 
-// Int8-activation GEMV (gemv_q8.wgsl): a unit is one 64-weight group g of a block, its 8
-// quant words read once: low nibbles are sub-block 2g (x block j = 0), high nibbles 2g + 1.
-const DOT_BLOCKS: u32 = 2u;
+// Int8-activation GEMV (gemv_q8.wgsl): see kquant_dot_header in common/quant.wgsl. Unit v of
+// a block reads its quant vector 1 + v (the block is 9 aligned vectors).
 alias DotHeader = KquantDotHeader;
 
-fn dot_unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+fn dot_unit_count(k: u32) -> u32 { return kquant_dot_unit_count(k); }
 
-fn dot_unit_block(u: u32, j: u32) -> u32 { return 2u * u + j; }
+fn dot_unit_half(u: u32, j: u32) -> u32 { return kquant_dot_unit_half(u, j); }
 
 fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
-    return kquant_dot_header((row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS, u % 4u);
+    let b = (row * (k / BLOCK_ELEMS) + u / 8u) * BLOCK_WORDS;
+    let v = u % 8u;
+    return kquant_dot_header(b, v, w128(b / 4u + 1u + v), vec4<u32>(0u));
 }
 
-// Sum over the 32 weights (nibbles 0..15 are valid signed bytes) of q * x_q.
-fn dot_nibbles(qw: u32, sh: u32, xq: Q8Block) -> i32 {
-    let m = 0x0f0f0f0fu;
-    return dot4I8Packed((wq[qw] >> sh) & m, xq.lo.x) + dot4I8Packed((wq[qw + 1u] >> sh) & m, xq.lo.y)
-        + dot4I8Packed((wq[qw + 2u] >> sh) & m, xq.lo.z) + dot4I8Packed((wq[qw + 3u] >> sh) & m, xq.lo.w)
-        + dot4I8Packed((wq[qw + 4u] >> sh) & m, xq.hi.x) + dot4I8Packed((wq[qw + 5u] >> sh) & m, xq.hi.y)
-        + dot4I8Packed((wq[qw + 6u] >> sh) & m, xq.hi.z) + dot4I8Packed((wq[qw + 7u] >> sh) & m, xq.hi.w);
-}
-
-fn dot_block(h: DotHeader, j: u32, xq: Q8Block) -> f32 {
-    return kquant_dot_scale(h, j, dot_nibbles(h.b + 4u + 8u * h.grp, 4u * j, xq), xq);
-}
+fn dot_part(h: DotHeader, j: u32, xh: XHalf) -> f32 { return kquant_dot_part(h, j, xh, false); }

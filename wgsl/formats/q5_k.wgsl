@@ -25,12 +25,12 @@ fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    let w0 = wq[h.qw];
-    let w1 = wq[h.qw + 1u];
+    let w0 = w32(h.qw);
+    let w1 = w32(h.qw + 1u);
     let hb = h.hbit + j;
     let hs = vec4<u32>(hb, hb + 8u, hb + 16u, hb + 24u);
-    let h0 = (vec4<u32>(wq[h.qhw]) >> hs) & vec4<u32>(1u);
-    let h1 = (vec4<u32>(wq[h.qhw + 1u]) >> hs) & vec4<u32>(1u);
+    let h0 = (vec4<u32>(w32(h.qhw)) >> hs) & vec4<u32>(1u);
+    let h1 = (vec4<u32>(w32(h.qhw + 1u)) >> hs) & vec4<u32>(1u);
     if (j == 0u) {
         return Chunk8(uint_to_f32x4(lo_nibbles(w0) + h0 * 16u), uint_to_f32x4(lo_nibbles(w1) + h1 * 16u), h.scale0, h.offset0);
     }
@@ -43,30 +43,18 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     return unit_decode(unit_header(row, (c / 8u) * 4u + c % 4u, k), (c / 4u) % 2u);
 }
 
-// Int8-activation GEMV (gemv_q8.wgsl): a unit is one 64-weight group g, as in Q4_K; the
-// fifth bits of sub-block 2g + j are bit 2g + j of each of the 32 qh bytes.
-const DOT_BLOCKS: u32 = 2u;
+// Int8-activation GEMV (gemv_q8.wgsl): see kquant_dot_header in common/quant.wgsl. Unit v of
+// a block reads its quant vector 3 + v and qh vector 1 + hf (the block is 11 aligned vectors).
 alias DotHeader = KquantDotHeader;
 
-fn dot_unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS * 4u; }
+fn dot_unit_count(k: u32) -> u32 { return kquant_dot_unit_count(k); }
 
-fn dot_unit_block(u: u32, j: u32) -> u32 { return 2u * u + j; }
+fn dot_unit_half(u: u32, j: u32) -> u32 { return kquant_dot_unit_half(u, j); }
 
 fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
-    return kquant_dot_header((row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS, u % 4u);
+    let b = (row * (k / BLOCK_ELEMS) + u / 8u) * BLOCK_WORDS;
+    let v = u % 8u;
+    return kquant_dot_header(b, v, w128(b / 4u + 3u + v), w128(b / 4u + 1u + v % 2u));
 }
 
-// Quant word i (weights 4i .. 4i + 3) of sub-block 2 grp + j: 5-bit values as bytes.
-fn q5_word(h: DotHeader, j: u32, i: u32) -> u32 {
-    let lo = (wq[h.b + 12u + 8u * h.grp + i] >> (4u * j)) & 0x0f0f0f0fu;
-    let hi = (wq[h.b + 4u + i] >> (2u * h.grp + j)) & 0x01010101u;
-    return lo | (hi << 4u);
-}
-
-fn dot_block(h: DotHeader, j: u32, xq: Q8Block) -> f32 {
-    let si = dot4I8Packed(q5_word(h, j, 0u), xq.lo.x) + dot4I8Packed(q5_word(h, j, 1u), xq.lo.y)
-        + dot4I8Packed(q5_word(h, j, 2u), xq.lo.z) + dot4I8Packed(q5_word(h, j, 3u), xq.lo.w)
-        + dot4I8Packed(q5_word(h, j, 4u), xq.hi.x) + dot4I8Packed(q5_word(h, j, 5u), xq.hi.y)
-        + dot4I8Packed(q5_word(h, j, 6u), xq.hi.z) + dot4I8Packed(q5_word(h, j, 7u), xq.hi.w);
-    return kquant_dot_scale(h, j, si, xq);
-}
+fn dot_part(h: DotHeader, j: u32, xh: XHalf) -> f32 { return kquant_dot_part(h, j, xh, true); }

@@ -11,11 +11,11 @@ fn unit_count(k: u32) -> u32 { return k / 8u; }
 
 fn unit_header(row: u32, u: u32, k: u32) -> UnitHeader {
     let b = (row * (k / BLOCK_ELEMS) + u / 4u) * BLOCK_WORDS;
-    return UnitHeader(b + 2u * (u % 4u), unpack2x16float(wq[b + 8u]).x);
+    return UnitHeader(b + 2u * (u % 4u), unpack2x16float(w32(b + 8u)).x);
 }
 
 fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
-    return Chunk8(i8x4(wq[h.qw]), i8x4(wq[h.qw + 1u]), h.d, 0.0);
+    return Chunk8(i8x4(w32(h.qw)), i8x4(w32(h.qw + 1u)), h.d, 0.0);
 }
 
 fn unit_chunk(u: u32, j: u32) -> u32 { return u; }
@@ -24,24 +24,22 @@ fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
     return unit_decode(unit_header(row, c, k), 0u);
 }
 
-// Int8-activation GEMV (gemv_q8.wgsl): a unit is one block, against one x block.
-const DOT_BLOCKS: u32 = 1u;
-
-struct DotHeader { qw: u32, d: f32 }
+// Int8-activation GEMV (gemv_q8.wgsl): a unit is one block; part j is its half j. (Blocks
+// are 36 bytes, not 16-byte aligned, so its words are loaded one by one; the planner keeps
+// Q8_0 on the float GEMV, which is faster for it.)
+struct DotHeader { b: u32, d: f32 }
 
 fn dot_unit_count(k: u32) -> u32 { return k / BLOCK_ELEMS; }
 
-fn dot_unit_block(u: u32, j: u32) -> u32 { return u; }
+fn dot_unit_half(u: u32, j: u32) -> u32 { return 2u * u + j; }
 
 fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
     let b = (row * (k / BLOCK_ELEMS) + u) * BLOCK_WORDS;
-    return DotHeader(b, unpack2x16float(wq[b + 8u]).x);
+    return DotHeader(b, unpack2x16float(w32(b + 8u)).x);
 }
 
-fn dot_block(h: DotHeader, j: u32, xq: Q8Block) -> f32 {
-    let s = dot4I8Packed(wq[h.qw], xq.lo.x) + dot4I8Packed(wq[h.qw + 1u], xq.lo.y)
-        + dot4I8Packed(wq[h.qw + 2u], xq.lo.z) + dot4I8Packed(wq[h.qw + 3u], xq.lo.w)
-        + dot4I8Packed(wq[h.qw + 4u], xq.hi.x) + dot4I8Packed(wq[h.qw + 5u], xq.hi.y)
-        + dot4I8Packed(wq[h.qw + 6u], xq.hi.z) + dot4I8Packed(wq[h.qw + 7u], xq.hi.w);
-    return h.d * xq.d * f32(s);
+fn dot_part(h: DotHeader, j: u32, xh: XHalf) -> f32 {
+    let w = h.b + 4u * j;
+    let q = vec4<u32>(w32(w), w32(w + 1u), w32(w + 2u), w32(w + 3u));
+    return h.d * xh.d * f32(dot4x4(q, xh.q));
 }

@@ -1,33 +1,14 @@
-// What every GEMV body shares (gemv.wgsl: float activations; gemv_q8.wgsl: int8
-// activations): the parameters and bindings (one layout for every matmul), the fused inputs
-// (RMSNorm, SwiGLU), the RMSNorm prologue and the reduction that writes Y.
+// The float input of a GEMV (gemv.wgsl) or of the activation quantizer (quantize_q8.wgsl):
+// x itself, or x with a fused RMSNorm or SwiGLU in front.
 // NORM: x is the residual stream; the kernel applies RMSNorm (weights norm_w) on the fly,
 // so the norm needs no dispatch of its own (each workgroup recomputes the row's sum of
 // squares, a few KiB it reads from cache).
 // GLU: x holds the gate activations and aux (binding 5) the up activations, same layout;
 // the kernel feeds silu(gate) * up, so SwiGLU needs no dispatch of its own.
-// Header constants: WG, ROWS, NCOLS, NORM, GLU.
+// Header constants: WG, NCOLS, NORM, GLU; the including body declares `partial` (workgroup
+// f32s, at least NCOLS * LANE_GROUPS_MAX).
 
-struct Params {
-    n_cols: u32,     // active columns (m), <= NCOLS
-    k: u32,          // weights per row
-    n_rows: u32,     // rows in this weight chunk
-    row_offset: u32, // output column of the chunk's first row
-    x_stride: u32,   // elements between input rows (m)
-    y_stride: u32,   // elements between output rows (m)
-    has_bias: u32,   // add bias[row_offset + r]
-    accumulate: u32, // add the value already in Y (fused residual)
-    eps: f32,        // RMSNorm epsilon (gemv with NORM)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;   // NORM: weights; GLU: up rows
 
 // Half `part` (0: weights 0-3, 1: weights 4-7) of chunk c of an x row; zero past k (the
@@ -60,8 +41,6 @@ fn load_in(row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
     return v * norm_scale(c, part, inv_rms);
 }
 
-var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
-
 // 1 / rms of each x row for the fused RMSNorm (k % 4 == 0 there); 1 without NORM.
 // Uniform control flow: it has barriers.
 fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {
@@ -89,27 +68,3 @@ fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {
     return inv;
 }
 
-// Adds up every lane's ROWS x NCOLS partial sums with a single barrier and writes the
-// workgroup's rows of Y (+ bias, + the value already there). Uniform control flow.
-fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
-    for (var i = 0u; i < ROWS * NCOLS; i++) {
-        let s = group_sum(acc[i], lane);
-        if (lane_is_leader(lane)) { partial[i * LANE_GROUPS_MAX + lane_group(lane)] = s; }
-    }
-    workgroupBarrier();
-    for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
-        let r = i / NCOLS;
-        let m = i % NCOLS;
-        let row = row0 + r;
-        if (row < p.n_rows && m < p.n_cols) {
-            var total = 0.0;
-            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
-            let n = p.row_offset + row;
-            let o = m * p.y_stride + n;
-            var v = total;
-            if (p.has_bias != 0u) { v += bias[n]; }
-            if (p.accumulate != 0u) { v += y[o]; }
-            y[o] = v;
-        }
-    }
-}

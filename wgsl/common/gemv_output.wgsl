@@ -1,0 +1,31 @@
+// The output side of both GEMV bodies (gemv.wgsl, gemv_q8.wgsl): Y, the bias, and the
+// reduction of every lane's partial sums. Header constants: WG, ROWS, NCOLS; the including
+// body declares `partial` (workgroup f32s, ROWS * NCOLS * LANE_GROUPS_MAX).
+
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+
+// Adds up every lane's ROWS x NCOLS partial sums with a single barrier and writes the
+// workgroup's rows of Y (+ bias, + the value already there). Uniform control flow.
+fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
+    for (var i = 0u; i < ROWS * NCOLS; i++) {
+        let s = group_sum(acc[i], lane);
+        if (lane_is_leader(lane)) { partial[i * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+    }
+    workgroupBarrier();
+    for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
+        let r = i / NCOLS;
+        let m = i % NCOLS;
+        let row = row0 + r;
+        if (row < p.n_rows && m < p.n_cols) {
+            var total = 0.0;
+            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
+            let n = p.row_offset + row;
+            let o = m * p.y_stride + n;
+            var v = total;
+            if (p.has_bias != 0u) { v += bias[n]; }
+            if (p.accumulate != 0u) { v += y[o]; }
+            y[o] = v;
+        }
+    }
+}

@@ -1,0 +1,19 @@
+// The parameters of every matmul kernel (GEMM, both GEMVs, the activation quantizer): one
+// layout, mirrored by MatmulParams in src/kernels/matmul.rs.
+
+struct Params {
+    n_cols: u32,     // active columns (m): rows of X and Y
+    k: u32,          // weights per row
+    n_rows: u32,     // rows in this weight chunk (columns of Y it produces)
+    row_offset: u32, // output column of the chunk's first row
+    x_stride: u32,   // elements between input rows (m)
+    y_stride: u32,   // elements between output rows (m)
+    has_bias: u32,   // add bias[row_offset + r]
+    accumulate: u32, // add the value already in Y (fused residual)
+    eps: f32,        // RMSNorm epsilon (fused RMSNorm)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
