@@ -54,6 +54,23 @@ fn run_case(
     x: Option<Vec<f32>>,
     what: &str,
 ) {
+    let (got, want, _) = run_matmul(ctx, format, n, k, m, kernel, bias, accumulate, x);
+    assert_close(what, &got, &want, TOL);
+}
+
+/// Runs one matmul: (GPU result, CPU reference, the case).
+#[allow(clippy::too_many_arguments)]
+fn run_matmul(
+    ctx: &GpuContext,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    m: usize,
+    kernel: MatmulKernel,
+    bias: bool,
+    accumulate: bool,
+    x: Option<Vec<f32>>,
+) -> (Vec<f32>, Vec<f32>, Case) {
     let mut c = case(format, n, k, m, (n * 31 + k * 7 + m) as u64);
     if let Some(x) = x {
         c.x = x;
@@ -84,7 +101,7 @@ fn run_case(
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
     let got = ctx.read_f32(&y, m * n).unwrap();
     let want = matmul::reference(&c.w_ref, n, k, &c.x, m, bias.then_some(&c.bias[..]), accumulate.then_some(&c.y0[..]));
-    assert_close(what, &got, &want, TOL);
+    (got, want, c)
 }
 
 #[test]
@@ -118,6 +135,41 @@ fn gemm_every_format() {
                 let kernel = MatmulKernel::Gemm { tile };
                 let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
                 run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, None, &what);
+            }
+        }
+    }
+}
+
+/// The cooperative-matrix GEMM (prefill on matrix cores) on every adapter that offers 16x16
+/// f16 tiles, for every format it is planned for, ragged shapes included, with bias and
+/// residual add. Activations and weights are rounded to f16, so each element is held to
+/// 2^-10 sum |w x| (two roundings of at most 2^-11 each), plus 2^-25 per value for f16's
+/// subnormal range. Adapters without them (lavapipe, GL) print that they skip it; the H200
+/// runs it.
+#[test]
+fn gemm_coop_every_format() {
+    for g in gpus() {
+        if !g.ctx.caps.coopmat {
+            eprintln!("[{}] no 16x16x16 f16 cooperative matrices: gemm_coop not run on this adapter", g.name);
+            continue;
+        }
+        let kernel = MatmulKernel::Gemm { tile: GemmTile::Coop64 };
+        for format in WeightFormat::ALL.into_iter().filter(|f| !matches!(f, WeightFormat::F32 | WeightFormat::BF16)) {
+            for (m, n, blocks) in [(70usize, 130usize, 2usize), (64, 64, 1), (9, 45, 3)] {
+                let k = k_for(format, blocks, 100 + 32 * blocks);
+                let what = format!("[{}] gemm_coop {} m={m} n={n} k={k}", g.name, format.name());
+                let (got, want, c) = run_matmul(&g.ctx, format, n, k, m, kernel, m != 64, m == 70, None);
+                let bound: Vec<f32> = (0..m * n)
+                    .map(|i| {
+                        let (xr, wr) = (&c.x[(i / n) * k..][..k], &c.w_ref[(i % n) * k..][..k]);
+                        xr.iter()
+                            .zip(wr)
+                            .map(|(a, b)| (a * b).abs() / 1024.0 + (a.abs() + b.abs()) / 33554432.0)
+                            .sum::<f32>()
+                            * 1.01
+                    })
+                    .collect();
+                assert_within(&what, &got, &want, &bound);
             }
         }
     }

@@ -77,12 +77,16 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY)),
             yes(f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES))
         )?;
-        writeln!(o, "    COOPERATIVE_MATRIX: {}", used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat))?;
+        writeln!(
+            o,
+            "    COOPERATIVE_MATRIX: {} (prefill GEMM on 16x16 f16 tiles where subgroups are 32 wide)",
+            used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
+        )?;
         let int8 = match (i.backend == wgpu::Backend::Vulkan, off.int8dot, i.device_type == wgpu::DeviceType::Cpu) {
             (false, ..) => "not native on this backend (int8-activation GEMV off)",
             (true, true, _) => "disabled by KILN_DISABLE",
             (true, false, true) => "yes (unused: CPU adapters keep the float GEMV)",
-            (true, false, false) => "yes (int8-activation GEMV for large K-quant matrices)",
+            (true, false, false) => "yes (int8-activation GEMV for large quantized matrices)",
         };
         writeln!(o, "    INTEGER_DOT_PRODUCT: {int8}")?;
         let l = &r.limits;

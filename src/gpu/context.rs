@@ -14,6 +14,9 @@ pub struct Caps {
     pub subgroups: bool,
     pub timestamps: bool,
     pub timestamps_in_passes: bool,
+    /// Cooperative matrices kiln's GEMM can run: EXPERIMENTAL_COOPERATIVE_MATRIX with 16x16x16
+    /// f16 -> f32 multiply-adds, SHADER_F16, and subgroups of exactly 32 invocations (each
+    /// subgroup of gemm_coop.wgsl owns one quadrant of the tile).
     pub coopmat: bool,
     /// Packed 4x8-bit integer dot products run natively: Vulkan, where wgpu turns on
     /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
@@ -351,7 +354,11 @@ impl GpuContext {
             subgroups,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
-            coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                && features.contains(wgpu::Features::SHADER_F16)
+                && info.subgroup_min_size == 32
+                && info.subgroup_max_size == 32
+                && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,
             subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
@@ -444,4 +451,13 @@ impl GpuContext {
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
     }
+}
+
+/// Whether the adapter multiplies 16x16x16 f16 cooperative matrices into f32 (gemm_coop.wgsl).
+fn has_f16_16x16x16(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .any(|p| (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == F16 && p.cr_type == F32)
 }

@@ -29,6 +29,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
     ("gemm_micro_4x4.wgsl", include_str!("../../wgsl/gemm_micro_4x4.wgsl")),
     ("gemm_micro_8x8.wgsl", include_str!("../../wgsl/gemm_micro_8x8.wgsl")),
+    ("gemm_coop.wgsl", include_str!("../../wgsl/gemm_coop.wgsl")),
     ("embed.wgsl", include_str!("../../wgsl/embed.wgsl")),
     ("attention_prefill.wgsl", include_str!("../../wgsl/attention_prefill.wgsl")),
     ("softmax.wgsl", include_str!("../../wgsl/softmax.wgsl")),
@@ -63,6 +64,7 @@ pub struct ShaderSource {
 pub struct Composer {
     label: String,
     enable_f16: bool,
+    enable_coopmat: bool,
     header: Vec<String>,
     files: Vec<&'static str>,
     overrides: Vec<(&'static str, f64)>,
@@ -74,6 +76,11 @@ impl Composer {
     }
     pub fn enable_f16(mut self, on: bool) -> Self {
         self.enable_f16 = on;
+        self
+    }
+    /// wgpu's cooperative-matrix extension (EXPERIMENTAL_COOPERATIVE_MATRIX).
+    pub fn enable_coopmat(mut self, on: bool) -> Self {
+        self.enable_coopmat = on;
         self
     }
     /// A compile-time constant: for what WGSL needs as a `const` (array sizes, unrolled loops).
@@ -98,6 +105,9 @@ impl Composer {
         let mut text = String::new();
         if self.enable_f16 {
             text.push_str("enable f16;\n");
+        }
+        if self.enable_coopmat {
+            text.push_str("enable wgpu_cooperative_matrix;\n");
         }
         text.push_str(&format!("// kiln shader: {}\n", self.label));
         for line in &self.header {

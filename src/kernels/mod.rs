@@ -244,6 +244,21 @@ impl KernelKey {
                 .include("common/gemv_input.wgsl")
                 .include("quantize_q8.wgsl")
                 .build(),
+            KernelKey::Gemm { format, tile } if tile.is_coop() => {
+                let (bm, bn, bk, ..) = tile.dims();
+                c.enable_f16(true)
+                    .enable_coopmat(true)
+                    .const_u32("BM", bm)
+                    .const_u32("BN", bn)
+                    .const_u32("BK", bk)
+                    .const_u32("WG", tile.workgroup_size())
+                    .include("common/quant.wgsl")
+                    .include(format_file(format))
+                    .include("common/weights_words.wgsl")
+                    .include("common/matmul_params.wgsl")
+                    .include("gemm_coop.wgsl")
+                    .build()
+            }
             KernelKey::Gemm { format, tile } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
                 c.const_u32("BM", bm)
@@ -332,9 +347,16 @@ impl KernelKey {
         }
     }
 
+    /// Whether the variant runs on cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX with
+    /// 16x16x16 f16 -> f32, subgroups of 32: `Caps::coopmat`; it needs SHADER_F16 too).
+    pub fn needs_coopmat(&self) -> bool {
+        matches!(self, KernelKey::Gemm { tile, .. } if tile.is_coop())
+    }
+
     /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
     pub fn needs(&self) -> (bool, bool) {
         match *self {
+            KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
             KernelKey::Gemv { subgroups, .. }
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
@@ -377,6 +399,7 @@ impl KernelKey {
             for tile in GemmTile::ALL {
                 v.push(KernelKey::Gemm { format, tile });
             }
+            v.push(KernelKey::Gemm { format, tile: GemmTile::Coop64 });
             v.push(KernelKey::Embed { format });
         }
         for kv in KvKind::ALL {
