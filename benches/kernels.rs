@@ -101,6 +101,9 @@ fn benches(c: &mut Criterion) {
                     }
                 } else if n != 32000 {
                     plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
+                    if ctx.caps.coopmat && format != WeightFormat::F32 {
+                        plans.push((512, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+                    }
                 }
                 for (m, plan) in plans {
                     let mm = Matmul::dense(&w, &x, &y, m);
@@ -163,6 +166,9 @@ fn benches(c: &mut Criterion) {
         let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
         if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
             plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
+            if ctx.caps.coopmat && !matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
+                plans.push(MatmulKernel::Gemm { tile: GemmTile::Coop64 });
+            }
         }
         // "elements" are floating-point operations: criterion prints them as elem/s.
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));

@@ -153,12 +153,17 @@ fn gemm_coop_every_format() {
             eprintln!("[{}] no 16x16x16 f16 cooperative matrices: gemm_coop not run on this adapter", g.name);
             continue;
         }
-        let kernel = MatmulKernel::Gemm { tile: GemmTile::Coop64 };
         for format in WeightFormat::ALL.into_iter().filter(|f| !matches!(f, WeightFormat::F32 | WeightFormat::BF16)) {
-            for (m, n, blocks) in [(70usize, 130usize, 2usize), (64, 64, 1), (9, 45, 3)] {
+            for (m, n, blocks, tile) in [
+                (70usize, 130usize, 2usize, GemmTile::Coop64),
+                (64, 64, 1, GemmTile::Coop64),
+                (9, 45, 3, GemmTile::Coop64),
+                (200, 70, 2, GemmTile::Coop64),
+            ] {
+                let kernel = MatmulKernel::Gemm { tile };
                 let k = k_for(format, blocks, 100 + 32 * blocks);
-                let what = format!("[{}] gemm_coop {} m={m} n={n} k={k}", g.name, format.name());
-                let (got, want, c) = run_matmul(&g.ctx, format, n, k, m, kernel, m != 64, m == 70, None);
+                let what = format!("[{}] gemm_coop {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
+                let (got, want, c) = run_matmul(&g.ctx, format, n, k, m, kernel, m % 64 != 0, m % 10 == 0, None);
                 let bound: Vec<f32> = (0..m * n)
                     .map(|i| {
                         let (xr, wr) = (&c.x[(i / n) * k..][..k], &c.w_ref[(i % n) * k..][..k]);
