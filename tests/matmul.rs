@@ -39,26 +39,13 @@ fn case(format: WeightFormat, n: usize, k: usize, m: usize, seed: u64) -> Case {
     Case { weights, w_ref, x: randn(&mut r, m * k, 1.0), bias: randn(&mut r, n, 1.0), y0: randn(&mut r, m * n, 1.0) }
 }
 
-/// Runs one matmul and checks it against the CPU reference; `x` ([m, k]) replaces the
-/// case's Gaussian activations when given.
-#[allow(clippy::too_many_arguments)]
-fn run_case(
-    ctx: &GpuContext,
-    format: WeightFormat,
-    n: usize,
-    k: usize,
-    m: usize,
-    kernel: MatmulKernel,
-    bias: bool,
-    accumulate: bool,
-    x: Option<Vec<f32>>,
-    what: &str,
-) {
-    let (got, want, _) = run_matmul(ctx, format, n, k, m, kernel, bias, accumulate, x);
+/// A matmul's GPU result against its CPU reference at TOL.
+fn assert_exact(what: &str, (got, want, _): (Vec<f32>, Vec<f32>, Case)) {
     assert_close(what, &got, &want, TOL);
 }
 
-/// Runs one matmul: (GPU result, CPU reference, the case).
+/// Runs one matmul: (GPU result, CPU reference, the case); `x` ([m, k]) replaces the case's
+/// Gaussian activations when given.
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     ctx: &GpuContext,
@@ -118,7 +105,7 @@ fn gemv_every_format() {
                 let n = 37;
                 let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: false };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, None, &what);
+                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, None));
             }
         }
     }
@@ -134,7 +121,7 @@ fn gemm_every_format() {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
                 let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, None, &what);
+                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m, kernel, m == 9, m == 70, None));
             }
         }
     }
@@ -217,18 +204,9 @@ fn split_tensors_match_unsplit_results() {
             MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 }, q8: false },
             MatmulKernel::Gemm { tile: GemmTile::T32 },
         ] {
-            run_case(
-                &ctx,
-                format,
-                n,
-                k,
-                if matches!(kernel, MatmulKernel::Gemm { .. }) { 20 } else { 1 },
-                kernel,
-                true,
-                false,
-                None,
-                &format!("split {} {kernel}", format.name()),
-            );
+            let m = if matches!(kernel, MatmulKernel::Gemm { .. }) { 20 } else { 1 };
+            let what = format!("split {} {kernel}", format.name());
+            assert_exact(&what, run_matmul(&ctx, format, n, k, m, kernel, true, false, None));
         }
     }
 }
@@ -354,7 +332,7 @@ fn gemv_q8_every_format() {
                 let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: true };
                 let x = q8_exact_x(m as usize, k, 11 + m as u64);
                 let what = format!("[{}] gemv_q8 {} n={n} k={k} m={m}", g.name, format.name());
-                run_case(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x), &what);
+                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x)));
 
                 // Normal activations: within the bound of x's rounding.
                 let c = case(format, n, k, m as usize, 5 + m as u64);
@@ -413,6 +391,7 @@ fn gemv_q8_fused_and_split() {
         let w_chunks =
             WeightTensor::upload(&ctx, "w", format, n, k, &case(format, n, k, 1, 5).weights).unwrap().chunks.len();
         assert!(w_chunks > 1, "{} should be split", format.name());
-        run_case(&ctx, format, n, k, 1, kernel(1), true, false, Some(x), &format!("split gemv_q8 {}", format.name()));
+        let what = format!("split gemv_q8 {}", format.name());
+        assert_exact(&what, run_matmul(&ctx, format, n, k, 1, kernel(1), true, false, Some(x)));
     }
 }

@@ -5,11 +5,8 @@
 // Header constants: BM, BN, BK (a multiple of 8), TM, TN (multiples of 4), WG = BM/TM * BN/TN.
 // The register tile lives in gemm_micro_<TM>x<TN>.wgsl, written out with constant indices so
 // drivers keep it in registers.
-// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl.
-
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
+// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y and
+// the epilogue: common/gemm_io.wgsl.
 
 // Tiles stored k-major ([k][m] and [k][n]) so the inner loop reads TM and TN as vec4s.
 var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;
@@ -28,12 +25,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var i = lid; i < BM * BK / 4u; i += WG) {
             let mm = i / (BK / 4u);
             let kq = (i % (BK / 4u)) * 4u;
-            let gm = m0 + mm;
-            let gk = k0 + kq;
-            var v = vec4<f32>(0.0);
-            if (gm < p.n_cols && gk < p.k) {
-                v = select(vec4<f32>(0.0), x[(gm * p.x_stride + gk) / 4u], vec4<u32>(gk) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
-            }
+            let v = load_x4(m0 + mm, k0 + kq);
             for (var j = 0u; j < 4u; j++) {
                 let t = (kq + j) * BM + mm;
                 xs[t / 4u][t % 4u] = v[j];
@@ -66,19 +58,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
 
     for (var i = 0u; i < TM; i++) {
-        let gm = m0 + ty * TM + i;
-        if (gm < p.n_cols) {
-            for (var j = 0u; j < TN; j++) {
-                let row = n0 + tx * TN + j;
-                if (row < p.n_rows) {
-                    let n = p.row_offset + row;
-                    let o = gm * p.y_stride + n;
-                    var v = micro_get(acc, i, j);
-                    if (p.has_bias != 0u) { v += bias[n]; }
-                    if (p.accumulate != 0u) { v += y[o]; }
-                    y[o] = v;
-                }
-            }
+        for (var j = 0u; j < TN; j++) {
+            write_y(m0 + ty * TM + i, n0 + tx * TN + j, micro_get(acc, i, j));
         }
     }
 }

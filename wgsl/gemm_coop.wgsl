@@ -9,11 +9,8 @@
 // accumulation is f32. (A 128x64 tile with 64x32 quadrants measured 25-35% slower on an H200:
 // its 44 KiB of workgroup memory leaves one workgroup per SM.) The accumulators go through workgroup memory for the epilogue (bias,
 // residual add, ragged edges). Header constants: BM = BN = 64, BK (a multiple of 16), WG = 128.
-// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl.
-
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
+// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y and
+// the epilogue: common/gemm_io.wgsl.
 
 var<workgroup> xs: array<f16, BM * BK>;   // A: [m][k]
 var<workgroup> ws: array<f16, BN * BK>;   // B: [n][k], i.e. K x N column-major
@@ -42,13 +39,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var i = lid; i < BM * BK / 4u; i += WG) {
             let mm = i / (BK / 4u);
             let kq = (i % (BK / 4u)) * 4u;
-            let gm = m0 + mm;
-            let gk = k0 + kq;
-            var v = vec4<f32>(0.0);
-            if (gm < p.n_cols && gk < p.k) {
-                v = select(vec4<f32>(0.0), x[(gm * p.x_stride + gk) / 4u], vec4<u32>(gk) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
-            }
-            let h = vec4<f16>(v);
+            let h = vec4<f16>(load_x4(m0 + mm, k0 + kq));
             let t = mm * BK + kq;
             xs[t] = h.x;
             xs[t + 1u] = h.y;
@@ -99,15 +90,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     coopStoreT(c11, &cs[(qm + 16u) * BN + qn + 16u], BN);
     workgroupBarrier();
     for (var i = lid; i < BM * BN; i += WG) {
-        let gm = m0 + i / BN;
-        let row = n0 + i % BN;
-        if (gm < p.n_cols && row < p.n_rows) {
-            let n = p.row_offset + row;
-            let o = gm * p.y_stride + n;
-            var v = cs[i];
-            if (p.has_bias != 0u) { v += bias[n]; }
-            if (p.accumulate != 0u) { v += y[o]; }
-            y[o] = v;
-        }
+        write_y(m0 + i / BN, n0 + i % BN, cs[i]);
     }
 }

@@ -23,6 +23,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/matmul_params.wgsl", include_str!("../../wgsl/common/matmul_params.wgsl")),
     ("common/gemv_input.wgsl", include_str!("../../wgsl/common/gemv_input.wgsl")),
     ("common/gemv_output.wgsl", include_str!("../../wgsl/common/gemv_output.wgsl")),
+    ("common/gemm_io.wgsl", include_str!("../../wgsl/common/gemm_io.wgsl")),
     ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
     ("gemv_q8.wgsl", include_str!("../../wgsl/gemv_q8.wgsl")),
     ("quantize_q8.wgsl", include_str!("../../wgsl/quantize_q8.wgsl")),

@@ -244,42 +244,32 @@ impl KernelKey {
                 .include("common/gemv_input.wgsl")
                 .include("quantize_q8.wgsl")
                 .build(),
-            KernelKey::Gemm { format, tile } if tile.is_coop() => {
-                let (bm, bn, bk, ..) = tile.dims();
-                c.enable_f16(true)
-                    .enable_coopmat(true)
+            KernelKey::Gemm { format, tile } => {
+                let (bm, bn, bk, tm, tn) = tile.dims();
+                let coop = tile.is_coop();
+                let c = c
+                    .enable_f16(coop)
+                    .enable_coopmat(coop)
                     .const_u32("BM", bm)
                     .const_u32("BN", bn)
                     .const_u32("BK", bk)
                     .const_u32("WG", tile.workgroup_size())
                     .include("common/quant.wgsl")
                     .include(format_file(format))
-                    .include("common/weights_words.wgsl")
-                    .include("common/matmul_params.wgsl")
-                    .include("gemm_coop.wgsl")
-                    .build()
-            }
-            KernelKey::Gemm { format, tile } => {
-                let (bm, bn, bk, tm, tn) = tile.dims();
-                c.const_u32("BM", bm)
-                    .const_u32("BN", bn)
-                    .const_u32("BK", bk)
-                    .const_u32("TM", tm)
-                    .const_u32("TN", tn)
-                    .const_u32("WG", tile.workgroup_size())
-                    .include("common/quant.wgsl")
-                    .include(format_file(format))
-                    // Float weights are streamed as whole 16-byte vectors; block formats
-                    // read scattered words.
-                    .include(if format.is_quantized() {
+                    // Float weights are streamed as whole 16-byte vectors by the register
+                    // GEMM; block formats read scattered words.
+                    .include(if format.is_quantized() || coop {
                         "common/weights_words.wgsl"
                     } else {
                         "common/weights_vec4.wgsl"
                     })
                     .include("common/matmul_params.wgsl")
-                    .include(tile.micro_file())
-                    .include("gemm.wgsl")
-                    .build()
+                    .include("common/gemm_io.wgsl");
+                if coop {
+                    c.include("gemm_coop.wgsl").build()
+                } else {
+                    c.const_u32("TM", tm).const_u32("TN", tn).include(tile.micro_file()).include("gemm.wgsl").build()
+                }
             }
             KernelKey::Embed { format } => c
                 .const_u32("WG", WG_ELT)

@@ -1,0 +1,23 @@
+// What both GEMM bodies (gemm.wgsl on registers, gemm_coop.wgsl on cooperative matrices)
+// share: X, Y and the bias, the bounded read of X and the epilogue that writes Y.
+
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+
+// X[gm, gk .. gk + 3], zero outside X (past its rows, or past k in a ragged last vector).
+fn load_x4(gm: u32, gk: u32) -> vec4<f32> {
+    if (gm >= p.n_cols || gk >= p.k) { return vec4<f32>(0.0); }
+    return select(vec4<f32>(0.0), x[(gm * p.x_stride + gk) / 4u], vec4<u32>(gk) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
+}
+
+// Y[gm, row] = v (+ bias) (+ the value already there), for the chunk's row; nothing outside Y.
+fn write_y(gm: u32, row: u32, v: f32) {
+    if (gm >= p.n_cols || row >= p.n_rows) { return; }
+    let n = p.row_offset + row;
+    let o = gm * p.y_stride + n;
+    var r = v;
+    if (p.has_bias != 0u) { r += bias[n]; }
+    if (p.accumulate != 0u) { r += y[o]; }
+    y[o] = r;
+}
