@@ -1,5 +1,7 @@
-// Shared pieces of block decoding. Weights are bound as `wq: array<u32>` (WGSL has no
-// portable 8- or 16-bit storage). Each format file provides two views of a row of k weights:
+// Shared pieces of block decoding. Weights are read as 32-bit words through w32(i) and as
+// 16-byte vectors through w128(i) (common/weights_words.wgsl or weights_vec4.wgsl: WGSL has
+// no portable 8- or 16-bit storage). Each format file provides these views of a row of k
+// weights (and dot_* functions for the int8 GEMV, gemv_q8.wgsl):
 //
 // Random access (GEMM tiles, embedding rows):
 //   fn decode8(row: u32, c: u32, k: u32) -> Chunk8        chunk c = weights 8c .. 8c+7
