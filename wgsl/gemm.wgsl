@@ -35,19 +35,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var i = lid; i < BN * (BK / 8u); i += WG) {
             let nn = i / (BK / 8u);
             let cc = i % (BK / 8u);
-            let row = n0 + nn;
-            var lo = vec4<f32>(0.0);
-            var hi = vec4<f32>(0.0);
-            if (row < p.n_rows && k0 + cc * 8u < p.k) {
-                let ch = decode8(row, k0 / 8u + cc, p.k);
-                lo = chunk_lo(ch);
-                hi = chunk_hi(ch);
-            }
+            let w = load_w8(n0 + nn, k0 / 8u + cc);
             for (var j = 0u; j < 4u; j++) {
                 let t0 = (cc * 8u + j) * BN + nn;
-                ws[t0 / 4u][t0 % 4u] = lo[j];
+                ws[t0 / 4u][t0 % 4u] = w[0][j];
                 let t1 = (cc * 8u + 4u + j) * BN + nn;
-                ws[t1 / 4u][t1 % 4u] = hi[j];
+                ws[t1 / 4u][t1 % 4u] = w[1][j];
             }
         }
         workgroupBarrier();

@@ -50,16 +50,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var i = lid; i < BN * (BK / 8u); i += WG) {
             let nn = i / (BK / 8u);
             let cc = i % (BK / 8u);
-            let row = n0 + nn;
-            var lo = vec4<f32>(0.0);
-            var hi = vec4<f32>(0.0);
-            if (row < p.n_rows && k0 + cc * 8u < p.k) {
-                let ch = decode8(row, k0 / 8u + cc, p.k);
-                lo = chunk_lo(ch);
-                hi = chunk_hi(ch);
-            }
-            let hl = vec4<f16>(lo);
-            let hh = vec4<f16>(hi);
+            let w = load_w8(n0 + nn, k0 / 8u + cc);
+            let hl = vec4<f16>(w[0]);
+            let hh = vec4<f16>(w[1]);
             let t = nn * BK + cc * 8u;
             ws[t] = hl.x;
             ws[t + 1u] = hl.y;
