@@ -181,20 +181,25 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
+        let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
+            w,
+            x: xbuf,
+            y: ybuf,
+            bias,
+            m: 0,
+            x_stride: xs,
+            y_stride: ys,
+            accumulate: acc,
+            norm: None,
+            glu: None,
+        };
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
-            let m = Matmul {
-                w,
-                x: xbuf,
-                y: ybuf,
-                bias,
-                m: 0,
-                x_stride: xs,
-                y_stride: ys,
-                accumulate: acc,
-                norm: None,
-                glu: None,
-            };
-            BoundMatmul::new(&ctx, &m, stage)
+            BoundMatmul::new(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage)
+        };
+        // Matmuls that only prefill runs (m > 8, after a norm or SwiGLU dispatch) are GEMMs:
+        // no int8 GEMV input to bind.
+        let mm_prefill = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
+            BoundMatmul::with_q8(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, false)
         };
         // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself
         // (or in the quantize dispatch that the int8 GEMVs of a group share).
@@ -253,9 +258,9 @@ impl Session {
                 .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
             let ops = LayerOps {
                 attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
-                q: mm(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
-                k: mm(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
-                v: mm(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
+                q: mm_prefill(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
+                k: mm_prefill(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
+                v: mm_prefill(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
                 q_fused,
                 k_fused,
                 v_fused,
@@ -329,15 +334,15 @@ impl Session {
                 )?,
                 wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
                 ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
-                gate: mm(&w.w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
-                up: mm(&w.w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
+                gate: mm_prefill(&w.w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
+                up: mm_prefill(&w.w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
                 silu: Bound::new::<EltParams>(
                     &ctx,
                     &KernelKey::Elementwise { op: EltOp::SiluMul },
                     "ffn_gate_up",
                     &[&gate, &up, &act],
                 )?,
-                down: mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                down: mm_prefill(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
             };
             layers.push(ops);
             k_caches.push(kc);
