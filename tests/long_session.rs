@@ -31,6 +31,10 @@ struct Probe {
 }
 
 impl Probe {
+    fn new(ctx: Arc<GpuContext>) -> Probe {
+        Probe { ctx, warm: None, peak_rss: 0, peak_gpu: BufferCount::default(), samples: Vec::new() }
+    }
+
     fn sample(&mut self, at: usize, warm_up: usize) {
         let (r, g) = (rss(), self.ctx.buffers_alive());
         if self.warm.is_none() && at >= warm_up {
@@ -99,13 +103,7 @@ fn setup(n_ctx: u32) -> (Model, Tokenizer, kiln::model::Session) {
 fn ten_thousand_tokens_through_context_restarts_without_growth() {
     const TOTAL: usize = 10_000;
     let (model, tok, mut session) = setup(128);
-    let mut probe = Probe {
-        ctx: model.ctx.clone(),
-        warm: None,
-        peak_rss: 0,
-        peak_gpu: BufferCount::default(),
-        samples: Vec::new(),
-    };
+    let mut probe = Probe::new(model.ctx.clone());
     let stop = AtomicBool::new(false);
     let mut sampler = Sampler::new(SamplerConfig { temperature: 0.0, ..SamplerConfig::default() });
     let bos = tok.bos().unwrap();
@@ -153,13 +151,7 @@ fn ten_thousand_tokens_through_context_restarts_without_growth() {
 #[test]
 fn two_hundred_chat_turns_without_growth() {
     let (model, tok, mut session) = setup(256);
-    let mut probe = Probe {
-        ctx: model.ctx.clone(),
-        warm: None,
-        peak_rss: 0,
-        peak_gpu: BufferCount::default(),
-        samples: Vec::new(),
-    };
+    let mut probe = Probe::new(model.ctx.clone());
     let tmpl = ChatTemplate::select(&model.file, Some("chatml"), "<s>".into(), "</s>".into()).unwrap();
     let mut conv = Conversation::new(Some("You tell short stories."));
     let stop = AtomicBool::new(false);

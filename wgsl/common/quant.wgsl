@@ -164,10 +164,16 @@ struct KquantDotHeader {
     offset1: f32,
 }
 
-fn kquant_dot_header(b: u32, v: u32, q: vec4<u32>, qh: vec4<u32>) -> KquantDotHeader {
+// Unit u of a row of k weights in blocks of block_words words, whose quants start at vector
+// qs_vec of the block; FIFTH: Q5_K, whose qh bytes start at vector 1.
+fn kquant_dot_header(row: u32, u: u32, k: u32, block_words: u32, qs_vec: u32, FIFTH: bool) -> KquantDotHeader {
+    let b = (row * (k / 256u) + u / 8u) * block_words;
+    let v = u % 8u;
     let grp = v / 2u;
     let sc = kquant_group_scales(b, grp);
-    return KquantDotHeader(q, qh, 2u * grp, sc.x, sc.y, sc.z, sc.w);
+    var qh = vec4<u32>(0u);
+    if (FIFTH) { qh = w128(b / 4u + 1u + v % 2u); }
+    return KquantDotHeader(w128(b / 4u + qs_vec + v), qh, 2u * grp, sc.x, sc.y, sc.z, sc.w);
 }
 
 // Part j's sum of w * x~ over its 16 values; FIFTH: add the qh bits (Q5_K).

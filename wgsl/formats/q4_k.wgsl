@@ -48,10 +48,6 @@ fn dot_unit_count(k: u32) -> u32 { return kquant_dot_unit_count(k); }
 
 fn dot_unit_half(u: u32, j: u32) -> u32 { return kquant_dot_unit_half(u, j); }
 
-fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
-    let b = (row * (k / BLOCK_ELEMS) + u / 8u) * BLOCK_WORDS;
-    let v = u % 8u;
-    return kquant_dot_header(b, v, w128(b / 4u + 1u + v), vec4<u32>(0u));
-}
+fn dot_header(row: u32, u: u32, k: u32) -> DotHeader { return kquant_dot_header(row, u, k, BLOCK_WORDS, 1u, false); }
 
 fn dot_part(h: DotHeader, j: u32, xh: XHalf) -> f32 { return kquant_dot_part(h, j, xh, false); }
