@@ -15,9 +15,19 @@ pub struct Model {
     pub weights: Arc<Weights>,
     /// GPU memory the weights took (wgpu's count of buffer memory, before and after upload).
     pub weight_gpu_bytes: u64,
+    /// Seconds from the file's bytes to weights ready on the GPU (every copy done).
+    pub load_secs: f64,
 }
 
 const MIB: f64 = (1 << 20) as f64;
+
+/// ", of N MiB" where the adapter reports its memory.
+fn available_note(ctx: &GpuContext) -> String {
+    match ctx.device_memory {
+        Some(m) => format!(", of the {:.1} MiB the adapter has", m as f64 / MIB),
+        None => String::new(),
+    }
+}
 
 /// Bytes of GPU memory the weights of `cfg` take once uploaded (matrices in their GPU block
 /// layout, norm weights and biases as f32).
@@ -51,6 +61,22 @@ impl Model {
         Self::upload(ctx, file, cfg, progress)
     }
 
+    /// A checked model whose matrices are allocated on the GPU but never written (every buffer
+    /// and binding as `upload` makes them, no copying): tests of what fits an adapter.
+    pub fn allocate(ctx: Arc<GpuContext>, file: GgufFile) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(&file)?;
+        let t = std::time::Instant::now();
+        let before = ctx.buffers_alive().bytes;
+        let weights = ctx.capture("allocating the weights", "the adapter ran out of memory", "", || {
+            let w = Weights::allocate(&ctx, &file, &cfg)?;
+            ctx.finish_uploads()?;
+            Ok(w)
+        })?;
+        let weight_gpu_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+        let load_secs = t.elapsed().as_secs_f64();
+        Ok(Model { ctx, file, cfg, weights: Arc::new(weights), weight_gpu_bytes, load_secs })
+    }
+
     /// Opens `path` and checks everything that needs no GPU: the file's structure, the model
     /// configuration, and every tensor the forward pass reads.
     pub fn check(path: impl AsRef<Path>) -> Result<(GgufFile, ModelConfig)> {
@@ -79,36 +105,43 @@ impl Model {
                 });
             }
         }
+        let t = std::time::Instant::now();
         let before = ctx.buffers_alive().bytes;
-        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let weights = Weights::upload(&ctx, &file, &cfg, progress);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KilnError::Gpu {
-                context: format!("uploading {}", file.path.display()),
-                message: format!(
-                    "the adapter ran out of memory for the model's {:.1} MiB of weights ({e}); try a smaller or more quantized model",
-                    needed as f64 / MIB
-                ),
-            });
-        }
-        let weights = weights?;
+        let what = format!("uploading {}", file.path.display());
+        let oom_hint = format!(
+            "the adapter has no room for the model's {:.1} MiB of weights{}; use a smaller or more quantized model",
+            needed as f64 / MIB,
+            available_note(&ctx)
+        );
+        let weights = ctx.capture(&what, &oom_hint, "", || {
+            let w = Weights::upload(&ctx, &file, &cfg, progress)?;
+            // Every write reaches the GPU and its staging memory is released before the
+            // session allocates.
+            ctx.finish_uploads()?;
+            Ok(w)
+        })?;
         let weight_gpu_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
-        Ok(Model { ctx, file, cfg, weights: Arc::new(weights), weight_gpu_bytes })
+        let load_secs = t.elapsed().as_secs_f64();
+        Ok(Model { ctx, file, cfg, weights: Arc::new(weights), weight_gpu_bytes, load_secs })
     }
 
-    /// A session; an out-of-memory adapter becomes an error naming the context size.
+    /// A session. The ubatch is lowered where a buffer would not fit the adapter's binding
+    /// limit (`model::fit_session`); out-of-memory and validation errors while allocating
+    /// become one error naming the context size.
     pub fn session(&self, opts: SessionOptions) -> Result<Session> {
-        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let session = Session::new(self.ctx.clone(), &self.cfg, self.weights.clone(), opts);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(KilnError::Gpu {
-                context: "allocating the KV cache and activations".into(),
-                message: format!(
-                    "the adapter ran out of memory for a context of {} tokens ({e}); lower -c",
-                    opts.n_ctx
-                ),
-            });
-        }
-        session
+        let opts = crate::model::fit_session(&self.ctx, &self.cfg, opts)?;
+        let sizes = crate::model::SessionSizes::new(&self.cfg, &opts);
+        let oom = format!(
+            "the adapter has no room for a context of {} tokens ({:.1} MiB of KV cache and {:.1} MiB of activations beside {:.1} MiB of weights{}); lower -c (or --ubatch)",
+            opts.n_ctx,
+            sizes.kv_bytes() as f64 / MIB,
+            sizes.activation_bytes() as f64 / MIB,
+            self.weight_gpu_bytes as f64 / MIB,
+            available_note(&self.ctx)
+        );
+        let hint = format!("lower -c (now {}) or --ubatch (now {})", opts.n_ctx, opts.ubatch);
+        self.ctx.capture("allocating the KV cache and activations", &oom, &hint, || {
+            Session::new(self.ctx.clone(), &self.cfg, self.weights.clone(), opts)
+        })
     }
 }

@@ -87,8 +87,10 @@ pub fn ggml_type_name(id: u32) -> String {
     format!("{name} (ggml type {id})")
 }
 
-/// The bytes of the file: memory-mapped, or owned (files built in memory, fuzzing).
+/// The bytes of the file: a mapped file, memory-mapped anonymous memory (synthetic models
+/// built in memory), or owned (fuzzing).
 enum Storage {
+    File(memmap2::Mmap),
     Map(memmap2::Mmap),
     Owned(Vec<u8>),
 }
@@ -97,7 +99,7 @@ impl std::ops::Deref for Storage {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Storage::Map(m) => m,
+            Storage::File(m) | Storage::Map(m) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -128,7 +130,7 @@ impl GgufFile {
             // SAFETY: the file is mapped read-only; kiln does not modify it, and a change made by
             // another process while kiln runs can corrupt results but not memory safety of the
             // slices we hand out (they stay within the mapping).
-            Storage::Map(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?)
+            Storage::File(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?)
         };
         Self::validate(path, storage)
     }
@@ -219,6 +221,32 @@ impl GgufFile {
     /// The bytes of a tensor (validated to lie inside the file at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         &self.map[t.offset as usize..(t.offset + t.bytes) as usize]
+    }
+
+    /// Tells the OS that the tensor data will be read once, front to back (read-ahead).
+    pub fn will_read_tensors(&self) {
+        if let Storage::File(m) = &self.map {
+            let _ = m.advise(memmap2::Advice::Sequential);
+        }
+    }
+
+    /// Drops this process's mapping of `t`'s pages once they are uploaded, as llama.cpp
+    /// unmaps what it has offloaded: the file stays in the page cache, so a later read faults
+    /// the pages back in, but the process no longer holds the model twice (its copy on the
+    /// GPU and the file's pages). Only for mapped files: anonymous memory would be lost.
+    pub fn release_tensor_data(&self, t: &TensorInfo) {
+        if let Storage::File(m) = &self.map {
+            let page = 4096usize;
+            let start = t.offset as usize / page * page;
+            let end = ((t.offset + t.bytes) as usize).min(m.len());
+            if end > start {
+                // SAFETY: the mapping is a read-only private mapping of a file; MADV_DONTNEED
+                // discards only this process's page table entries, and any later access reads
+                // the same bytes from the file again. No reference into these pages is held
+                // across this call by the loader.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+            }
+        }
     }
 
     fn bad_key(&self, key: &str, want: &str) -> KilnError {

@@ -12,20 +12,36 @@ use crate::quant::WeightFormat;
 /// inside the allocation.
 const TAIL_PAD: u64 = 64;
 
-fn padded(size: u64) -> u64 {
-    (size + TAIL_PAD + 3) & !3
+/// The bytes kiln allocates for a storage buffer holding `bytes`, tail pad included. Every
+/// allocation and every size check (buffer and binding limits, memory estimates) goes
+/// through this one function, so a check can never pass a buffer the device then refuses.
+pub fn storage_size(bytes: u64) -> u64 {
+    (bytes + TAIL_PAD + 3) & !3
 }
 
 impl GpuContext {
+    /// The largest storage buffer this device can create and bind whole (kiln binds every
+    /// storage buffer whole).
+    pub fn max_storage(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// Whether a storage buffer holding `bytes` can be created and bound on this device.
+    pub fn fits_storage(&self, bytes: u64) -> bool {
+        storage_size(bytes) <= self.max_storage()
+    }
+
+    /// A storage buffer for `size` bytes (zeroed by wgpu before first use); refused with its
+    /// label and sizes when the device cannot bind it.
     pub fn storage(&self, size: u64, label: &str) -> Result<wgpu::Buffer> {
-        let size = padded(size);
-        if size > self.limits.max_buffer_size {
+        if !self.fits_storage(size) {
             return Err(KilnError::TooLarge {
                 what: label.to_string(),
-                needed: size,
-                limit: self.limits.max_buffer_size,
+                needed: storage_size(size),
+                limit: self.max_storage(),
             });
         }
+        let size = storage_size(size);
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
@@ -34,6 +50,8 @@ impl GpuContext {
         }))
     }
 
+    /// A storage buffer holding `bytes`, written before the next submit (tests, small
+    /// vectors). Weights go through the staging belt instead (`write`, gpu/upload.rs).
     pub fn upload(&self, bytes: &[u8], label: &str) -> Result<wgpu::Buffer> {
         let buf = self.storage(bytes.len() as u64, label)?;
         if !bytes.is_empty() {
@@ -129,7 +147,8 @@ pub struct WeightTensor {
 }
 
 impl WeightTensor {
-    /// Uploads `gguf_bytes` (GGUF block layout, `rows * row_bytes(k)` bytes).
+    /// Uploads `gguf_bytes` (GGUF block layout, `rows * row_bytes(k)` bytes): the data is on
+    /// the GPU for any later submit.
     pub fn upload(
         ctx: &GpuContext,
         name: &str,
@@ -138,31 +157,82 @@ impl WeightTensor {
         k: usize,
         gguf_bytes: &[u8],
     ) -> Result<WeightTensor> {
+        let w = Self::upload_deferred(ctx, name, format, rows, k, gguf_bytes)?;
+        ctx.flush_uploads()?;
+        Ok(w)
+    }
+
+    /// `upload` with the copies left in the staging belt until it fills or the caller
+    /// flushes it (`GpuContext::finish_uploads`): loading a model submits once per
+    /// staging buffer rather than once per tensor.
+    pub fn upload_deferred(
+        ctx: &GpuContext,
+        name: &str,
+        format: WeightFormat,
+        rows: usize,
+        k: usize,
+        gguf_bytes: &[u8],
+    ) -> Result<WeightTensor> {
+        Self::create(ctx, name, format, rows, k, Some(gguf_bytes))
+    }
+
+    /// The tensor's buffers, split as `upload` splits them, left unwritten (wgpu zero-fills
+    /// them before first use): what depends only on shapes, e.g. whether sessions fit.
+    pub fn allocate(ctx: &GpuContext, name: &str, format: WeightFormat, rows: usize, k: usize) -> Result<WeightTensor> {
+        Self::create(ctx, name, format, rows, k, None)
+    }
+
+    fn create(
+        ctx: &GpuContext,
+        name: &str,
+        format: WeightFormat,
+        rows: usize,
+        k: usize,
+        data: Option<&[u8]>,
+    ) -> Result<WeightTensor> {
         let bad = |m: String| KilnError::invalid(format!("tensor {name}"), m);
         let row_bytes = format
             .row_bytes(k)
             .ok_or_else(|| bad(format!("row length {k} is not a whole number of {} blocks", format.name())))?;
-        if gguf_bytes.len() < rows * row_bytes {
-            return Err(bad(format!("has {} bytes, expected {}", gguf_bytes.len(), rows * row_bytes)));
+        if let Some(bytes) = data {
+            if bytes.len() < rows * row_bytes {
+                return Err(bad(format!("has {} bytes, expected {}", bytes.len(), rows * row_bytes)));
+            }
         }
         let gpu_row = format.gpu_row_bytes(k).ok_or_else(|| bad("row too large".into()))? as u64;
-        // Rows per chunk: the largest count whose bytes (with padding) fit one binding.
-        let budget = ctx.max_binding.saturating_sub(TAIL_PAD + 4);
-        let rows_per_chunk = (budget / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
-        if gpu_row + TAIL_PAD + 4 > ctx.max_binding {
+        if storage_size(gpu_row) > ctx.max_binding {
             return Err(KilnError::TooLarge {
                 what: format!("one row of tensor {name}"),
-                needed: gpu_row,
+                needed: storage_size(gpu_row),
                 limit: ctx.max_binding,
             });
         }
+        // Rows per chunk: the most whose buffer (tail pad included) fits one binding.
+        // (storage_size rounds n * gpu_row + pad + 3 down to a multiple of 4.)
+        let room = ctx.max_binding.saturating_sub(storage_size(0) + 3);
+        let rows_per_chunk = (room / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
+        // Rows per write: the repacked formats go through a host buffer of this size.
+        let rows_per_piece = ((crate::gpu::upload::STAGING_BYTES / 4) / gpu_row.max(1)).max(1) as usize;
+        let mut repacked = Vec::new();
         let mut chunks = Vec::new();
         let mut r0 = 0usize;
         while r0 < rows || (rows == 0 && chunks.is_empty()) {
             let n = rows_per_chunk.min(rows - r0);
-            let src = &gguf_bytes[r0 * row_bytes..(r0 + n) * row_bytes];
-            let gpu_bytes = crate::quant::repack_for_gpu(format, src)?;
-            let buffer = ctx.upload(&gpu_bytes, &format!("{name}[{r0}..{}]", r0 + n))?;
+            let buffer = ctx.storage(n as u64 * gpu_row, &format!("{name}[{r0}..{}]", r0 + n))?;
+            let mut done = 0usize;
+            while let Some(gguf_bytes) = data.filter(|_| done < n) {
+                let p = rows_per_piece.min(n - done);
+                let src = &gguf_bytes[(r0 + done) * row_bytes..(r0 + done + p) * row_bytes];
+                let at = done as u64 * gpu_row;
+                if format.gpu_block_bytes() == format.block_bytes() {
+                    ctx.write(&buffer, at, src)?;
+                } else {
+                    repacked.clear();
+                    crate::quant::repack_for_gpu_into(format, src, &mut repacked)?;
+                    ctx.write(&buffer, at, &repacked)?;
+                }
+                done += p;
+            }
             chunks.push(WeightChunk { buffer, row_start: r0 as u32, rows: n as u32 });
             r0 += n;
             if rows == 0 {

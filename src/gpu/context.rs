@@ -64,6 +64,9 @@ pub struct ContextOptions {
     pub memory_override: Option<u64>,
     /// Plan the int8-activation GEMV wherever it can run (`Caps::int8_gemv_always`; tests).
     pub int8_gemv_always: bool,
+    /// Open the device with these limits instead of the adapter's (tests that stand in for
+    /// small adapters, e.g. `wgpu::Limits::default()`: WebGPU's 128 MiB binding).
+    pub limits: Option<wgpu::Limits>,
 }
 
 impl ContextOptions {
@@ -221,6 +224,8 @@ pub struct GpuContext {
     /// Device-local memory the driver reports (the largest device-local heap), where the
     /// backend tells it (Vulkan); `KILN_GPU_MEMORY` overrides it.
     pub device_memory: Option<u64>,
+    /// Queue writes not yet submitted (bounded staging, gpu/upload.rs).
+    pub(crate) uploads: crate::gpu::upload::UploadQueue,
 }
 
 /// GPU buffers alive on a device, from wgpu's internal counters.
@@ -244,6 +249,16 @@ fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
         (Some(h), Some(a)) => Some(h.max(a)),
         (h, a) => h.or(a),
     }
+}
+
+/// This process's resident memory now and at its peak (Linux's VmRSS and VmHWM), in bytes.
+pub fn host_resident_memory() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// The host memory available now (Linux's MemAvailable), where the OS says.
@@ -334,7 +349,7 @@ impl GpuContext {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         let features = wanted & offered;
-        let limits = adapter.limits();
+        let limits = opts.limits.clone().unwrap_or_else(|| adapter.limits());
         let desc = wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
@@ -342,7 +357,9 @@ impl GpuContext {
             // SAFETY: the only experimental feature kiln requests is cooperative matrices,
             // used only when offered and never on a path the fallbacks do not also cover.
             experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
-            memory_hints: wgpu::MemoryHints::Performance,
+            // Smaller memory blocks (8-64 MiB): less allocated beyond what the buffers use,
+            // which is what decides whether a model fits a small GPU.
+            memory_hints: wgpu::MemoryHints::MemoryUsage,
             trace: wgpu::Trace::Off,
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc))
@@ -375,12 +392,15 @@ impl GpuContext {
         // fault, which the next wait reports, instead of aborting the process.
         let fault: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
         let f = fault.clone();
+        // Only the first such error is worth a log line: the rest follow from it.
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            tracing::error!("uncaptured GPU error: {e}");
             if let Ok(mut f) = f.lock() {
-                f.get_or_insert_with(|| {
-                    format!("a GPU command failed: {}", e.to_string().lines().next().unwrap_or(""))
-                });
+                if f.is_none() {
+                    tracing::debug!("uncaptured GPU error: {e}");
+                    *f = Some(format!("a GPU command failed: {}", one_line(&e.to_string())));
+                } else {
+                    tracing::trace!("uncaptured GPU error: {e}");
+                }
             }
         }));
         let f = fault.clone();
@@ -401,6 +421,7 @@ impl GpuContext {
             poll_timeout: Duration::from_secs(120),
             device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
             fault,
+            uploads: Default::default(),
         });
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
@@ -441,16 +462,48 @@ impl GpuContext {
         })
     }
 
+    /// Runs `f` (buffer, bind group and pipeline creation, uploads) with the device's
+    /// validation and out-of-memory errors captured, so that a failure is one error instead of
+    /// a log line per failed call: out of memory becomes `oom` (what to do), the first
+    /// validation error its own message (which buffer, how large, which limit) and `hint`.
+    pub fn capture<T>(&self, what: &str, oom: &str, hint: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let oom_scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation_scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = f();
+        let validation = pollster::block_on(validation_scope.pop());
+        let out_of_memory = pollster::block_on(oom_scope.pop());
+        if let Some(e) = out_of_memory {
+            return Err(KilnError::Gpu { context: what.to_string(), message: format!("{oom} ({})", one_line(&e.to_string())) });
+        }
+        if let Some(e) = validation {
+            let hint = if hint.is_empty() { String::new() } else { format!("; {hint}") };
+            return Err(KilnError::Gpu { context: what.to_string(), message: format!("{}{hint}", one_line(&e.to_string())) });
+        }
+        result
+    }
+
     /// Buffers alive on the device now and their memory (wgpu's counters).
+    /// Bytes come from the memory allocator's report where the backend has one (Vulkan,
+    /// DX12): wgpu's buffer-memory counter goes wrong once staging buffers (uploads) are
+    /// freed, which it subtracts without having added them.
     pub fn buffers_alive(&self) -> BufferCount {
         let c = self.device.get_internal_counters();
-        BufferCount { buffers: c.hal.buffers.read().max(0) as u64, bytes: c.hal.buffer_memory.read().max(0) as u64 }
+        let bytes = match self.device.generate_allocator_report() {
+            Some(r) => r.total_allocated_bytes,
+            None => c.hal.buffer_memory.read().max(0) as u64,
+        };
+        BufferCount { buffers: c.hal.buffers.read().max(0) as u64, bytes }
     }
 
     /// Short adapter description for logs and reports.
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
     }
+}
+
+/// A wgpu error message (often several indented lines, "Caused by: …") as one line.
+pub fn one_line(message: &str) -> String {
+    message.split('\n').map(str::trim).filter(|l| !l.is_empty() && *l != "Caused by:").collect::<Vec<_>>().join(": ")
 }
 
 /// Whether the adapter multiplies 16x16x16 f16 cooperative matrices into f32 (gemm_coop.wgsl).

@@ -38,6 +38,8 @@ pub struct Weights {
 
 struct Loader<'a> {
     ctx: &'a GpuContext,
+    /// False: allocate the matrices without writing them (`Weights::allocate`).
+    write: bool,
     file: &'a GgufFile,
     bytes: u64,
     progress: &'a mut dyn FnMut(u64),
@@ -58,7 +60,12 @@ impl Loader<'_> {
             message: format!("tensor {name} has unsupported type {}", t.type_name()),
         })?;
         let (rows, k) = t.rows_k();
-        let w = WeightTensor::upload(self.ctx, name, format, rows, k, self.file.tensor_data(&t))?;
+        if !self.write {
+            return WeightTensor::allocate(self.ctx, name, format, rows, k);
+        }
+        let w = WeightTensor::upload_deferred(self.ctx, name, format, rows, k, self.file.tensor_data(&t))?;
+        // The bytes are in staging memory now: the file's pages can go.
+        self.file.release_tensor_data(&t);
         self.bytes += t.bytes;
         (self.progress)(self.bytes);
         Ok(w)
@@ -94,8 +101,26 @@ impl Weights {
         cfg: &ModelConfig,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Weights> {
+        file.will_read_tensors();
+        Self::load(ctx, file, cfg, true, progress)
+    }
+
+    /// Every weight buffer, the matrices left unwritten (the norms and biases are small and
+    /// written): a model whose shapes, formats and buffer splits are real but which costs no
+    /// copying, for checking what fits an adapter.
+    pub fn allocate(ctx: &GpuContext, file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
+        Self::load(ctx, file, cfg, false, &mut |_| {})
+    }
+
+    fn load(
+        ctx: &GpuContext,
+        file: &GgufFile,
+        cfg: &ModelConfig,
+        write: bool,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Weights> {
         cfg.validate_tensors(file)?;
-        let mut l = Loader { ctx, file, bytes: 0, progress };
+        let mut l = Loader { ctx, file, write, bytes: 0, progress };
         let token_embd = l.matrix("token_embd.weight")?;
         let output_norm = l.vector("output_norm.weight")?;
         let output = if cfg.tied_embeddings { None } else { Some(l.matrix("output.weight")?) };
