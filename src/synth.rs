@@ -281,7 +281,14 @@ pub fn data_bytes(preset: &Preset, ft: FileType) -> Result<(u64, u64)> {
     Ok((total, largest))
 }
 
-/// Builds the model (`fill`: with random data; else with empty tensors, only sized) and
+/// The model of `preset` in `ft` with every matrix all zeros, as a GGUF image in memory that
+/// costs only its header (the tensor data is a hole): for what depends on shapes alone, e.g.
+/// whether a model's sessions fit an adapter.
+pub fn layout(preset: &Preset, ft: FileType) -> Result<crate::gguf::GgufFile> {
+    build_impl(preset, ft, false)?.0.into_gguf(&format!("{}:{} (layout)", preset.name, ft.name()))
+}
+
+/// Builds the model (`fill`: with random data; else with zero matrices, only sized) and
 /// returns it with its total and largest tensor data sizes.
 fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, u64, u64)> {
     let p = preset;
@@ -328,8 +335,11 @@ fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, 
             fmt.tensor_bytes(rows, k).ok_or_else(|| KilnError::invalid("synthetic model", "tensor too large"))?;
         total += bytes as u64;
         largest = largest.max(bytes as u64);
-        let data = if fill { random_matrix(fmt, rows, k, seed)? } else { Vec::new() };
-        w.tensor(name, fmt, vec![k as u64, rows as u64], data);
+        if fill {
+            w.tensor(name, fmt, vec![k as u64, rows as u64], random_matrix(fmt, rows, k, seed)?);
+        } else {
+            w.tensor_zeros(name, fmt, vec![k as u64, rows as u64], bytes as u64);
+        }
         Ok(())
     };
     mat(&mut w, "token_embd.weight", None, v, e)?;
@@ -360,10 +370,9 @@ fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, 
         mat(&mut w, &n("ffn_up.weight"), Some(i), ff, e)?;
         mat(&mut w, &n("ffn_down.weight"), Some(i), e, ff)?;
     }
-    // Norms and biases are small next to the matrices; count them through the writer.
-    let small: u64 = w.data_bytes().0;
-    let small = if fill { small.saturating_sub(total) } else { small };
-    Ok((w, total + small, largest))
+    // Norms and biases are small next to the matrices; the writer counts everything.
+    let all = w.data_bytes().0;
+    Ok((w, all.max(total), largest))
 }
 
 #[cfg(test)]

@@ -63,3 +63,67 @@ fn a_buffer_over_the_adapter_maximum_is_refused() {
     let err = ctx.storage(ctx.limits.max_buffer_size + 1, "blk.0.ffn_norm.weight").unwrap_err().to_string();
     assert!(err.contains("blk.0.ffn_norm.weight needs") && err.contains("allows at most"), "{err}");
 }
+
+/// Full-size sessions of real model shapes on a device clamped to WebGPU's default limits
+/// (128 MiB per storage binding, 256 MiB per buffer: lavapipe, GL, many integrated GPUs):
+/// every buffer and binding must fit by construction, with no validation error anywhere.
+/// The weights are allocated but never written (`Model::allocate`), so this costs no copying.
+#[test]
+fn full_size_sessions_fit_webgpu_default_limits() {
+    use kiln::engine::Model;
+    use kiln::model::sizes::{fit_request, SessionRequest};
+    let ctx = GpuContext::new(&ContextOptions { limits: Some(wgpu::Limits::default()), ..Default::default() })
+        .expect("a device with WebGPU's default limits");
+    assert_eq!(ctx.max_storage(), 128 << 20);
+    for spec in ["tinyllama-1.1b:q4_k_m", "llama-7b:q4_k_m", "qwen3-0.6b:q8_0"] {
+        let (preset, ft) = kiln::synth::parse_spec(spec).unwrap();
+        let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap())
+            .unwrap_or_else(|e| panic!("{spec}: weights: {e}"));
+        // The defaults, then `--ubatch 1`, `-c 1` and `--kv-type f32`.
+        for (ctx_size, ubatch, f16_kv) in [(None, 512, true), (None, 1, true), (Some(1), 512, true), (None, 512, false)] {
+            let req = SessionRequest { ctx_size, min_ctx: 1, ubatch, f16_kv, all_logits: false };
+            let what = format!("{spec} -c {ctx_size:?} --ubatch {ubatch} f16 KV {f16_kv}");
+            let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req)
+                .unwrap_or_else(|e| panic!("{what}: fitting: {e}"));
+            // Model::session captures validation errors: any would fail here.
+            let session = model.session(fitted.opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let o = session.opts;
+            assert!(o.ubatch >= 1 && o.ubatch <= ubatch && o.n_ctx >= 1, "{what}: {o:?}");
+            if ctx_size.is_none() && o.n_ctx < preset.n_ctx {
+                assert!(!fitted.notes.is_empty(), "{what}: context reduced without a note");
+            }
+            eprintln!("{what}: n_ctx {} ubatch {} {:?}", o.n_ctx, o.ubatch, fitted.notes);
+            drop(session);
+            ctx.check_fault(&what).unwrap();
+        }
+    }
+    // The README's example: TinyLlama's 2048-position context with a 512-token ubatch needs
+    // exactly 128 MiB of prefill scores, one tail pad too many: the ubatch comes down.
+    let (preset, ft) = kiln::synth::parse_spec("tinyllama-1.1b:q4_k_m").unwrap();
+    let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
+    let req = SessionRequest { ctx_size: None, min_ctx: 1, ubatch: 512, f16_kv: true, all_logits: false };
+    let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
+    assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, 496));
+}
+
+/// A session that cannot fit even one token per step is refused with the buffer and what to
+/// do, and a context asked for with -c is refused rather than reduced.
+#[test]
+fn a_session_that_cannot_fit_is_refused_with_the_sizes() {
+    use kiln::engine::Model;
+    use kiln::model::sizes::{fit_request, SessionRequest};
+    let ctx = GpuContext::new(&ContextOptions { limits: Some(wgpu::Limits::default()), ..Default::default() })
+        .expect("a device with WebGPU's default limits");
+    let (preset, ft) = kiln::synth::parse_spec("qwen3-0.6b:q8_0").unwrap();
+    let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
+    // f32 keys of 40960 positions x 1024 are 160 MiB, over one 128 MiB binding.
+    let req = SessionRequest { ctx_size: Some(40960), min_ctx: 1, ubatch: 512, f16_kv: false, all_logits: false };
+    let err = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap_err().to_string();
+    assert!(err.contains("KV cache of 40960 positions") && err.contains("-c 32767 would fit"), "{err}");
+    assert!(err.contains("134217728"), "{err}");
+    // Without -c the context is capped, with a note.
+    let req = SessionRequest { ctx_size: None, ..req };
+    let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
+    assert_eq!(fitted.opts.n_ctx, 32767);
+    assert!(fitted.notes.iter().any(|n| n.contains("context capped at 32767")), "{:?}", fitted.notes);
+}

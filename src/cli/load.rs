@@ -2,12 +2,12 @@
 //! progress bar for the upload.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use crate::cli::GpuArgs;
 use crate::engine::Model;
 use crate::gpu::GpuContext;
-use crate::model::{ModelConfig, Session, SessionOptions};
+use crate::model::sizes::{fit_request, SessionRequest};
+use crate::model::{Session, SessionSizes};
 use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
 
@@ -50,29 +50,20 @@ pub fn load_model(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
         .progress_chars("=> "),
     );
     bar.set_message(args.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
-    let t = Instant::now();
     let model = Model::upload(ctx, file, cfg, &mut |b| bar.set_position(b));
     bar.finish_and_clear();
     let model = model?;
+    let mib = model.weights.bytes as f64 / (1 << 20) as f64;
     tracing::info!(
-        "uploaded {:.1} MiB in {:.2} s",
-        model.weights.bytes as f64 / (1 << 20) as f64,
-        t.elapsed().as_secs_f64()
+        "loaded {mib:.1} MiB of weights in {:.2} s ({:.2} GB/s){}",
+        model.load_secs,
+        model.weights.bytes as f64 / model.load_secs.max(1e-9) / 1e9,
+        match crate::gpu::host_resident_memory() {
+            Some((now, peak)) => format!("; host memory {:.1} MiB, peak {:.1} MiB", now as f64 / MIB, peak as f64 / MIB),
+            None => String::new(),
+        }
     );
     Ok((model, tok))
-}
-
-/// GPU memory of a session's activations (everything but the KV cache), as `Session::new`
-/// allocates them, for a context of `n_ctx` and batches of `ubatch` tokens.
-pub fn activation_bytes(c: &ModelConfig, n_ctx: u32, ubatch: u32, all_logits: bool) -> u64 {
-    let (b, n_ctx) = (ubatch.max(1) as u64, n_ctx as u64);
-    let pad4 = |n: u32| (n as u64).div_ceil(4) * 4;
-    let (e, q, kv, ff, v) = (pad4(c.n_embd), c.q_dim() as u64, c.kv_dim() as u64, pad4(c.n_ff), c.n_vocab as u64);
-    let logit_rows = if all_logits { b } else { 1 };
-    let per_batch = b * (1 + 2 * e + 3 * q + 3 * kv + 3 * ff);
-    let scores = c.n_head as u64 * b * n_ctx;
-    let partials = c.n_head as u64 * n_ctx.div_ceil(32) * (c.head_dim as u64 + 2);
-    4 * (per_batch + scores + partials + e + 2 * logit_rows * v)
 }
 
 /// Sizes a session: context from -c or the model's, capped by the largest buffer and by the
@@ -86,72 +77,16 @@ pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: b
     };
     let c = &model.cfg;
     let ctx = &model.ctx;
-    let mut n_ctx = args.ctx_size.unwrap_or(c.n_ctx_train).max(min_ctx).max(1);
-    let mut ubatch = args.ubatch.max(1);
-    // One KV buffer per layer (K and V) must fit the largest buffer.
-    let per_pos = 2 * c.n_layer as u64 * c.kv_dim() as u64 * if f16_kv { 2 } else { 4 };
-    let layer_per_pos = c.kv_dim() as u64 * if f16_kv { 2 } else { 4 };
-    let kv_limit = (ctx.limits.max_buffer_size / 2).saturating_mul(c.n_layer as u64);
-    if n_ctx as u64 * per_pos > kv_limit {
-        let capped = (kv_limit / per_pos) as u32;
-        if args.ctx_size.is_some() || capped < min_ctx {
-            return Err(KilnError::TooLarge {
-                what: format!("a KV cache of {n_ctx} positions"),
-                needed: n_ctx as u64 * layer_per_pos,
-                limit: ctx.limits.max_buffer_size,
-            });
-        }
-        eprintln!("kiln: context capped at {capped} positions (the model's {n_ctx} would not fit one buffer); use -c to choose");
-        n_ctx = capped;
-    }
-    // The KV cache and activations must fit the memory the weights left.
-    if let Some(total) = ctx.device_memory {
-        let left = total.saturating_sub(model.weight_gpu_bytes);
-        let needed = |n: u32, b: u32| n as u64 * per_pos + activation_bytes(c, n, b, all_logits);
-        if needed(n_ctx, ubatch) > left {
-            // Smaller batches first (they only cost prompt speed), then a shorter context.
-            while ubatch > 32 && needed(n_ctx, ubatch) > left {
-                ubatch /= 2;
-            }
-            let mut fit = n_ctx;
-            while fit > 0 && needed(fit, ubatch) > left {
-                fit = fit.saturating_sub((fit / 8).max(1));
-            }
-            if fit < n_ctx {
-                if args.ctx_size.is_some() || fit < min_ctx.max(1) {
-                    return Err(KilnError::OutOfMemory {
-                        what: format!("a context of {n_ctx} tokens (weights, KV cache and activations)"),
-                        needed: needed(n_ctx, ubatch) + model.weight_gpu_bytes,
-                        available: total,
-                        hint: if fit > 0 { format!("use -c {fit} or less") } else { "use a smaller model".into() },
-                    });
-                }
-                eprintln!(
-                    "kiln: context reduced to {fit} tokens: the model's {n_ctx} would need {:.1} MiB of GPU memory, the adapter has {:.1} MiB; use -c to choose",
-                    (needed(n_ctx, ubatch) + model.weight_gpu_bytes) as f64 / MIB,
-                    total as f64 / MIB
-                );
-                n_ctx = fit;
-            }
-        }
-    }
-    let scores_per_token = c.n_head as u64 * n_ctx as u64 * 4;
-    let fit = (ctx.max_binding / scores_per_token.max(1)) as u32;
-    if fit == 0 {
-        return Err(KilnError::TooLarge {
-            what: format!("attention over {n_ctx} positions"),
-            needed: scores_per_token,
-            limit: ctx.max_binding,
-        });
-    }
-    if ubatch > fit {
-        tracing::info!("ubatch lowered from {ubatch} to {fit} so attention scores fit one binding");
-        ubatch = fit;
+    let request = SessionRequest { ctx_size: args.ctx_size, min_ctx, ubatch: args.ubatch, f16_kv, all_logits };
+    let fitted = fit_request(ctx, c, model.weight_gpu_bytes, &request)?;
+    for note in &fitted.notes {
+        eprintln!("kiln: {note}");
     }
     let before = ctx.buffers_alive().bytes;
-    let mut session = model.session(SessionOptions { n_ctx, ubatch, f16_kv, all_logits })?;
+    let mut session = model.session(fitted.opts)?;
+    let (n_ctx, ubatch) = (session.opts.n_ctx, session.opts.ubatch);
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
-    let kv_bytes = n_ctx as u64 * 2 * c.n_layer as u64 * c.kv_dim() as u64 * session.kv_bytes_per_elem();
+    let kv_bytes = SessionSizes::new(c, &session.opts).kv_bytes();
     tracing::info!(
         "GPU memory: weights {:.1} MiB, KV cache {:.1} MiB ({n_ctx} tokens), activations {:.1} MiB (batch {ubatch}); total {:.1} MiB{}",
         model.weight_gpu_bytes as f64 / MIB,

@@ -19,11 +19,27 @@ pub enum MetaValue {
 
 const ALIGN: u64 = 32;
 
+/// A tensor's data: bytes, or zeros of a size (left as a hole in an image built in memory,
+/// which costs no memory until read).
+pub enum TensorData {
+    Bytes(Vec<u8>),
+    Zeros(u64),
+}
+
+impl TensorData {
+    fn len(&self) -> u64 {
+        match self {
+            TensorData::Bytes(b) => b.len() as u64,
+            TensorData::Zeros(n) => *n,
+        }
+    }
+}
+
 /// Collects metadata and tensors, then writes them in GGUF v3 layout.
 #[derive(Default)]
 pub struct GgufWriter {
     meta: Vec<(String, MetaValue)>,
-    tensors: Vec<(String, WeightFormat, Vec<u64>, Vec<u8>)>,
+    tensors: Vec<(String, WeightFormat, Vec<u64>, TensorData)>,
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -38,7 +54,12 @@ impl GgufWriter {
 
     /// `dims` innermost first (row length first), `data` in the GGUF block layout.
     pub fn tensor(&mut self, name: &str, format: WeightFormat, dims: Vec<u64>, data: Vec<u8>) {
-        self.tensors.push((name.to_string(), format, dims, data));
+        self.tensors.push((name.to_string(), format, dims, TensorData::Bytes(data)));
+    }
+
+    /// A tensor of `bytes` zero bytes (valid blocks of every format: all weights 0).
+    pub fn tensor_zeros(&mut self, name: &str, format: WeightFormat, dims: Vec<u64>, bytes: u64) {
+        self.tensors.push((name.to_string(), format, dims, TensorData::Zeros(bytes)));
     }
 
     /// The header and tensor table (everything before the tensor data).
@@ -98,7 +119,7 @@ impl GgufWriter {
             dims.iter().for_each(|d| h.extend_from_slice(&d.to_le_bytes()));
             h.extend_from_slice(&format.ggml_type().to_le_bytes());
             h.extend_from_slice(&offset.to_le_bytes());
-            offset += (data.len() as u64).div_ceil(ALIGN) * ALIGN;
+            offset += data.len().div_ceil(ALIGN) * ALIGN;
         }
         h
     }
@@ -136,8 +157,13 @@ impl GgufWriter {
             buf.write_all(&header)?;
             buf.write_all(&pad(header.len() as u64))?;
             for (_, _, _, data) in tensors {
-                buf.write_all(&data)?;
-                buf.write_all(&pad(data.len() as u64))?;
+                let n = data.len();
+                match data {
+                    TensorData::Bytes(b) => buf.write_all(&b)?,
+                    // The anonymous mapping is zero already: skip over the hole.
+                    TensorData::Zeros(z) => buf = &mut std::mem::take(&mut buf)[z as usize..],
+                }
+                buf.write_all(&pad(n))?;
             }
             Ok(())
         })
@@ -145,7 +171,7 @@ impl GgufWriter {
 
     /// The tensor data bytes (sum over tensors) and the largest tensor's bytes.
     pub fn data_bytes(&self) -> (u64, u64) {
-        let sizes = self.tensors.iter().map(|t| t.3.len() as u64);
+        let sizes = self.tensors.iter().map(|t| t.3.len());
         (sizes.clone().sum(), sizes.max().unwrap_or(0))
     }
 
@@ -155,8 +181,19 @@ impl GgufWriter {
         let pad = |n: u64| vec![0u8; ((ALIGN - n % ALIGN) % ALIGN) as usize];
         out.write_all(&pad(h.len() as u64))?;
         for (_, _, _, data) in &self.tensors {
-            out.write_all(data)?;
-            out.write_all(&pad(data.len() as u64))?;
+            match data {
+                TensorData::Bytes(b) => out.write_all(b)?,
+                TensorData::Zeros(n) => {
+                    let zeros = vec![0u8; 1 << 20];
+                    let mut left = *n;
+                    while left > 0 {
+                        let k = left.min(zeros.len() as u64);
+                        out.write_all(&zeros[..k as usize])?;
+                        left -= k;
+                    }
+                }
+            }
+            out.write_all(&pad(data.len()))?;
         }
         Ok(())
     }

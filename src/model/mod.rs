@@ -3,8 +3,10 @@
 
 pub mod config;
 pub mod session;
+pub mod sizes;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use session::{Output, Session, SessionOptions, StepTiming};
+pub use sizes::{fit_session, SessionSizes};
 pub use weights::Weights;

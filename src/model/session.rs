@@ -15,12 +15,10 @@ use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::{KernelKey, KvKind, WG_ELT};
 use crate::model::config::ModelConfig;
+use crate::model::sizes::{pad4, SessionSizes};
 use crate::model::weights::Weights;
 use crate::profile::{Profile, ProfileMode, Profiler, Recorder, Stage, StageWork};
 
-fn pad4(n: u32) -> u32 {
-    n.div_ceil(4) * 4
-}
 
 /// How a session is sized.
 #[derive(Debug, Clone, Copy)]
@@ -144,37 +142,35 @@ impl Session {
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, n_ctx: opts.n_ctx };
         shape.check()?;
         let kv = KvKind::for_cache(opts.f16_kv, &ctx.caps);
-        let f = |n: u64| n * 4;
-        let st = |size: u64, label: &str| ctx.storage(size, label);
-        let ids = st(f(b as u64), "ids")?;
-        let x = st(f((b * se) as u64), "x")?;
-        let xn = st(f((b * se) as u64), "xn")?;
-        let qb = st(f((b * q) as u64), "q")?;
-        let kb = st(f((b * kvd) as u64), "k")?;
-        let vb = st(f((b * kvd) as u64), "v")?;
-        let qn = st(f((b * q) as u64), "q_normed")?;
-        let kn = st(f((b * kvd) as u64), "k_normed")?;
-        let attn = st(f((b * q) as u64), "attn")?;
-        let gate = st(f((b * sf) as u64), "gate")?;
-        let up = st(f((b * sf) as u64), "up")?;
-        let act = st(f((b * sf) as u64), "act")?;
-        let scores_len = f(c.n_head as u64 * b as u64 * opts.n_ctx as u64);
-        if scores_len > ctx.max_binding {
+        let sizes = SessionSizes::new(c, &opts);
+        if let Some((what, needed)) = sizes.first_too_large(&ctx) {
             return Err(KilnError::TooLarge {
-                what: format!("attention scores for {b} tokens x {} positions", opts.n_ctx),
-                needed: scores_len,
-                limit: ctx.max_binding,
+                what: format!("the session's {what} ({b} tokens per step, {} positions)", opts.n_ctx),
+                needed,
+                limit: ctx.max_storage(),
             });
         }
-        let scores = st(scores_len, "scores")?;
-        let partial = st(f(shape.decode_scratch_len() as u64), "attention partials")?;
-        let x_last = st(f(se as u64), "x_last")?;
-        let logit_rows = if opts.all_logits { b } else { 1 };
-        let logits = st(f(logit_rows as u64 * v as u64), "logits")?;
+        let st = |size: u64, label: &str| ctx.storage(size, label);
+        let ids = st(sizes.ids, "ids")?;
+        let x = st(sizes.x, "x")?;
+        let xn = st(sizes.x, "xn")?;
+        let qb = st(sizes.q, "q")?;
+        let kb = st(sizes.kv_step, "k")?;
+        let vb = st(sizes.kv_step, "v")?;
+        let qn = st(sizes.q, "q_normed")?;
+        let kn = st(sizes.kv_step, "k_normed")?;
+        let attn = st(sizes.q, "attn")?;
+        let gate = st(sizes.ffn, "gate")?;
+        let up = st(sizes.ffn, "up")?;
+        let act = st(sizes.ffn, "act")?;
+        let scores = st(sizes.scores, "scores")?;
+        let partial = st(sizes.partials, "attention partials")?;
+        let x_last = st(sizes.x_last, "x_last")?;
+        let logits = st(sizes.logits, "logits")?;
         let out_id = st(16, "sampled id")?;
         let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
-            size: f(logit_rows as u64 * v as u64).max(16),
+            size: sizes.logits.max(16),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -237,9 +233,8 @@ impl Session {
         let mut layers = Vec::new();
         let mut k_caches = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
-            let cache_bytes = opts.n_ctx as u64 * kvd as u64 * kv.bytes_per_elem();
-            let kc = st(cache_bytes, &format!("k_cache.{li}"))?;
-            let vc = st(cache_bytes, &format!("v_cache.{li}"))?;
+            let kc = st(sizes.kv_layer, &format!("k_cache.{li}"))?;
+            let vc = st(sizes.kv_layer, &format!("v_cache.{li}"))?;
             let qwen3 = w.q_norm.is_some();
             let (q_src, k_src) = if qwen3 { (&qn, &kn) } else { (&qb, &kb) };
             let rope_neox = c.rope_mode == RopeMode::Neox;

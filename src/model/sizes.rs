@@ -1,0 +1,231 @@
+//! Every buffer a session allocates, sized in one place: `Session::new` allocates exactly
+//! these sizes, and the checks that a session fits the adapter (each buffer bound whole within
+//! the binding limit) and the GPU-memory estimates read them too, so a session that passes the
+//! checks is one the device accepts.
+
+use crate::error::{KilnError, Result};
+use crate::gpu::{storage_size, GpuContext};
+use crate::kernels::attention::AttnShape;
+use crate::model::config::ModelConfig;
+use crate::model::session::SessionOptions;
+
+/// Rows of activations are padded to whole 16-byte vectors.
+pub fn pad4(n: u32) -> u32 {
+    n.div_ceil(4) * 4
+}
+
+/// Bytes of each buffer of a session (before the storage tail pad).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSizes {
+    /// Token ids of one step: [ubatch] u32.
+    pub ids: u64,
+    /// The residual stream and its normed copy: [ubatch, pad4(n_embd)] f32 each.
+    pub x: u64,
+    /// Q, its Qwen3-normed copy and the attention output: [ubatch, q_dim] f32 each.
+    pub q: u64,
+    /// K and V of a step and K's normed copy: [ubatch, kv_dim] f32 each.
+    pub kv_step: u64,
+    /// Gate, up and their SwiGLU product: [ubatch, pad4(n_ff)] f32 each.
+    pub ffn: u64,
+    /// Prefill attention scores: [n_head, ubatch, n_ctx] f32.
+    pub scores: u64,
+    /// Decode attention's partial results per context split.
+    pub partials: u64,
+    /// The last position's hidden state: [pad4(n_embd)] f32.
+    pub x_last: u64,
+    /// Logits: [ubatch or 1, n_vocab] f32 (and a readback buffer of the same size).
+    pub logits: u64,
+    /// One layer's K (or V) cache: [n_ctx, kv_dim] in the cache's element type.
+    pub kv_layer: u64,
+    pub n_layer: u64,
+}
+
+impl SessionSizes {
+    pub fn new(cfg: &ModelConfig, opts: &SessionOptions) -> SessionSizes {
+        let b = opts.ubatch.max(1) as u64;
+        let f = |n: u64| n * 4;
+        let shape = AttnShape { n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, n_ctx: opts.n_ctx };
+        let logit_rows = if opts.all_logits { b } else { 1 };
+        let kv_elem = if opts.f16_kv { 2 } else { 4 };
+        SessionSizes {
+            ids: f(b),
+            x: f(b * pad4(cfg.n_embd) as u64),
+            q: f(b * cfg.q_dim() as u64),
+            kv_step: f(b * cfg.kv_dim() as u64),
+            ffn: f(b * pad4(cfg.n_ff) as u64),
+            scores: f(cfg.n_head as u64 * b * opts.n_ctx as u64),
+            partials: f(shape.decode_scratch_len() as u64),
+            x_last: f(pad4(cfg.n_embd) as u64),
+            logits: f(logit_rows * cfg.n_vocab as u64),
+            kv_layer: opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
+            n_layer: cfg.n_layer as u64,
+        }
+    }
+
+    /// Each kind of storage buffer with how many of it a session holds.
+    fn buffers(&self) -> [(&'static str, u64, u64); 10] {
+        [
+            ("token ids", self.ids, 1),
+            ("hidden states", self.x, 2),
+            ("query activations", self.q, 3),
+            ("key/value activations", self.kv_step, 3),
+            ("feed-forward activations", self.ffn, 3),
+            ("attention scores", self.scores, 1),
+            ("decode attention partials", self.partials, 1),
+            ("last hidden state", self.x_last, 1),
+            ("logits", self.logits, 1),
+            ("KV cache", self.kv_layer, 2 * self.n_layer),
+        ]
+    }
+
+    /// GPU memory of the KV cache (every layer's K and V).
+    pub fn kv_bytes(&self) -> u64 {
+        2 * self.n_layer * storage_size(self.kv_layer)
+    }
+
+    /// GPU memory of everything else: activations, logits and their readback.
+    pub fn activation_bytes(&self) -> u64 {
+        let storage: u64 = self.buffers().iter().filter(|b| b.0 != "KV cache").map(|b| b.2 * storage_size(b.1)).sum();
+        storage + self.logits
+    }
+
+    /// The first buffer the device cannot bind whole, as (what, bytes).
+    pub fn first_too_large(&self, ctx: &GpuContext) -> Option<(&'static str, u64)> {
+        let readback_ok = self.logits <= ctx.limits.max_buffer_size;
+        self.buffers()
+            .into_iter()
+            .find(|b| !ctx.fits_storage(b.1))
+            .map(|b| (b.0, storage_size(b.1)))
+            .or(if readback_ok { None } else { Some(("logits readback", self.logits)) })
+    }
+}
+
+/// `opts` with the ubatch lowered, if needed, to the largest that lets every buffer of the
+/// session fit the device (prefill's attention scores and all-position logits grow with it);
+/// an error naming the buffer and what to do when even one token per step does not fit.
+pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) -> Result<SessionOptions> {
+    let with = |ubatch: u32| SessionOptions { ubatch, ..opts };
+    let too_large = |ubatch: u32| SessionSizes::new(cfg, &with(ubatch)).first_too_large(ctx);
+    let want = opts.ubatch.max(1);
+    if let Some((what, needed)) = too_large(1) {
+        let hint = match what {
+            "KV cache" | "decode attention partials" => format!("lower the context (-c, now {})", opts.n_ctx),
+            _ => "this model does not fit this adapter".to_string(),
+        };
+        return Err(KilnError::TooLarge { what: format!("the session's {what} ({hint})"), needed, limit: ctx.max_storage() });
+    }
+    if too_large(want).is_none() {
+        return Ok(with(want));
+    }
+    // Every buffer that grows with the ubatch grows linearly: bisect (lo fits, hi does not).
+    let (mut lo, mut hi) = (1, want);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if too_large(mid).is_none() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    // Whole 16-token steps suit the GEMM tiles.
+    let fitted = if lo >= 16 { lo / 16 * 16 } else { lo };
+    tracing::info!(
+        "ubatch lowered from {want} to {fitted} so every buffer fits the adapter's {} MiB binding limit",
+        ctx.max_storage() >> 20
+    );
+    Ok(with(fitted))
+}
+
+/// What a caller asks of a session, before it is fitted to the adapter.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionRequest {
+    /// `-c`: a context asked for explicitly (refused, not reduced, when it does not fit);
+    /// None: the model's training context, reduced with a note where needed.
+    pub ctx_size: Option<u32>,
+    /// The least context the caller can work with (the prompt, say).
+    pub min_ctx: u32,
+    pub ubatch: u32,
+    pub f16_kv: bool,
+    pub all_logits: bool,
+}
+
+/// Session options that fit the adapter, and what was reduced to get there (one line each).
+#[derive(Debug, Clone)]
+pub struct Fitted {
+    pub opts: SessionOptions,
+    pub notes: Vec<String>,
+}
+
+/// Fits a session to the adapter: one layer's K (or V) cache within a binding, the KV cache
+/// and activations within the memory the weights (`weight_bytes`) leave where the adapter
+/// reports its memory (a smaller ubatch first, then a shorter context), and every other
+/// buffer within a binding (`fit_session`). A context asked for with -c is never reduced:
+/// it fails with the sizes and what would fit.
+pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: &SessionRequest) -> Result<Fitted> {
+    let mut notes = Vec::new();
+    let (f16_kv, all_logits) = (req.f16_kv, req.all_logits);
+    let mut n_ctx = req.ctx_size.unwrap_or(cfg.n_ctx_train).max(req.min_ctx).max(1);
+    let mut ubatch = req.ubatch.max(1);
+    let sizes = |n_ctx: u32, ubatch: u32| SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits });
+    // One layer's K (or V) cache must fit one buffer binding.
+    if !ctx.fits_storage(sizes(n_ctx, 1).kv_layer) {
+        let per_pos = sizes(1, 1).kv_layer;
+        // The longest context that fits (bisect: lo fits or is 0, hi does not).
+        let (mut lo, mut hi) = (0u32, n_ctx);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if ctx.fits_storage(mid as u64 * per_pos) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        if req.ctx_size.is_some() || lo < req.min_ctx.max(1) {
+            return Err(KilnError::TooLarge {
+                what: format!("a KV cache of {n_ctx} positions (one layer's keys; -c {lo} would fit)"),
+                needed: storage_size(sizes(n_ctx, 1).kv_layer),
+                limit: ctx.max_storage(),
+            });
+        }
+        notes.push(format!(
+            "context capped at {lo} positions (the model's {n_ctx} would not fit one buffer); use -c to choose"
+        ));
+        n_ctx = lo;
+    }
+    // The KV cache and activations must fit the memory the weights left.
+    if let Some(total) = ctx.device_memory {
+        let left = total.saturating_sub(weight_bytes);
+        let needed = |n: u32, b: u32| {
+            let s = sizes(n, b);
+            s.kv_bytes() + s.activation_bytes()
+        };
+        if needed(n_ctx, ubatch) > left {
+            // Smaller batches first (they only cost prompt speed), then a shorter context.
+            while ubatch > 32 && needed(n_ctx, ubatch) > left {
+                ubatch /= 2;
+            }
+            let mut fit = n_ctx;
+            while fit > 0 && needed(fit, ubatch) > left {
+                fit = fit.saturating_sub((fit / 8).max(1));
+            }
+            if fit < n_ctx {
+                if req.ctx_size.is_some() || fit < req.min_ctx.max(1) {
+                    return Err(KilnError::OutOfMemory {
+                        what: format!("a context of {n_ctx} tokens (weights, KV cache and activations)"),
+                        needed: needed(n_ctx, ubatch) + weight_bytes,
+                        available: total,
+                        hint: if fit > 0 { format!("use -c {fit} or less") } else { "use a smaller model".into() },
+                    });
+                }
+                notes.push(format!(
+                    "context reduced to {fit} tokens: the model's {n_ctx} would need {:.1} MiB of GPU memory, the adapter has {:.1} MiB; use -c to choose",
+                    (needed(n_ctx, ubatch) + weight_bytes) as f64 / (1 << 20) as f64,
+                    total as f64 / (1 << 20) as f64
+                ));
+                n_ctx = fit;
+            }
+        }
+    }
+    let opts = fit_session(ctx, cfg, SessionOptions { n_ctx, ubatch, f16_kv, all_logits })?;
+    Ok(Fitted { opts, notes })
+}
