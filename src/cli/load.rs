@@ -59,7 +59,8 @@ pub fn load_model(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
         model.load_secs,
         model.weights.bytes as f64 / model.load_secs.max(1e-9) / 1e9,
         match crate::gpu::host_resident_memory() {
-            Some((now, peak)) => format!("; host memory {:.1} MiB, peak {:.1} MiB", now as f64 / MIB, peak as f64 / MIB),
+            Some((now, peak)) =>
+                format!("; host memory {:.1} MiB, peak {:.1} MiB", now as f64 / MIB, peak as f64 / MIB),
             None => String::new(),
         }
     );

@@ -473,11 +473,17 @@ impl GpuContext {
         let validation = pollster::block_on(validation_scope.pop());
         let out_of_memory = pollster::block_on(oom_scope.pop());
         if let Some(e) = out_of_memory {
-            return Err(KilnError::Gpu { context: what.to_string(), message: format!("{oom} ({})", one_line(&e.to_string())) });
+            return Err(KilnError::Gpu {
+                context: what.to_string(),
+                message: format!("{oom} ({})", one_line(&e.to_string())),
+            });
         }
         if let Some(e) = validation {
             let hint = if hint.is_empty() { String::new() } else { format!("; {hint}") };
-            return Err(KilnError::Gpu { context: what.to_string(), message: format!("{}{hint}", one_line(&e.to_string())) });
+            return Err(KilnError::Gpu {
+                context: what.to_string(),
+                message: format!("{}{hint}", one_line(&e.to_string())),
+            });
         }
         result
     }

@@ -45,7 +45,11 @@ impl GpuContext {
         if offset % 4 != 0 || offset + padded > buf.size() {
             return Err(KilnError::Gpu {
                 context: "uploading".into(),
-                message: format!("a write of {} bytes at {offset} does not fit a {}-byte buffer", data.len(), buf.size()),
+                message: format!(
+                    "a write of {} bytes at {offset} does not fit a {}-byte buffer",
+                    data.len(),
+                    buf.size()
+                ),
             });
         }
         let mut belt = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
@@ -164,9 +168,8 @@ impl GpuContext {
     /// Blocks until submission `index` is done (bounded by the poll timeout).
     pub fn wait_for(&self, index: wgpu::SubmissionIndex, what: &str) -> Result<()> {
         self.check_fault(what)?;
-        let polled = self
-            .device
-            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(self.poll_timeout) });
+        let polled =
+            self.device.poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(self.poll_timeout) });
         self.check_fault(what)?;
         polled.map(|_| ()).map_err(|e| match e {
             wgpu::PollError::Timeout => {

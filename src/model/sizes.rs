@@ -44,7 +44,8 @@ impl SessionSizes {
     pub fn new(cfg: &ModelConfig, opts: &SessionOptions) -> SessionSizes {
         let b = opts.ubatch.max(1) as u64;
         let f = |n: u64| n * 4;
-        let shape = AttnShape { n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, n_ctx: opts.n_ctx };
+        let shape =
+            AttnShape { n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, n_ctx: opts.n_ctx };
         let logit_rows = if opts.all_logits { b } else { 1 };
         let kv_elem = if opts.f16_kv { 2 } else { 4 };
         SessionSizes {
@@ -112,7 +113,11 @@ pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) ->
             "KV cache" | "decode attention partials" => format!("lower the context (-c, now {})", opts.n_ctx),
             _ => "this model does not fit this adapter".to_string(),
         };
-        return Err(KilnError::TooLarge { what: format!("the session's {what} ({hint})"), needed, limit: ctx.max_storage() });
+        return Err(KilnError::TooLarge {
+            what: format!("the session's {what} ({hint})"),
+            needed,
+            limit: ctx.max_storage(),
+        });
     }
     if too_large(want).is_none() {
         return Ok(with(want));

@@ -1,0 +1,304 @@
+//! Building a session once: every buffer (sized by `model::sizes`) and every kernel bound to
+//! its buffers, so that a step creates nothing.
+
+use std::sync::Arc;
+
+use crate::error::{KilnError, Result};
+use crate::gpu::{Bound, GpuContext};
+use crate::kernels::argmax::ArgmaxParams;
+use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, SoftmaxParams};
+use crate::kernels::elementwise::{EltOp, EltParams};
+use crate::kernels::embed::EmbedParams;
+use crate::kernels::matmul::{BoundMatmul, Matmul};
+use crate::kernels::norm::RmsNormParams;
+use crate::kernels::rope::{RopeMode, RopeParams};
+use crate::kernels::{KernelKey, KvKind};
+use crate::model::config::ModelConfig;
+use crate::model::sizes::{pad4, SessionSizes};
+use crate::model::weights::Weights;
+
+use super::{LayerOps, Session, SessionOptions, StepTiming};
+
+impl Session {
+    pub fn new(
+        ctx: Arc<GpuContext>,
+        cfg: &ModelConfig,
+        weights: Arc<Weights>,
+        opts: SessionOptions,
+    ) -> Result<Session> {
+        let c = cfg;
+        let (e, q, kvd, ff, v) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.n_vocab);
+        if q % 4 != 0 || kvd % 2 != 0 {
+            return Err(KilnError::invalid(
+                "model",
+                format!("{} heads of {} dimensions are not supported", c.n_head, c.head_dim),
+            ));
+        }
+        let b = opts.ubatch.max(1);
+        let (se, sf) = (pad4(e), pad4(ff));
+        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, n_ctx: opts.n_ctx };
+        shape.check()?;
+        let kv = KvKind::for_cache(opts.f16_kv, &ctx.caps);
+        let sizes = SessionSizes::new(c, &opts);
+        if let Some((what, needed)) = sizes.first_too_large(&ctx) {
+            return Err(KilnError::TooLarge {
+                what: format!("the session's {what} ({b} tokens per step, {} positions)", opts.n_ctx),
+                needed,
+                limit: ctx.max_storage(),
+            });
+        }
+        let st = |size: u64, label: &str| ctx.storage(size, label);
+        let ids = st(sizes.ids, "ids")?;
+        let x = st(sizes.x, "x")?;
+        let xn = st(sizes.x, "xn")?;
+        let qb = st(sizes.q, "q")?;
+        let kb = st(sizes.kv_step, "k")?;
+        let vb = st(sizes.kv_step, "v")?;
+        let qn = st(sizes.q, "q_normed")?;
+        let kn = st(sizes.kv_step, "k_normed")?;
+        let attn = st(sizes.q, "attn")?;
+        let gate = st(sizes.ffn, "gate")?;
+        let up = st(sizes.ffn, "up")?;
+        let act = st(sizes.ffn, "act")?;
+        let scores = st(sizes.scores, "scores")?;
+        let partial = st(sizes.partials, "attention partials")?;
+        let x_last = st(sizes.x_last, "x_last")?;
+        let logits = st(sizes.logits, "logits")?;
+        let out_id = st(16, "sampled id")?;
+        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: sizes.logits.max(16),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+
+        let sub = ctx.caps.subgroups;
+        let norm_key = KernelKey::RmsNorm { subgroups: sub };
+        let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
+            w,
+            x: xbuf,
+            y: ybuf,
+            bias,
+            m: 0,
+            x_stride: xs,
+            y_stride: ys,
+            accumulate: acc,
+            norm: None,
+            glu: None,
+        };
+        let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
+            BoundMatmul::new(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage)
+        };
+        // Matmuls that only prefill runs (m > 8, after a norm or SwiGLU dispatch) are GEMMs:
+        // no int8 GEMV input to bind.
+        let mm_prefill = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
+            BoundMatmul::with_q8(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, false)
+        };
+        // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself
+        // (or in the quantize dispatch that the int8 GEMVs of a group share).
+        let mm_norm = |w, norm_w, ybuf, ys, bias| Matmul {
+            w,
+            x: &x,
+            y: ybuf,
+            bias,
+            m: 0,
+            x_stride: se,
+            y_stride: ys,
+            accumulate: false,
+            norm: Some((norm_w, c.rms_eps)),
+            glu: None,
+        };
+        // Two gathers: token ids written by the host, or the id the previous step sampled on
+        // the GPU (chained greedy decoding never waits for the host between steps).
+        let bind_embed = |ids_buf: &wgpu::Buffer| {
+            weights
+                .token_embd
+                .chunks
+                .iter()
+                .map(|ch| {
+                    let key = KernelKey::Embed { format: weights.token_embd.format };
+                    Ok((
+                        Bound::new::<EmbedParams>(&ctx, &key, "embed", &[&ch.buffer, ids_buf, &x])?,
+                        ch.row_start,
+                        ch.rows,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        let embed = bind_embed(&ids)?;
+        let embed_fed_back = bind_embed(&out_id)?;
+        let mut layers = Vec::new();
+        let mut k_caches = Vec::new();
+        for (li, w) in weights.layers.iter().enumerate() {
+            let kc = st(sizes.kv_layer, &format!("k_cache.{li}"))?;
+            let vc = st(sizes.kv_layer, &format!("v_cache.{li}"))?;
+            let qwen3 = w.q_norm.is_some();
+            let (q_src, k_src) = if qwen3 { (&qn, &kn) } else { (&qb, &kb) };
+            let rope_neox = c.rope_mode == RopeMode::Neox;
+            let qkv_fused = [
+                mm_norm(&w.wq, &w.attn_norm, &qb, q, w.bq.as_ref()),
+                mm_norm(&w.wk, &w.attn_norm, &kb, kvd, w.bk.as_ref()),
+                mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref()),
+            ];
+            let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] = BoundMatmul::group(&ctx, &qkv_fused, "qkv")?
+                .try_into()
+                .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
+            let gate_up_fused =
+                [mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None), mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None)];
+            let [gate_fused, up_fused]: [BoundMatmul; 2] = BoundMatmul::group(&ctx, &gate_up_fused, "ffn_gate_up")?
+                .try_into()
+                .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
+            let ops = LayerOps {
+                attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
+                q: mm_prefill(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
+                k: mm_prefill(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
+                v: mm_prefill(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
+                q_fused,
+                k_fused,
+                v_fused,
+                gate_fused,
+                up_fused,
+                down_fused: BoundMatmul::new(
+                    &ctx,
+                    &Matmul {
+                        w: &w.w_down,
+                        x: &gate,
+                        y: &x,
+                        bias: None,
+                        m: 0,
+                        x_stride: sf,
+                        y_stride: se,
+                        accumulate: true,
+                        norm: None,
+                        glu: Some(&up),
+                    },
+                    "ffn_down",
+                )?,
+                q_norm: match &w.q_norm {
+                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&qb, g, &qn])?),
+                    None => None,
+                },
+                k_norm: match &w.k_norm {
+                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&kb, g, &kn])?),
+                    None => None,
+                },
+                rope_q: Bound::new::<RopeParams>(
+                    &ctx,
+                    &KernelKey::Rope { neox: rope_neox, to_cache: None, rope: true },
+                    "rope",
+                    &[q_src],
+                )?,
+                kv_write: Bound::new::<RopeParams>(
+                    &ctx,
+                    &KernelKey::KvWrite { neox: rope_neox, kv },
+                    "kv_write",
+                    &[k_src, &kc, &vb, &vc],
+                )?,
+                attn_qk: Bound::new::<AttnGemmParams>(
+                    &ctx,
+                    &KernelKey::AttnGemm { kv },
+                    "attention",
+                    &[q_src, &kc, &scores],
+                )?,
+                attn_softmax: Bound::new::<SoftmaxParams>(
+                    &ctx,
+                    &KernelKey::Softmax { subgroups: sub },
+                    "attention",
+                    &[&scores],
+                )?,
+                attn_pv: Bound::new::<AttnGemmParams>(
+                    &ctx,
+                    &KernelKey::AttnGemm { kv },
+                    "attention",
+                    &[&scores, &vc, &attn],
+                )?,
+                attn_decode: Bound::new::<AttnDecodeParams>(
+                    &ctx,
+                    &KernelKey::AttnDecode { kv, subgroups: sub },
+                    "attention",
+                    &[q_src, &kc, &vc, &partial],
+                )?,
+                attn_combine: Bound::new::<AttnDecodeParams>(
+                    &ctx,
+                    &KernelKey::AttnCombine,
+                    "attention",
+                    &[&partial, &attn],
+                )?,
+                wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
+                ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
+                gate: mm_prefill(&w.w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
+                up: mm_prefill(&w.w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
+                silu: Bound::new::<EltParams>(
+                    &ctx,
+                    &KernelKey::Elementwise { op: EltOp::SiluMul },
+                    "ffn_gate_up",
+                    &[&gate, &up, &act],
+                )?,
+                down: mm_prefill(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+            };
+            layers.push(ops);
+            k_caches.push(kc);
+            k_caches.push(vc);
+        }
+        let out_norm_all =
+            Bound::new::<RmsNormParams>(&ctx, &norm_key, "output_norm", &[&x, &weights.output_norm, &xn])?;
+        let lm_head_all = mm(weights.lm_head(), &xn, se, &logits, v, None, false, "lm_head")?;
+        let head = |xbuf| {
+            let m = Matmul {
+                w: weights.lm_head(),
+                x: xbuf,
+                y: &logits,
+                bias: None,
+                m: 0,
+                x_stride: se,
+                y_stride: v,
+                accumulate: false,
+                norm: Some((&weights.output_norm, c.rms_eps)),
+                glu: None,
+            };
+            BoundMatmul::new(&ctx, &m, "lm_head")
+        };
+        let lm_head_x = head(&x)?;
+        let lm_head_last = head(&x_last)?;
+        let argmax =
+            Bound::new::<ArgmaxParams>(&ctx, &KernelKey::Argmax { subgroups: sub }, "sample", &[&logits, &out_id])?;
+        let stage = |i: usize| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(if i == 0 { "chain readback 0" } else { "chain readback 1" }),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let chain_stage = [stage(0), stage(1)];
+        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial];
+        keep.extend(k_caches);
+        Ok(Session {
+            ctx,
+            cfg: cfg.clone(),
+            _weights: weights,
+            opts,
+            kv,
+            shape,
+            pos: 0,
+            ids,
+            x,
+            x_last,
+            logits,
+            out_id,
+            readback,
+            embed,
+            embed_fed_back,
+            chain_stage,
+            layers,
+            out_norm_all,
+            lm_head_x,
+            lm_head_all,
+            lm_head_last,
+            argmax,
+            _buffers: keep,
+            timing: StepTiming::default(),
+            prof: None,
+        })
+    }
+}

@@ -1,0 +1,206 @@
+//! What a step computes: the layer sequence of the forward pass, read top to bottom, recorded
+//! into the step's compute pass with a profile stage around each part.
+
+use crate::error::Result;
+use crate::gpu::{grid, Bound};
+use crate::kernels::argmax::ArgmaxParams;
+use crate::kernels::attention;
+use crate::kernels::elementwise::{EltOp, EltParams};
+use crate::kernels::embed::EmbedParams;
+use crate::kernels::matmul::BoundMatmul;
+use crate::kernels::norm::RmsNormParams;
+use crate::kernels::rope::{RopeMode, RopeParams};
+use crate::kernels::{KernelKey, WG_ELT};
+use crate::model::sizes::pad4;
+use crate::profile::{Recorder, Stage, StageWork};
+
+use super::Session;
+
+impl Session {
+    pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
+        let c = &self.cfg;
+        RopeParams {
+            n_tokens: m,
+            n_heads,
+            head_dim: c.head_dim,
+            n_rot: c.n_rot,
+            pos0: self.pos,
+            src_stride,
+            dst_stride: c.kv_dim(),
+            dst_offset: 0,
+            freq_base: c.rope_base,
+            freq_scale: c.rope_freq_scale,
+            _pad: [0; 2],
+        }
+    }
+
+    /// Runs `tokens` (at most `ubatch`) through the model at the current position.
+    pub(super) fn record_step(&self, rec: &mut Recorder<'_>, m: u32, ids_on_gpu: bool) -> Result<()> {
+        let ctx = &*self.ctx;
+        let c = &self.cfg;
+        let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
+        let pipe = |k: &KernelKey| ctx.pipeline(k);
+        let sub = ctx.caps.subgroups;
+        let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub })?;
+        let norm = |b: &Bound, rows: u32, n: u32, stride: u32, pass: &mut wgpu::ComputePass<'_>| {
+            b.set(ctx, &RmsNormParams { n, x_stride: stride, y_stride: stride, eps: c.rms_eps });
+            b.record_with(pass, &norm_pipe, grid(rows));
+        };
+        // Bytes of activations (f32) and of the KV cache, for the profile's work estimates.
+        let f = |n: u32| n as f64 * 4.0;
+        let kv_elt = self.kv.bytes_per_elem() as f64;
+        let norm_work = |rows: u32, n: u32| StageWork::other("rms_norm", format!("{rows}x{n}"), 2.0 * f(rows * n), 0.0);
+
+        let token_embd = &self._weights.token_embd;
+        let embed_pipe = pipe(&KernelKey::Embed { format: token_embd.format })?;
+        rec.stage(Stage::Embed, || {
+            let row = token_embd.format.gpu_row_bytes(c.n_embd as usize).unwrap_or(0) as f64;
+            StageWork::other(
+                &format!("embed {}", token_embd.format.name()),
+                format!("{m}x{}", c.n_embd),
+                m as f64 * row + f(m * c.n_embd),
+                0.0,
+            )
+        });
+        let embed = if ids_on_gpu { &self.embed_fed_back } else { &self.embed };
+        for (b, row_start, rows) in embed {
+            b.set(
+                ctx,
+                &EmbedParams {
+                    n_tokens: m,
+                    k: c.n_embd,
+                    row_start: *row_start,
+                    n_rows: *rows,
+                    out_stride: se,
+                    _pad: [0; 3],
+                },
+            );
+            b.record_with(rec.pass(), &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
+        }
+        let neox = c.rope_mode == RopeMode::Neox;
+        let rope_q_pipe = pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?;
+        let kv_write_pipe = pipe(&KernelKey::KvWrite { neox, kv: self.kv })?;
+        let silu_pipe = pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?;
+        let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
+        let kv_len = self.pos + m;
+        // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
+        let fused = m <= crate::plan::GEMV_MAX_COLS;
+        for l in &self.layers {
+            if fused {
+                rec.stage(Stage::AttnNormQkv, || {
+                    StageWork::combine(vec![l.q_fused.work(ctx, m), l.k_fused.work(ctx, m), l.v_fused.work(ctx, m)])
+                });
+                BoundMatmul::record_group(ctx, rec.pass(), &[&l.q_fused, &l.k_fused, &l.v_fused], m)?;
+            } else {
+                rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
+                rec.stage(Stage::Qkv, || {
+                    StageWork::combine(vec![l.q.work(ctx, m), l.k.work(ctx, m), l.v.work(ctx, m)])
+                });
+                l.q.record(ctx, rec.pass(), m, None)?;
+                l.k.record(ctx, rec.pass(), m, None)?;
+                l.v.record(ctx, rec.pass(), m, None)?;
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
+                norm(qn, m * c.n_head, c.head_dim, c.head_dim, rec.pass());
+                norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, rec.pass());
+            }
+            rec.stage(Stage::Rope, || {
+                StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
+            });
+            l.rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
+            l.rope_q.record_with(rec.pass(), &rope_q_pipe, rope_grid(c.n_head));
+            rec.stage(Stage::KvWrite, || {
+                let n = (m * c.kv_dim()) as f64;
+                StageWork::other("kv_write (rope k)", format!("2x{m}x{}", c.kv_dim()), 2.0 * n * (4.0 + kv_elt), 0.0)
+            });
+            let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
+            l.kv_write.set(ctx, &kvp);
+            l.kv_write.record_with(rec.pass(), &kv_write_pipe, crate::kernels::rope::kv_write_grid(&kvp));
+            rec.stage(Stage::Attention, || {
+                // K and V read once, Q read and the output written; in prefill the score
+                // matrix is written, read and rewritten by softmax, and read again.
+                let kv_bytes = 2.0 * kv_len as f64 * c.kv_dim() as f64 * kv_elt;
+                let qo = 2.0 * f(m * c.q_dim());
+                let keys = self.pos as f64 + (m as f64 + 1.0) / 2.0;
+                let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
+                if m == 1 {
+                    StageWork::other("attn_decode+combine", format!("{}h x {kv_len}", c.n_head), kv_bytes + qo, flops)
+                } else {
+                    let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
+                    StageWork::other(
+                        "attn_gemm+softmax+attn_gemm",
+                        format!("{}h x {m}x{kv_len}", c.n_head),
+                        kv_bytes + qo + scores,
+                        flops,
+                    )
+                }
+            });
+            if m == 1 {
+                let (p, g1, g2) = attention::decode_launch(&self.shape, kv_len)?;
+                l.attn_decode.set(ctx, &p);
+                l.attn_decode.record_with(
+                    rec.pass(),
+                    &*pipe(&KernelKey::AttnDecode { kv: self.kv, subgroups: sub })?,
+                    g1,
+                );
+                l.attn_combine.set(ctx, &p);
+                l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
+            } else {
+                let [(qk, g_qk), (pv, g_pv)] = attention::prefill_launches(&self.shape, m, self.pos)?;
+                let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
+                let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
+                l.attn_qk.set(ctx, &qk);
+                l.attn_qk.record_with(rec.pass(), &gemm, g_qk);
+                l.attn_softmax.set(ctx, &sp);
+                l.attn_softmax.record_with(rec.pass(), &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
+                l.attn_pv.set(ctx, &pv);
+                l.attn_pv.record_with(rec.pass(), &gemm, g_pv);
+            }
+            rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
+            l.wo.record(ctx, rec.pass(), m, None)?;
+            if fused {
+                rec.stage(Stage::FfnNormGateUp, || {
+                    StageWork::combine(vec![l.gate_fused.work(ctx, m), l.up_fused.work(ctx, m)])
+                });
+                BoundMatmul::record_group(ctx, rec.pass(), &[&l.gate_fused, &l.up_fused], m)?;
+                rec.stage(Stage::FfnActDown, || l.down_fused.work(ctx, m));
+                l.down_fused.record(ctx, rec.pass(), m, None)?;
+            } else {
+                rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
+                rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![l.gate.work(ctx, m), l.up.work(ctx, m)]));
+                l.gate.record(ctx, rec.pass(), m, None)?;
+                l.up.record(ctx, rec.pass(), m, None)?;
+                rec.stage(Stage::FfnAct, || {
+                    StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
+                });
+                l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
+                l.silu.record_with(rec.pass(), &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
+                rec.stage(Stage::FfnDown, || l.down.work(ctx, m));
+                l.down.record(ctx, rec.pass(), m, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the output norm, LM head and (for `Argmax`) the argmax over the logits of one
+    /// token whose hidden state is in `x` (decode) or `x_last` (after a prefill).
+    pub(super) fn record_head(&self, rec: &mut Recorder<'_>, head: &BoundMatmul, argmax: bool) -> Result<()> {
+        let ctx = &*self.ctx;
+        let v = self.cfg.n_vocab;
+        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, 1));
+        head.record(ctx, rec.pass(), 1, None)?;
+        if argmax {
+            rec.stage(Stage::Sample, || StageWork::other("argmax", format!("{v}"), v as f64 * 4.0, 0.0));
+            self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
+            self.argmax.record_with(
+                rec.pass(),
+                &*ctx.pipeline(&KernelKey::Argmax { subgroups: ctx.caps.subgroups })?,
+                [1, 1, 1],
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,239 @@
+//! A session: the KV cache, the activation arena and every kernel bound once (`bind.rs`),
+//! the forward pass that says what a step computes (`forward.rs`, read top to bottom), and how
+//! steps are recorded, submitted and read back (`submit.rs`: one submit per step whose only
+//! readback is the sampled token or the requested logits, decode steps chained on the GPU).
+
+mod bind;
+mod forward;
+mod submit;
+
+use std::sync::Arc;
+
+use crate::error::{KilnError, Result};
+use crate::gpu::{Bound, GpuContext};
+use crate::kernels::attention::AttnShape;
+use crate::kernels::matmul::BoundMatmul;
+use crate::kernels::KvKind;
+use crate::model::config::ModelConfig;
+use crate::model::weights::Weights;
+use crate::profile::{Profile, ProfileMode, Profiler};
+
+/// How a session is sized.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOptions {
+    /// Context length (KV cache rows).
+    pub n_ctx: u32,
+    /// Most tokens per forward step; longer inputs are split.
+    pub ubatch: u32,
+    /// F16 KV cache (default) or F32.
+    pub f16_kv: bool,
+    /// Keep logits for every position of a step (evaluation), not just the last.
+    pub all_logits: bool,
+}
+
+/// Where the time of the last step went (CPU side), in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    /// Recording the command buffer.
+    pub encode: f64,
+    /// queue.submit.
+    pub submit: f64,
+    /// Waiting for the GPU and reading the result back.
+    pub wait: f64,
+    /// GPU time of the step's passes from timestamp queries (0 when not profiling).
+    pub gpu: f64,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Greedy token of the last position (4 bytes read back).
+    Argmax,
+    /// Logits of the last position.
+    LastLogits,
+    /// Logits of every position (needs `all_logits`).
+    AllLogits,
+}
+
+pub(super) struct LayerOps {
+    attn_norm: Bound,
+    q: BoundMatmul,
+    k: BoundMatmul,
+    v: BoundMatmul,
+    /// The same projections reading the residual stream with the RMSNorm fused (decode).
+    q_fused: BoundMatmul,
+    k_fused: BoundMatmul,
+    v_fused: BoundMatmul,
+    gate_fused: BoundMatmul,
+    up_fused: BoundMatmul,
+    /// The down projection reading silu(gate) * up directly (decode).
+    down_fused: BoundMatmul,
+    q_norm: Option<Bound>,
+    k_norm: Option<Bound>,
+    rope_q: Bound,
+    /// K rotated and V copied into the caches, one dispatch.
+    kv_write: Bound,
+    attn_qk: Bound,
+    attn_softmax: Bound,
+    attn_pv: Bound,
+    attn_decode: Bound,
+    attn_combine: Bound,
+    wo: BoundMatmul,
+    ffn_norm: Bound,
+    gate: BoundMatmul,
+    up: BoundMatmul,
+    silu: Bound,
+    down: BoundMatmul,
+}
+
+pub struct Session {
+    ctx: Arc<GpuContext>,
+    pub cfg: ModelConfig,
+    _weights: Arc<Weights>,
+    pub opts: SessionOptions,
+    kv: KvKind,
+    shape: AttnShape,
+    /// Tokens in the KV cache.
+    pos: u32,
+    ids: wgpu::Buffer,
+    x: wgpu::Buffer,
+    x_last: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    out_id: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    embed: Vec<(Bound, u32, u32)>,
+    embed_fed_back: Vec<(Bound, u32, u32)>,
+    /// Two readback slots for chained decoding: one being read while the next is written.
+    chain_stage: [wgpu::Buffer; 2],
+    layers: Vec<LayerOps>,
+    out_norm_all: Bound,
+    /// LM head on x itself (one-token steps), with the output norm fused.
+    lm_head_x: BoundMatmul,
+    lm_head_all: BoundMatmul,
+    lm_head_last: BoundMatmul,
+    argmax: Bound,
+    // Kept alive for the bind groups that use them.
+    _buffers: Vec<wgpu::Buffer>,
+    /// Timing of the last step.
+    pub timing: StepTiming,
+    /// Per-stage timestamps and totals when profiling.
+    prof: Option<Profiler>,
+}
+
+impl Session {
+    /// Times every stage of every step with timestamp queries from now on (an error when
+    /// the adapter has no timestamps). `timing.gpu` then holds each step's GPU time.
+    pub fn enable_profiling(&mut self) -> Result<()> {
+        if self.prof.is_none() {
+            self.prof = Some(Profiler::new(&self.ctx, 2, ProfileMode::Auto)?);
+        }
+        Ok(())
+    }
+
+    /// Profiling with the timestamps placed as `mode` says (replaces any profile so far).
+    pub fn enable_profiling_mode(&mut self, mode: ProfileMode) -> Result<()> {
+        self.prof = Some(Profiler::new(&self.ctx, 2, mode)?);
+        Ok(())
+    }
+
+    /// Stops profiling: steps write no timestamps again.
+    pub fn disable_profiling(&mut self) {
+        self.prof = None;
+    }
+
+    /// The stage totals so far (None when not profiling).
+    pub fn profile(&self) -> Option<&Profile> {
+        self.prof.as_ref().map(|p| &p.profile)
+    }
+
+    /// Returns the totals so far and starts new ones.
+    pub fn take_profile(&mut self) -> Option<Profile> {
+        self.prof.as_mut().map(|p| std::mem::take(&mut p.profile))
+    }
+
+    /// Adds host time spent sampling and detokenizing a decode step (generation loops).
+    pub fn add_host_time(&mut self, sample: f64, detokenize: f64) {
+        if let Some(p) = self.prof.as_mut() {
+            p.profile.decode.cpu.sample += sample;
+            p.profile.decode.cpu.detokenize += detokenize;
+        }
+    }
+
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// Bytes of one element of the KV cache (2 for f16, 4 for f32).
+    pub fn kv_bytes_per_elem(&self) -> u64 {
+        self.kv.bytes_per_elem()
+    }
+
+    /// Tokens in the KV cache.
+    pub fn position(&self) -> u32 {
+        self.pos
+    }
+
+    /// Forgets the context (the cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Rewinds to `pos` tokens (they stay valid in the cache).
+    pub fn truncate(&mut self, pos: u32) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Feeds `tokens` (split into steps of at most `ubatch`) and returns what `out` asks for,
+    /// for the last step. `AllLogits` returns every position's logits, [tokens, n_vocab].
+    pub fn forward(&mut self, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(KilnError::invalid("input", "no tokens to evaluate"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+            return Err(KilnError::invalid(
+                "input",
+                format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
+            ));
+        }
+        if self.pos as usize + tokens.len() > self.opts.n_ctx as usize {
+            return Err(KilnError::invalid(
+                "input",
+                format!(
+                    "the context is full: {} + {} tokens exceed {} (raise -c)",
+                    self.pos,
+                    tokens.len(),
+                    self.opts.n_ctx
+                ),
+            ));
+        }
+        if out == Output::AllLogits && !self.opts.all_logits {
+            return Err(KilnError::invalid("session", "all logits were not enabled for this session"));
+        }
+        let v = self.cfg.n_vocab as usize;
+        let mut all = Vec::new();
+        let ubatch = self.opts.ubatch as usize;
+        let n_chunks = tokens.len().div_ceil(ubatch);
+        for (i, chunk) in tokens.chunks(ubatch).enumerate() {
+            let last = i + 1 == n_chunks;
+            let step_out = if out == Output::AllLogits {
+                Output::AllLogits
+            } else if last {
+                out
+            } else {
+                Output::LastLogits
+            };
+            let got = self.step(chunk, step_out, last || out == Output::AllLogits)?;
+            if out == Output::AllLogits {
+                all.extend_from_slice(&got[..chunk.len() * v]);
+            } else if last {
+                return Ok(got);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Greedy next token after feeding `tokens`.
+    pub fn next_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
+        Ok(self.forward(tokens, Output::Argmax)?[0] as u32)
+    }
+}
