@@ -80,7 +80,8 @@ fn full_size_sessions_fit_webgpu_default_limits() {
         let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap())
             .unwrap_or_else(|e| panic!("{spec}: weights: {e}"));
         // The defaults, then `--ubatch 1`, `-c 1` and `--kv-type f32`.
-        for (ctx_size, ubatch, f16_kv) in [(None, 512, true), (None, 1, true), (Some(1), 512, true), (None, 512, false)] {
+        for (ctx_size, ubatch, f16_kv) in [(None, 512, true), (None, 1, true), (Some(1), 512, true), (None, 512, false)]
+        {
             let req = SessionRequest { ctx_size, min_ctx: 1, ubatch, f16_kv, all_logits: false };
             let what = format!("{spec} -c {ctx_size:?} --ubatch {ubatch} f16 KV {f16_kv}");
             let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req)

@@ -253,6 +253,49 @@ fn attention_prefill_and_decode() {
     }
 }
 
+/// Decode attention over the shapes of real models' head groups (GQA blocks of 1 to 8 query
+/// heads per workgroup, head sizes 64 to 256, one that divides no block evenly) and context
+/// lengths around its split size: one split (the kernel writes the output), two, and many
+/// (split and combine), against the f64 reference. Tolerance 1e-4.
+#[test]
+fn decode_attention_blocks_and_splits() {
+    for g in gpus() {
+        // (heads, KV heads, head dim): TinyLlama, Llama-7B, Qwen3-0.6B, Qwen2.5-0.5B (group 7),
+        // a 256-wide head, and a group of 16 (blocks of 8).
+        for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (16, 8, 128), (14, 2, 64), (4, 2, 256), (16, 1, 32)] {
+            let n_ctx = 600;
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
+            let chunk = shape.decode_chunk();
+            let kv = KvKind::for_cache(true, &g.ctx.caps);
+            let mut r = rng((nh * hd + nkv) as u64);
+            let kvn = (n_ctx * nkv * hd) as usize;
+            let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+            let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+            let k_cache = g.ctx.upload(&kb, "k").unwrap();
+            let v_cache = g.ctx.upload(&vb, "v").unwrap();
+            let partial = g.ctx.storage(shape.decode_scratch_len() as u64 * 4, "partial").unwrap();
+            for kv_len in [1, 5, chunk - 1, chunk, chunk + 1, 2 * chunk + 17, n_ctx] {
+                let q = randn(&mut r, (nh * hd) as usize, 2.0);
+                let qb = g.ctx.upload_f32(&q, "q").unwrap();
+                let out = g.ctx.storage((nh * hd * 4) as u64, "out").unwrap();
+                let want = attention::reference(&shape, &q, &k_vals, &v_vals, 1, kv_len as usize - 1);
+                let da =
+                    DecodeArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, partial: &partial, out: &out, kv_len };
+                let ds = attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap();
+                assert_eq!(ds.len(), if kv_len > chunk { 2 } else { 1 }, "one dispatch unless split");
+                run(&g.ctx, &ds);
+                let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                let what = format!(
+                    "[{}] decode nh={nh} kv={nkv} hd={hd} block={} chunk={chunk} kv_len={kv_len}",
+                    g.name,
+                    shape.decode_block()
+                );
+                assert_close(&what, &got, &want, 1e-4);
+            }
+        }
+    }
+}
+
 /// K rotated and V copied into their caches by the single combined dispatch.
 #[test]
 fn kv_write_rotates_k_and_copies_v() {

@@ -1,5 +1,5 @@
-// Merges the per-split partial results of attention_decode into out[h * head_dim + d].
-// Header constants: WG.
+// Merges the per-split partial results of attention_decode into out[h * head_dim + d], one
+// workgroup per query head. Header constants: WG.
 
 struct Params {
     head_dim: u32,
@@ -10,6 +10,10 @@ struct Params {
     n_splits: u32,
     q_stride: u32,
     scale: f32,
+    chunk: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,7 +26,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // Not inlinable by lavapipe: see attention_decode.wgsl.
     let opaque = wid.z == 0xffffffffu;
     let hd = select(p.head_dim, 0u, opaque);
-    let n_used = select((p.kv_len + CHUNK - 1u) / CHUNK, 0u, opaque);
+    let n_used = select((p.kv_len + p.chunk - 1u) / p.chunk, 0u, opaque);
     var gmax = -3.4028235e38;
     for (var s = 0u; s < n_used; s++) { gmax = max(gmax, part[(h * p.n_splits + s) * (hd + 2u) + hd]); }
     var total = 0.0;

@@ -6,7 +6,10 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{KilnError, Result};
 use crate::gpu::{bind, grid, Dispatch, GpuContext};
-use crate::kernels::{KernelKey, KvKind, ATTN_CHUNK, ATTN_MAX_HEAD_DIM, ATTN_TILE};
+use crate::kernels::{
+    KernelKey, KvKind, ATTN_DECODE_MAX_BLOCK, ATTN_DECODE_MAX_CHUNK, ATTN_DECODE_QB, ATTN_DECODE_SC, ATTN_DECODE_TPP,
+    ATTN_MAX_HEAD_DIM, ATTN_TILE, ATTN_WG_DECODE,
+};
 
 /// The shape of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -40,9 +43,25 @@ impl AttnShape {
         }
         Ok(())
     }
+    /// Query heads one decode workgroup takes (they share its K and V reads): the largest
+    /// divisor of the group that keeps their queries within the kernel's workgroup memory.
+    pub fn decode_block(&self) -> u32 {
+        let most = (ATTN_DECODE_QB / self.head_dim.max(1)).clamp(1, ATTN_DECODE_MAX_BLOCK);
+        (1..=most).rev().find(|b| self.group() % b == 0).unwrap_or(1)
+    }
+    /// Context positions per decode workgroup (a split): its scores fit workgroup memory,
+    /// and at most `ATTN_DECODE_MAX_CHUNK` so long contexts spread over many workgroups.
+    pub fn decode_chunk(&self) -> u32 {
+        let per_pass = ATTN_WG_DECODE / ATTN_DECODE_TPP;
+        ((ATTN_DECODE_SC / self.decode_block()) / per_pass * per_pass).clamp(per_pass, ATTN_DECODE_MAX_CHUNK)
+    }
+    /// Splits of a context of `kv_len` positions (1: the kernel writes the output itself).
+    pub fn decode_splits(&self, kv_len: u32) -> u32 {
+        kv_len.div_ceil(self.decode_chunk()).max(1)
+    }
     /// Scratch floats the decode kernel needs for its partial results.
     pub fn decode_scratch_len(&self) -> u32 {
-        self.n_head * self.n_ctx.div_ceil(ATTN_CHUNK) * (self.head_dim + 2)
+        self.n_head * self.decode_splits(self.n_ctx) * (self.head_dim + 2)
     }
 }
 
@@ -86,9 +105,13 @@ pub struct AttnDecodeParams {
     pub group: u32,
     pub kv_len: u32,
     pub kv_stride: u32,
+    /// Splits the partials buffer has room for, per head (its layout's stride).
     pub n_splits: u32,
     pub q_stride: u32,
     pub scale: f32,
+    /// Positions per split.
+    pub chunk: u32,
+    pub _pad: [u32; 3],
 }
 
 /// Buffers of one prefill attention.
@@ -185,23 +208,38 @@ pub fn prepare_prefill(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Pref
     Ok(vec![d_qk, d_sm, d_pv])
 }
 
-/// Parameters and grids of decode attention (split pass, combine pass) at kv_len positions.
-pub fn decode_launch(shape: &AttnShape, kv_len: u32) -> Result<(AttnDecodeParams, [u32; 3], [u32; 3]), KilnError> {
+/// One decode attention at `kv_len` positions: its parameters, the grid of the attention
+/// pass and, where the context is split over several workgroups, the grid of the combine pass
+/// (None: the attention pass writes the output itself).
+pub struct DecodeLaunch {
+    pub params: AttnDecodeParams,
+    pub key: KernelKey,
+    pub grid: [u32; 3],
+    pub combine: Option<[u32; 3]>,
+}
+
+pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> Result<DecodeLaunch> {
     shape.check()?;
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
-    let p = AttnDecodeParams {
+    let block = shape.decode_block();
+    let splits = shape.decode_splits(kv_len);
+    let params = AttnDecodeParams {
         head_dim: shape.head_dim,
         n_head: shape.n_head,
         group: shape.group(),
         kv_len,
         kv_stride: shape.kv_stride(),
-        n_splits: shape.n_ctx.div_ceil(ATTN_CHUNK),
+        n_splits: shape.decode_splits(shape.n_ctx),
         q_stride: shape.head_dim,
         scale: 1.0 / (shape.head_dim as f32).sqrt(),
+        chunk: shape.decode_chunk(),
+        _pad: [0; 3],
     };
-    Ok((p, [shape.n_head, kv_len.div_ceil(ATTN_CHUNK), 1], [shape.n_head, 1, 1]))
+    let key = KernelKey::AttnDecode { kv, subgroups: ctx_caps.subgroups, block: block as u8 };
+    let grid = [shape.n_head / block, splits, 1];
+    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, 1]) })
 }
 
 /// Buffers of one decode attention (a single query token at position kv_len - 1).
@@ -215,18 +253,22 @@ pub struct DecodeArgs<'a> {
     pub kv_len: u32,
 }
 
-/// Two dispatches: split attention and combine.
+/// One dispatch (a context of one split), or the split attention and the combine pass.
 pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &DecodeArgs) -> Result<Vec<Dispatch>> {
-    let (p, g1, g2) = decode_launch(shape, a.kv_len)?;
-    let pipe = ctx.pipeline(&KernelKey::AttnDecode { kv, subgroups: ctx.caps.subgroups })?;
-    let ub = ctx.uniform(&p, "attention.decode");
-    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, a.partial]);
-    let d1 = Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g1, params: Some(ub) };
-    let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
-    let ub = ctx.uniform(&p, "attention.combine");
-    let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
-    let d2 = Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) };
-    Ok(vec![d1, d2])
+    let l = decode_launch(&ctx.caps, kv, shape, a.kv_len)?;
+    let pipe = ctx.pipeline(&l.key)?;
+    let ub = ctx.uniform(&l.params, "attention.decode");
+    let dst = if l.combine.is_some() { a.partial } else { a.out };
+    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst]);
+    let mut v =
+        vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
+    if let Some(g2) = l.combine {
+        let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
+        let ub = ctx.uniform(&l.params, "attention.combine");
+        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
+        v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });
+    }
+    Ok(v)
 }
 
 /// CPU reference for causal attention of m queries at positions pos0.. over a cache of

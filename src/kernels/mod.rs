@@ -115,6 +115,8 @@ pub enum KernelKey {
     AttnDecode {
         kv: KvKind,
         subgroups: bool,
+        /// Query heads per workgroup (`AttnShape::decode_block`).
+        block: u8,
     },
     AttnCombine,
     Rope {
@@ -154,9 +156,14 @@ pub enum ProbeKind {
 pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
-pub const ATTN_CHUNK: u32 = 64; // positions per decode-attention split (short loops: latency, not bandwidth, bounds decode attention)
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
-pub const ATTN_WG: u32 = 64;
+pub const ATTN_WG: u32 = 64; // the combine pass
+pub const ATTN_WG_DECODE: u32 = 256; // decode attention
+pub const ATTN_DECODE_TPP: u32 = 8; // invocations per position while scoring
+pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
+pub const ATTN_DECODE_QB: u32 = 512; // query values of a block (heads x head_dim), at most
+pub const ATTN_DECODE_SC: u32 = 1024; // scores of a block (heads x positions), at most
+pub const ATTN_DECODE_MAX_CHUNK: u32 = 256; // positions per decode workgroup, at most
 pub const ATTN_TILE: (u32, u32, u32, u32, u32) = (32, 32, 16, 4, 4);
 
 /// How a kernel binds one resource (group 0, bindings in order).
@@ -294,18 +301,18 @@ impl KernelKey {
             KernelKey::Softmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("softmax.wgsl").build()
             }
-            KernelKey::AttnDecode { kv, subgroups } => c
+            KernelKey::AttnDecode { kv, subgroups, block } => c
                 .enable_f16(kv.needs_f16())
-                .const_u32("WG", ATTN_WG)
-                .const_u32("CHUNK", ATTN_CHUNK)
-                .const_u32("MAX_HD", ATTN_MAX_HEAD_DIM)
+                .const_u32("WG", ATTN_WG_DECODE)
+                .const_u32("TPP", ATTN_DECODE_TPP)
+                .const_u32("NB", block as u32)
+                .const_u32("MAX_QB", ATTN_DECODE_QB)
+                .const_u32("MAX_SC", ATTN_DECODE_SC)
                 .include(kv.file())
                 .include(reduce_file(subgroups))
                 .include("attention_decode.wgsl")
                 .build(),
-            KernelKey::AttnCombine => {
-                c.const_u32("WG", ATTN_WG).const_u32("CHUNK", ATTN_CHUNK).include("attention_combine.wgsl").build()
-            }
+            KernelKey::AttnCombine => c.const_u32("WG", ATTN_WG).include("attention_combine.wgsl").build(),
             KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
                 c.enable_f16(kv.needs_f16())
@@ -352,7 +359,7 @@ impl KernelKey {
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
             | KernelKey::Argmax { subgroups } => (false, subgroups),
-            KernelKey::AttnDecode { kv, subgroups } => (kv.needs_f16(), subgroups),
+            KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
@@ -395,7 +402,9 @@ impl KernelKey {
         for kv in KvKind::ALL {
             v.push(KernelKey::AttnGemm { kv });
             for subgroups in [false, true] {
-                v.push(KernelKey::AttnDecode { kv, subgroups });
+                for block in 1..=ATTN_DECODE_MAX_BLOCK as u8 {
+                    v.push(KernelKey::AttnDecode { kv, subgroups, block });
+                }
             }
             for neox in [false, true] {
                 for rope in [false, true] {

@@ -74,6 +74,7 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
+        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block() as u8 };
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -212,9 +213,10 @@ impl Session {
                     "attention",
                     &[&scores, &vc, &attn],
                 )?,
-                attn_decode: Bound::new::<AttnDecodeParams>(
+                attn_decode: Bound::new::<AttnDecodeParams>(&ctx, &decode_key, "attention", &[q_src, &kc, &vc, &attn])?,
+                attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &KernelKey::AttnDecode { kv, subgroups: sub },
+                    &decode_key,
                     "attention",
                     &[q_src, &kc, &vc, &partial],
                 )?,

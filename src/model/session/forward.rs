@@ -126,7 +126,9 @@ impl Session {
                 let keys = self.pos as f64 + (m as f64 + 1.0) / 2.0;
                 let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
                 if m == 1 {
-                    StageWork::other("attn_decode+combine", format!("{}h x {kv_len}", c.n_head), kv_bytes + qo, flops)
+                    let kernel =
+                        if self.shape.decode_splits(kv_len) > 1 { "attn_decode+combine" } else { "attn_decode" };
+                    StageWork::other(kernel, format!("{}h x {kv_len}", c.n_head), kv_bytes + qo, flops)
                 } else {
                     let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
                     StageWork::other(
@@ -138,15 +140,14 @@ impl Session {
                 }
             });
             if m == 1 {
-                let (p, g1, g2) = attention::decode_launch(&self.shape, kv_len)?;
-                l.attn_decode.set(ctx, &p);
-                l.attn_decode.record_with(
-                    rec.pass(),
-                    &*pipe(&KernelKey::AttnDecode { kv: self.kv, subgroups: sub })?,
-                    g1,
-                );
-                l.attn_combine.set(ctx, &p);
-                l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
+                let launch = attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len)?;
+                let decode = if launch.combine.is_some() { &l.attn_decode_split } else { &l.attn_decode };
+                decode.set(ctx, &launch.params);
+                decode.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
+                if let Some(g2) = launch.combine {
+                    l.attn_combine.set(ctx, &launch.params);
+                    l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
+                }
             } else {
                 let [(qk, g_qk), (pv, g_pv)] = attention::prefill_launches(&self.shape, m, self.pos)?;
                 let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);

@@ -76,7 +76,10 @@ pub(super) struct LayerOps {
     attn_qk: Bound,
     attn_softmax: Bound,
     attn_pv: Bound,
+    /// Decode attention writing the output itself (a context of one split) ...
     attn_decode: Bound,
+    /// ... or its partial results, which the combine pass merges.
+    attn_decode_split: Bound,
     attn_combine: Bound,
     wo: BoundMatmul,
     ffn_norm: Bound,
