@@ -1,12 +1,22 @@
-//! Sampling: greedy on the GPU (argmax), or on the CPU from the last logits with llama.cpp's
-//! chain: repetition penalty, top-k, top-p, min-p, temperature, then a seeded draw.
+//! Sampling with llama.cpp's chain: repetition, frequency and presence penalties over the
+//! recent tokens, then greedy, or top-k, top-p and min-p on the softmax of the candidates,
+//! temperature, and a seeded draw. Generation samples on the GPU (wgsl/sample.wgsl, one
+//! kernel chained with the decode steps); `Sampler` here is its CPU reference: the same steps
+//! in the same order and the same f32 arithmetic, so both pick the same tokens wherever the
+//! probabilities are not tied (up to the GPU's `exp` rounding at a draw's very edge).
+
+/// Most candidates kept after top-k: top-k 0 ("off") means this many.
+pub const SAMPLE_CAP: usize = 1024;
+
+/// Most recent tokens the penalties can look at (`repeat_last_n` beyond it is capped).
+pub const HISTORY_CAP: usize = 1024;
 
 /// Sampler settings; the defaults are llama.cpp's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplerConfig {
     /// 0 = greedy.
     pub temperature: f32,
-    /// 0 = off.
+    /// 0 = off (then the `SAMPLE_CAP` most likely tokens).
     pub top_k: usize,
     /// 1.0 = off.
     pub top_p: f32,
@@ -14,8 +24,12 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// 1.0 = off.
     pub repeat_penalty: f32,
-    /// Tokens of history the penalty looks at.
+    /// Tokens of history the penalties look at (capped at `HISTORY_CAP`).
     pub repeat_last_n: usize,
+    /// Subtracted once per occurrence in the window (OpenAI's frequency_penalty); 0 = off.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the window (OpenAI's presence_penalty); 0 = off.
+    pub presence_penalty: f32,
     pub seed: u64,
 }
 
@@ -28,6 +42,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
     }
@@ -37,99 +53,161 @@ impl SamplerConfig {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
+
+    /// The candidates top-k keeps: `top_k`, with 0 and anything over the cap meaning the cap.
+    pub fn effective_top_k(&self) -> usize {
+        if self.top_k == 0 {
+            SAMPLE_CAP
+        } else {
+            self.top_k.min(SAMPLE_CAP)
+        }
+    }
+
+    /// The history tokens the penalties look at.
+    pub fn penalty_window(&self) -> usize {
+        self.repeat_last_n.min(HISTORY_CAP)
+    }
+
+    pub fn has_penalties(&self) -> bool {
+        self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
 }
 
-/// A seeded sampler: the same seed and logits give the same tokens.
+/// A 32-bit hash (PCG's output permutation): the RNG of both samplers.
+fn pcg(v: u32) -> u32 {
+    let s = v.wrapping_mul(747796405).wrapping_add(2891336453);
+    let w = ((s >> ((s >> 28) + 4)) ^ s).wrapping_mul(277803737);
+    (w >> 22) ^ w
+}
+
+/// Draw `n` of a seed: uniform in [0, 1) with 24 random bits (as wgsl/sample.wgsl).
+pub fn uniform01(seed: u64, n: u32) -> f32 {
+    let h = pcg(pcg(pcg(seed as u32) ^ (seed >> 32) as u32).wrapping_add(n));
+    (h >> 8) as f32 * (1.0 / 16777216.0)
+}
+
+/// A seeded sampler: the same seed, logits and history give the same tokens.
 pub struct Sampler {
     pub cfg: SamplerConfig,
-    rng: u64,
+    /// Draws made so far (the RNG's counter; greedy steps make none).
+    pub draws: u32,
     // Reused across calls so sampling allocates nothing per token.
     cand: Vec<(u32, f32)>,
-    probs: Vec<f32>,
-    weights: Vec<f64>,
+    counts: Vec<(u32, u32)>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { cfg, rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cand: Vec::new(), probs: Vec::new(), weights: Vec::new() }
+        Sampler { cfg, draws: 0, cand: Vec::new(), counts: Vec::new() }
     }
 
-    fn next_f64(&mut self) -> f64 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+    /// Applies the penalties for the last `penalty_window` tokens of `history` to `logits`.
+    pub fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let c = self.cfg;
+        if !c.has_penalties() {
+            return;
+        }
+        let window = &history[history.len().saturating_sub(c.penalty_window())..];
+        self.counts.clear();
+        for &t in window {
+            match self.counts.iter_mut().find(|e| e.0 == t) {
+                Some(e) => e.1 += 1,
+                None => self.counts.push((t, 1)),
+            }
+        }
+        for &(t, n) in &self.counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                // llama.cpp: divide positive logits, multiply negative ones.
+                let mut v = if *l > 0.0 { *l / c.repeat_penalty } else { *l * c.repeat_penalty };
+                v -= n as f32 * c.frequency_penalty + c.presence_penalty;
+                *l = v;
+            }
+        }
     }
 
     /// Picks a token from `logits` given the `history` of tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let c = self.cfg;
-        let mut cand = std::mem::take(&mut self.cand);
-        cand.clear();
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        if c.repeat_penalty != 1.0 {
-            let start = history.len().saturating_sub(c.repeat_last_n);
-            for &t in &history[start..] {
-                if let Some(e) = cand.get_mut(t as usize) {
-                    // llama.cpp: divide positive logits, multiply negative ones.
-                    e.1 = if e.1 > 0.0 { e.1 / c.repeat_penalty } else { e.1 * c.repeat_penalty };
-                }
+        let mut penalized;
+        let logits = if c.has_penalties() {
+            penalized = logits.to_vec();
+            self.apply_penalties(&mut penalized, history);
+            &penalized[..]
+        } else {
+            logits
+        };
+        // The largest logit, lowest index on ties; NaN never counts.
+        let mut best: Option<(u32, f32)> = None;
+        for (i, &v) in logits.iter().enumerate() {
+            if v == v && best.is_none_or(|b| v > b.1) {
+                best = Some((i as u32, v));
             }
         }
         if c.is_greedy() {
-            let best = cand.iter().fold((0u32, f32::NEG_INFINITY), |b, &e| if e.1 > b.1 { e } else { b }).0;
-            self.cand = cand;
-            return best;
+            return best.map(|b| b.0).unwrap_or(0);
         }
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if c.top_k > 0 {
-            cand.truncate(c.top_k.max(1));
+        // The top-k candidates, larger value first and lower index on ties.
+        let k = c.effective_top_k();
+        let mut cand = std::mem::take(&mut self.cand);
+        cand.clear();
+        cand.extend(logits.iter().enumerate().filter(|e| e.1 == e.1).map(|(i, &v)| (i as u32, v)));
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if cand.len() > k {
+            cand.select_nth_unstable_by(k - 1, order);
+            cand.truncate(k);
         }
-        // Softmax over what is left (sorted, so the max is first).
-        let max = cand[0].1;
-        let mut probs = std::mem::take(&mut self.probs);
-        probs.clear();
-        probs.extend(cand.iter().map(|e| (e.1 - max).exp()));
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        // top-p: the smallest prefix whose probability reaches p.
-        let mut keep = probs.len();
+        cand.sort_unstable_by(order);
+        let pick = self.draw(&cand);
+        self.cand = cand;
+        pick
+    }
+
+    /// top-p, min-p, temperature and the draw over sorted candidates, in the order and f32
+    /// arithmetic of the GPU kernel's last step.
+    fn draw(&mut self, cand: &[(u32, f32)]) -> u32 {
+        let c = self.cfg;
+        if cand.is_empty() {
+            return 0;
+        }
+        let mut keep = cand.len();
+        let top = cand[0].1;
+        let mut sum = 0f32;
+        for e in &cand[..keep] {
+            sum += (e.1 - top).exp();
+        }
         if c.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, p) in probs.iter().enumerate() {
-                acc += p;
+            let mut acc = 0f32;
+            for (i, e) in cand[..keep].iter().enumerate() {
+                acc += (e.1 - top).exp() / sum;
                 if acc >= c.top_p {
                     keep = i + 1;
                     break;
                 }
             }
         }
-        // min-p: drop tokens less likely than min_p times the best one.
         if c.min_p > 0.0 {
-            let floor = probs[0] * c.min_p;
-            keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
+            let floor = c.min_p / sum;
+            let mut k = 1;
+            while k < keep && (cand[k].1 - top).exp() / sum >= floor {
+                k += 1;
+            }
+            keep = k;
         }
-        cand.truncate(keep);
-        // Temperature on the survivors, then draw.
-        let mut weights = std::mem::take(&mut self.weights);
-        weights.clear();
-        weights.extend(cand.iter().map(|e| (((e.1 - max) / c.temperature) as f64).exp()));
-        let total: f64 = weights.iter().sum();
-        let mut r = self.next_f64() * total;
-        let mut pick = cand[cand.len() - 1].0;
-        for (e, w) in cand.iter().zip(&weights) {
-            if r < *w {
+        let mut total = 0f32;
+        for e in &cand[..keep] {
+            total += ((e.1 - top) / c.temperature).exp();
+        }
+        let mut r = uniform01(c.seed, self.draws) * total;
+        self.draws = self.draws.wrapping_add(1);
+        let mut pick = cand[keep.max(1) - 1].0;
+        for e in &cand[..keep] {
+            let w = ((e.1 - top) / c.temperature).exp();
+            if r < w {
                 pick = e.0;
                 break;
             }
             r -= w;
         }
-        self.cand = cand;
-        self.probs = probs;
-        self.weights = weights;
         pick
     }
 }

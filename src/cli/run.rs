@@ -27,9 +27,15 @@ pub struct SamplingArgs {
     /// Repetition penalty (1.0 = off).
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// Tokens of history the repetition penalty looks at.
+    /// Tokens of history the penalties look at (at most 1024).
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
+    /// Frequency penalty: subtracted once per occurrence in that history (0.0 = off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    /// Presence penalty: subtracted once from tokens in that history (0.0 = off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    pub presence_penalty: f32,
     /// Random seed (default: from the clock).
     #[arg(short = 's', long)]
     pub seed: Option<u64>,
@@ -54,6 +60,8 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             seed: 0,
         })
     }

@@ -9,6 +9,7 @@ pub mod matmul;
 pub mod norm;
 pub mod probe;
 pub mod rope;
+pub mod sample;
 
 use crate::error::Result;
 use crate::gpu::shader::{Composer, ShaderSource};
@@ -138,6 +139,11 @@ pub enum KernelKey {
     Argmax {
         subgroups: bool,
     },
+    /// Penalties, top-k/top-p/min-p, temperature and a seeded draw (or greedy), one
+    /// workgroup per row (sample.wgsl).
+    Sample {
+        subgroups: bool,
+    },
     /// Device probes (`kiln info --probe`).
     Probe {
         kind: ProbeKind,
@@ -188,6 +194,7 @@ impl KernelKey {
             | KernelKey::RmsNorm { .. }
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
+            KernelKey::Sample { .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::AttnCombine | KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
@@ -340,6 +347,13 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
+            KernelKey::Sample { subgroups } => c
+                .const_u32("WG", sample::SAMPLE_WG)
+                .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
+                .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
+                .include(reduce_file(subgroups))
+                .include("sample.wgsl")
+                .build(),
             KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
         }
     }
@@ -358,7 +372,8 @@ impl KernelKey {
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
-            | KernelKey::Argmax { subgroups } => (false, subgroups),
+            | KernelKey::Argmax { subgroups }
+            | KernelKey::Sample { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
@@ -424,6 +439,7 @@ impl KernelKey {
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
+            v.push(KernelKey::Sample { subgroups });
         }
         for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {
             v.push(KernelKey::Probe { kind });

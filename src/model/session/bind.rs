@@ -12,6 +12,7 @@ use crate::kernels::embed::EmbedParams;
 use crate::kernels::matmul::{BoundMatmul, Matmul};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
+use crate::kernels::sample::SampleConfig;
 use crate::kernels::{KernelKey, KvKind};
 use crate::model::config::ModelConfig;
 use crate::model::sizes::{pad4, SessionSizes};
@@ -273,9 +274,17 @@ impl Session {
             })
         };
         let chain_stage = [stage(0), stage(1)];
+        // The GPU sampler's state: draws made, tokens appended and the penalties' history.
+        let sample_state = st(crate::kernels::sample::STATE_WORDS as u64 * 4, "sampling state")?;
+        let sample = Bound::new::<SampleConfig>(
+            &ctx,
+            &KernelKey::Sample { subgroups: sub },
+            "sample",
+            &[&logits, &out_id, &sample_state],
+        )?;
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial];
         keep.extend(k_caches);
-        Ok(Session {
+        let mut session = Session {
             ctx,
             cfg: cfg.clone(),
             _weights: weights,
@@ -298,9 +307,13 @@ impl Session {
             lm_head_all,
             lm_head_last,
             argmax,
+            sample,
+            sample_state,
             _buffers: keep,
             timing: StepTiming::default(),
             prof: None,
-        })
+        };
+        session.set_sampling(&crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }, 0, &[]);
+        Ok(session)
     }
 }

@@ -14,7 +14,7 @@ use crate::kernels::{KernelKey, WG_ELT};
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
-use super::Session;
+use super::{Output, Session};
 
 impl Session {
     pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
@@ -188,12 +188,20 @@ impl Session {
 
     /// Records the output norm, LM head and (for `Argmax`) the argmax over the logits of one
     /// token whose hidden state is in `x` (decode) or `x_last` (after a prefill).
-    pub(super) fn record_head(&self, rec: &mut Recorder<'_>, head: &BoundMatmul, argmax: bool) -> Result<()> {
+    pub(super) fn record_head(&self, rec: &mut Recorder<'_>, head: &BoundMatmul, pick: Output) -> Result<()> {
         let ctx = &*self.ctx;
         let v = self.cfg.n_vocab;
         rec.stage(Stage::OutputNormLmHead, || head.work(ctx, 1));
         head.record(ctx, rec.pass(), 1, None)?;
-        if argmax {
+        if pick == Output::Sampled {
+            rec.stage(Stage::Sample, || StageWork::other("sample", format!("{v}"), v as f64 * 4.0 * 3.0, 0.0));
+            self.sample.record_with(
+                rec.pass(),
+                &*ctx.pipeline(&KernelKey::Sample { subgroups: ctx.caps.subgroups })?,
+                [1, 1, 1],
+            );
+        }
+        if pick == Output::Argmax {
             rec.stage(Stage::Sample, || StageWork::other("argmax", format!("{v}"), v as f64 * 4.0, 0.0));
             self.argmax.set(ctx, &ArgmaxParams { n: v, stride: v, _pad: [0; 2] });
             self.argmax.record_with(

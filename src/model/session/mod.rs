@@ -49,6 +49,9 @@ pub struct StepTiming {
 pub enum Output {
     /// Greedy token of the last position (4 bytes read back).
     Argmax,
+    /// The token the GPU sampler picks for the last position, as `set_sampling` configured
+    /// it (4 bytes read back; the pick joins the sampler's history).
+    Sampled,
     /// Logits of the last position.
     LastLogits,
     /// Logits of every position (needs `all_logits`).
@@ -115,6 +118,10 @@ pub struct Session {
     lm_head_all: BoundMatmul,
     lm_head_last: BoundMatmul,
     argmax: Bound,
+    /// The GPU sampler (wgsl/sample.wgsl) over the logits, writing `out_id`.
+    sample: Bound,
+    /// Its state: draws made, tokens appended, the penalties' history ring.
+    sample_state: wgpu::Buffer,
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
@@ -233,6 +240,16 @@ impl Session {
             }
         }
         Ok(all)
+    }
+
+    /// Configures the GPU sampler for the next `Output::Sampled` steps and chained decoding:
+    /// `draws` already made with this seed and the token `history` the penalties look back on
+    /// (the prompt included), as a CPU `Sampler` in the same state would sample.
+    pub fn set_sampling(&mut self, cfg: &crate::sample::SamplerConfig, draws: u32, history: &[u32]) {
+        let v = self.cfg.n_vocab;
+        self.sample.set(&self.ctx, &crate::kernels::sample::SampleConfig::new(cfg, v, v));
+        let state = crate::kernels::sample::initial_state(draws, history);
+        self.ctx.queue.write_buffer(&self.sample_state, 0, bytemuck::cast_slice(&state));
     }
 
     /// Greedy next token after feeding `tokens`.

@@ -53,8 +53,11 @@ impl Session {
                 }
                 // One token: x is the last position and the head reads it in the same pass.
                 let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
-                self.record_head(&mut rec, head, out == Output::Argmax)?;
-                let (src, n) = if out == Output::Argmax { (&self.out_id, 4) } else { (&self.logits, v as u64 * 4) };
+                self.record_head(&mut rec, head, out)?;
+                let (src, n) = match out {
+                    Output::Argmax | Output::Sampled => (&self.out_id, 4),
+                    _ => (&self.logits, v as u64 * 4),
+                };
                 rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
                 Ok(n)
             })();
@@ -90,7 +93,7 @@ impl Session {
         if !read {
             return Ok(Vec::new());
         }
-        if out == Output::Argmax {
+        if matches!(out, Output::Argmax | Output::Sampled) {
             let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             return Ok(vec![id as f32]);
         }
@@ -122,11 +125,24 @@ impl Session {
         Ok(data)
     }
 
-    /// Greedy decoding with the steps chained on the GPU: step k+1 reads the token step k
-    /// sampled straight from GPU memory and is submitted before the host reads token k, so
-    /// the GPU never waits for the host. `first` is the token to feed; `on_token` gets each
-    /// new token and returns false to stop. Returns the tokens generated (at most `max_new`).
+    /// Greedy decoding with the steps chained on the GPU (`generate_chained` with a greedy
+    /// sampler and no penalties).
     pub fn generate_greedy_chained(
+        &mut self,
+        first: u32,
+        max_new: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        self.set_sampling(&crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }, 0, &[]);
+        self.generate_chained(first, max_new, on_token)
+    }
+
+    /// Decoding with the steps chained on the GPU, each token picked by the GPU sampler as
+    /// `set_sampling` configured it: step k+1 reads the token step k sampled straight from GPU
+    /// memory and is submitted before the host reads token k, so the GPU never waits for the
+    /// host. `first` is the token to feed; `on_token` gets each new token and returns false
+    /// to stop. Returns the tokens generated (at most `max_new`).
+    pub fn generate_chained(
         &mut self,
         first: u32,
         max_new: usize,
@@ -149,7 +165,9 @@ impl Session {
             let mut prof = s.prof.take();
             let recorded = {
                 let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
-                let r = s.record_step(&mut rec, 1, true).and_then(|_| s.record_head(&mut rec, &s.lm_head_x, true));
+                let r = s
+                    .record_step(&mut rec, 1, true)
+                    .and_then(|_| s.record_head(&mut rec, &s.lm_head_x, Output::Sampled));
                 if r.is_ok() {
                     rec.encoder().copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
                 }

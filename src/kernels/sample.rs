@@ -1,0 +1,83 @@
+//! Sampling on the GPU (wgsl/sample.wgsl): penalties, greedy or top-k/top-p/min-p with
+//! temperature and a seeded draw, one workgroup per row, so that sampled decoding chains its
+//! steps on the GPU as greedy decoding does. The CPU reference is `crate::sample::Sampler`.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::sample::{SamplerConfig, HISTORY_CAP};
+
+/// Invocations per sampling workgroup.
+pub const SAMPLE_WG: u32 = 256;
+
+/// Words of one row's sampling state: draws made, tokens appended, two unused, then the
+/// history ring (`HISTORY_CAP` ids).
+pub const STATE_WORDS: usize = 4 + HISTORY_CAP;
+
+/// Mirrors `Config` in wgsl/sample.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq)]
+pub struct SampleConfig {
+    pub n_vocab: u32,
+    pub top_k: u32,
+    pub window: u32,
+    pub greedy: u32,
+    pub temp: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub freq_penalty: f32,
+    pub presence_penalty: f32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    pub logits_stride: u32,
+    pub _pad: [u32; 3],
+}
+
+impl SampleConfig {
+    /// The kernel's configuration for `cfg` over rows of `n_vocab` logits.
+    pub fn new(cfg: &SamplerConfig, n_vocab: u32, logits_stride: u32) -> SampleConfig {
+        SampleConfig {
+            n_vocab,
+            top_k: cfg.effective_top_k() as u32,
+            window: cfg.penalty_window() as u32,
+            greedy: cfg.is_greedy() as u32,
+            temp: cfg.temperature,
+            top_p: cfg.top_p,
+            min_p: cfg.min_p,
+            repeat_penalty: cfg.repeat_penalty,
+            freq_penalty: cfg.frequency_penalty,
+            presence_penalty: cfg.presence_penalty,
+            seed_lo: cfg.seed as u32,
+            seed_hi: (cfg.seed >> 32) as u32,
+            logits_stride,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// One row's state as the kernel keeps it: `draws` made so far and the most recent tokens
+/// (at most `HISTORY_CAP`; older ones first).
+pub fn initial_state(draws: u32, history: &[u32]) -> Vec<u32> {
+    let mut s = vec![0u32; STATE_WORDS];
+    let recent = &history[history.len().saturating_sub(HISTORY_CAP)..];
+    s[0] = draws;
+    s[1] = recent.len() as u32;
+    s[4..4 + recent.len()].copy_from_slice(recent);
+    s
+}
+
+/// One dispatch sampling `rows` rows of `logits` (tests, tools): `state` holds
+/// `STATE_WORDS` words per row (`initial_state`), `ids` one u32 per row.
+pub fn prepare(
+    ctx: &crate::gpu::GpuContext,
+    cfg: &SampleConfig,
+    logits: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    rows: u32,
+) -> crate::Result<crate::gpu::Dispatch> {
+    let pipeline = ctx.pipeline(&crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups })?;
+    let ub = ctx.uniform(cfg, "sample");
+    let bg = crate::gpu::bind(ctx, &pipeline, "sample", &[&ub, logits, ids, state]);
+    Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: [rows, 1, 1], params: Some(ub) })
+}

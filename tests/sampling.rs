@@ -1,0 +1,208 @@
+//! GPU sampling (wgsl/sample.wgsl) against its CPU reference (`kiln::sample::Sampler`): the
+//! same tokens for the same seed, history and logits, through greedy, top-k (both the
+//! histogram threshold and the exact radix select for flat logits), top-p, min-p,
+//! temperature and the three penalties; and draws that follow the distribution.
+
+mod common;
+
+use common::*;
+use kiln::gpu::{run_dispatches, GpuContext};
+use kiln::kernels::sample::{self, initial_state, SampleConfig, STATE_WORDS};
+use kiln::sample::{Sampler, SamplerConfig};
+use rand::Rng;
+
+/// Samples `logits` on the GPU `steps` times (the logits re-uploaded each step, since the
+/// penalties change them in place), feeding each pick into the history as generation does.
+fn gpu_tokens(ctx: &GpuContext, cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
+    let k = SampleConfig::new(cfg, logits.len() as u32, logits.len() as u32);
+    let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, history)), "state").unwrap();
+    let ids = ctx.storage(4, "ids").unwrap();
+    (0..steps)
+        .map(|_| {
+            let lb = ctx.upload_f32(logits, "logits").unwrap();
+            let d = sample::prepare(ctx, &k, &lb, &ids, &state, 1).unwrap();
+            run_dispatches(ctx, &[&d]).unwrap();
+            ctx.read_u32(&ids, 1).unwrap()[0]
+        })
+        .collect()
+}
+
+fn cpu_tokens(cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
+    let mut s = Sampler::new(*cfg);
+    let mut h = history.to_vec();
+    (0..steps)
+        .map(|_| {
+            let t = s.sample(logits, &h);
+            h.push(t);
+            t
+        })
+        .collect()
+}
+
+/// Logits like a model's: a few likely tokens over a long tail (`spread` nats wide), or flat
+/// (spread 0.5: hundreds within a nat of the top, the exact-select path).
+fn model_logits(r: &mut rand::rngs::StdRng, n: usize, spread: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u: f32 = r.random();
+            spread * u.powi(8) - spread
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_sampler_picks_the_reference_tokens() {
+    let configs = [
+        ("greedy", SamplerConfig { temperature: 0.0, ..Default::default() }),
+        (
+            "greedy+penalties",
+            SamplerConfig {
+                temperature: 0.0,
+                repeat_penalty: 1.3,
+                frequency_penalty: 0.5,
+                presence_penalty: 0.4,
+                ..Default::default()
+            },
+        ),
+        ("defaults", SamplerConfig::default()),
+        ("top-k 5, hot", SamplerConfig { top_k: 5, temperature: 1.5, top_p: 1.0, min_p: 0.0, ..Default::default() }),
+        (
+            "top-k off, top-p 0.9",
+            SamplerConfig { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 1.0, ..Default::default() },
+        ),
+        (
+            "min-p 0.2, cold",
+            SamplerConfig { top_k: 100, top_p: 1.0, min_p: 0.2, temperature: 0.5, ..Default::default() },
+        ),
+        (
+            "penalties",
+            SamplerConfig {
+                repeat_penalty: 1.2,
+                repeat_last_n: 16,
+                frequency_penalty: 0.3,
+                presence_penalty: 0.2,
+                ..Default::default()
+            },
+        ),
+    ];
+    for g in gpus() {
+        // spread 0: a shuffled ramp 1e-5 apart, every logit in the histogram's first bin (the
+        // exact radix select runs).
+        for (vocab, spread) in [(512usize, 12.0f32), (32000, 14.0), (1000, 0.5), (5000, 0.0), (151936, 14.0)] {
+            let mut r = rng(vocab as u64);
+            let logits = if spread > 0.0 {
+                model_logits(&mut r, vocab, spread)
+            } else {
+                (0..vocab).map(|i| -((i * 7919 % vocab) as f32) * 1e-5).collect()
+            };
+            let history: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab as u32)).collect();
+            for (name, base) in &configs {
+                let cfg = SamplerConfig { seed: 0x5eed_0000_0000_0000 + vocab as u64, ..*base };
+                let steps = if vocab > 100_000 { 3 } else { 12 };
+                let want = cpu_tokens(&cfg, &logits, &history, steps);
+                let got = gpu_tokens(&g.ctx, &cfg, &logits, &history, steps);
+                assert_eq!(got, want, "[{}] {name}, vocab {vocab}, spread {spread}", g.name);
+            }
+        }
+        eprintln!("[{}] sampler: reference tokens for every configuration", g.name);
+    }
+}
+
+/// Many rows at once, each its own draw counter: the picks' frequencies follow the
+/// distribution that top-k, top-p, min-p and the temperature leave.
+#[test]
+fn gpu_draws_follow_the_distribution() {
+    let g = &gpus()[0];
+    let logits = [0.0f32, 1.0, 2.0, 2.5, -1.0, 3.0, -3.0, 0.5];
+    let cfg = SamplerConfig { top_k: 6, top_p: 0.95, min_p: 0.05, temperature: 0.9, seed: 99, ..Default::default() };
+    // The distribution left, by the reference's own arithmetic.
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let top: Vec<usize> = order[..6].to_vec();
+    let z: f32 = top.iter().map(|&i| (logits[i] - 3.0).exp()).sum();
+    let (mut keep, mut acc) = (top.len(), 0f32);
+    for (j, &i) in top.iter().enumerate() {
+        acc += (logits[i] - 3.0).exp() / z;
+        if acc >= 0.95 {
+            keep = j + 1;
+            break;
+        }
+    }
+    let keep = keep.min(top.iter().take_while(|&&i| (logits[i] - 3.0).exp() / z >= 0.05 / z).count());
+    let w: Vec<f32> = top[..keep].iter().map(|&i| ((logits[i] - 3.0) / 0.9).exp()).collect();
+    let wsum: f32 = w.iter().sum();
+    let rows = 8192u32;
+    let n = logits.len();
+    let all: Vec<f32> = (0..rows).flat_map(|_| logits).collect();
+    let mut states = Vec::new();
+    for row in 0..rows {
+        states.extend(initial_state(row, &[]));
+    }
+    let k = SampleConfig::new(&cfg, n as u32, n as u32);
+    let lb = g.ctx.upload_f32(&all, "logits").unwrap();
+    let ids = g.ctx.storage(rows as u64 * 4, "ids").unwrap();
+    let state = g.ctx.upload(bytemuck::cast_slice(&states), "state").unwrap();
+    assert_eq!(states.len(), rows as usize * STATE_WORDS);
+    let d = sample::prepare(&g.ctx, &k, &lb, &ids, &state, rows).unwrap();
+    run_dispatches(&g.ctx, &[&d]).unwrap();
+    let picks = g.ctx.read_u32(&ids, rows as usize).unwrap();
+    let mut counts = vec![0usize; n];
+    picks.iter().for_each(|&t| counts[t as usize] += 1);
+    for (j, &i) in top.iter().enumerate() {
+        let want = if j < keep { w[j] / wsum } else { 0.0 };
+        let got = counts[i] as f32 / rows as f32;
+        assert!((got - want).abs() < 0.02, "token {i}: drawn {got:.4}, probability {want:.4} ({counts:?})");
+    }
+    for &i in &order[6..] {
+        assert_eq!(counts[i], 0, "token {i} is outside the top-k");
+    }
+}
+
+/// Sampled generation on stories260K (every step chained on the GPU, the GPU sampler picking)
+/// gives the tokens of the CPU reference sampler fed the same logits step by step, for a
+/// fixed seed, with and without penalties.
+#[test]
+fn stories260k_sampled_generation_matches_the_cpu_sampler() {
+    use kiln::engine::Model;
+    use kiln::model::{Output, SessionOptions};
+    let configs = [
+        SamplerConfig { seed: 7, ..Default::default() },
+        SamplerConfig { seed: 11, temperature: 1.2, top_k: 0, top_p: 0.9, min_p: 0.0, ..Default::default() },
+        SamplerConfig {
+            seed: 3,
+            repeat_penalty: 1.3,
+            frequency_penalty: 0.2,
+            presence_penalty: 0.1,
+            repeat_last_n: 32,
+            ..Default::default()
+        },
+    ];
+    for g in gpus() {
+        let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
+        let opts = SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: false, all_logits: false };
+        for cfg in &configs {
+            let prompt = [1u32, 403, 407];
+            let n = 40;
+            // GPU: the prompt's token, then chained steps.
+            let mut s = model.session(opts).unwrap();
+            s.set_sampling(cfg, 0, &prompt);
+            let first = s.forward(&prompt, Output::Sampled).unwrap()[0] as u32;
+            let mut got = vec![first];
+            got.extend(s.generate_chained(first, n - 1, &mut |_| true).unwrap());
+            // CPU: the logits of each step, sampled by the reference.
+            let mut r = model.session(opts).unwrap();
+            let mut sampler = Sampler::new(*cfg);
+            let mut history = prompt.to_vec();
+            let mut logits = r.forward(&prompt, Output::LastLogits).unwrap();
+            let mut want = Vec::new();
+            for _ in 0..n {
+                let t = sampler.sample(&logits, &history);
+                want.push(t);
+                history.push(t);
+                logits = r.forward(&[t], Output::LastLogits).unwrap();
+            }
+            assert_eq!(got, want, "[{}] {cfg:?}", g.name);
+            assert!(want.iter().collect::<std::collections::HashSet<_>>().len() > 10, "too few distinct tokens");
+        }
+    }
+}
