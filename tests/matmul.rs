@@ -7,7 +7,8 @@ mod common;
 
 use common::*;
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
-use kiln::kernels::matmul::{self, Matmul};
+use kiln::kernels::matmul::{self, Epilogue, Matmul, RopeShape, StepState};
+use kiln::kernels::KvKind;
 use kiln::plan::{GemmTile, GemvShape, MatmulKernel};
 use kiln::quant::{dequantize, quantize, WeightFormat};
 
@@ -83,6 +84,7 @@ fn run_matmul(
         accumulate,
         norm: None,
         glu: None,
+        epi: Epilogue::Plain,
     };
     let ds = matmul::prepare_with(ctx, &mm, kernel, "test").expect("prepare");
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
@@ -393,5 +395,197 @@ fn gemv_q8_fused_and_split() {
         assert!(w_chunks > 1, "{} should be split", format.name());
         let what = format!("split gemv_q8 {}", format.name());
         assert_exact(&what, run_matmul(&ctx, format, n, k, 1, kernel(1), true, false, Some(x)));
+    }
+}
+
+/// Y = silu(gate) * up of interleaved gate/up rows (2i, 2i + 1), as SwiGLU's epilogue writes it.
+fn swiglu_reference(y: &[f32], m: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n / 2];
+    for r in 0..m {
+        for i in 0..n / 2 {
+            let (g, u) = (y[r * n + 2 * i] as f64, y[r * n + 2 * i + 1] as f64);
+            out[r * n / 2 + i] = (g / (1.0 + (-g).exp()) * u) as f32;
+        }
+    }
+    out
+}
+
+/// The fused epilogues against their CPU references, through every kernel kind that carries
+/// them (float GEMV, int8 GEMV, register GEMM, cooperative GEMM where the adapter has it):
+/// SwiGLU over interleaved gate/up rows, and the stacked Q/K/V projection (biases, NeoX row
+/// order, partial rotation) whose epilogue rotates Q into Y and K into the cache and copies V
+/// there, for tokens at positions 5.. of an f32 and an f16 cache.
+#[test]
+fn fused_epilogues_match_reference() {
+    let (nh, nkv, hd) = (4usize, 2usize, 64usize);
+    let (qd, kvd) = (nh * hd, nkv * hd);
+    let n = qd + 2 * kvd;
+    let k = 256;
+    let pos0 = 5usize;
+    for g in gpus() {
+        let int8 = g.ctx.caps.int8_dot;
+        for format in [WeightFormat::F32, WeightFormat::Q4K] {
+            // Each kernel kind once (every variant compiles its own pipeline), with 2- and
+            // 4-row GEMV workgroups and a 4x4 and 8x8 GEMM register tile.
+            let gemv = |m: u32, wg: u32, rows: u32, q8: bool| MatmulKernel::Gemv {
+                ncols: m,
+                shape: GemvShape { wg, rows },
+                q8,
+            };
+            let mut kernels: Vec<(String, u32, MatmulKernel)> = vec![
+                ("gemv m=1".into(), 1, gemv(1, 64, 4, false)),
+                ("gemv m=3".into(), 3, gemv(3, 128, 2, false)),
+                ("gemm m=13".into(), 13, MatmulKernel::Gemm { tile: GemmTile::T32 }),
+                ("gemm 128x64 m=70".into(), 70, MatmulKernel::Gemm { tile: GemmTile::T128x64 }),
+            ];
+            if int8 && format != WeightFormat::F32 {
+                kernels.push(("gemv_q8 m=2".into(), 2, gemv(2, 128, 2, true)));
+            }
+            if g.ctx.caps.coopmat && format != WeightFormat::F32 {
+                kernels.push(("gemm_coop m=70".into(), 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+            }
+            for (what, m, kernel) in &kernels {
+                let m = *m as usize;
+                let c = case(format, n, k, m, (m * 13 + n) as u64);
+                let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
+                // f32 accumulation of exact weights; int8 activations round x.
+                let tol = if q8 { 2e-2 } else { TOL * 4.0 };
+                let plain = matmul::reference(&c.w_ref, n, k, &c.x, m, Some(&c.bias), None);
+                let x = g.ctx.upload_f32(&c.x, "x").unwrap();
+                let b = g.ctx.upload_f32(&c.bias, "bias").unwrap();
+                let w = WeightTensor::upload(&g.ctx, "w", format, n, k, &c.weights).unwrap();
+                let run = |mm: &Matmul| {
+                    let prep = if q8 {
+                        let bm = matmul::BoundMatmul::with_q8(&g.ctx, mm, "test", true).unwrap();
+                        let mut enc = g.ctx.device.create_command_encoder(&Default::default());
+                        {
+                            let mut pass = enc.begin_compute_pass(&Default::default());
+                            bm.record(&g.ctx, &mut pass, m as u32, Some(*kernel)).unwrap();
+                        }
+                        g.ctx.queue.submit([enc.finish()]);
+                        return;
+                    } else {
+                        matmul::prepare_with(&g.ctx, mm, *kernel, "test").unwrap()
+                    };
+                    run_dispatches(&g.ctx, &prep.iter().collect::<Vec<_>>()).unwrap();
+                };
+
+                // SwiGLU: the rows taken as interleaved gate/up pairs.
+                let y = g.ctx.storage((m * n / 2 * 4) as u64, "act").unwrap();
+                let mm = Matmul {
+                    epi: Epilogue::SwiGlu,
+                    bias: Some(&b),
+                    y_stride: (n / 2) as u32,
+                    ..Matmul::dense(&w, &x, &y, m as u32)
+                };
+                run(&mm);
+                let got = g.ctx.read_f32(&y, m * n / 2).unwrap();
+                assert_close(
+                    &format!("[{}] {format} {what} swiglu", g.name),
+                    &got,
+                    &swiglu_reference(&plain, m, n),
+                    tol,
+                );
+
+                for (neox, n_rot, f16_kv) in [(false, 48, false), (true, 32, true)] {
+                    if neox && !g.ctx.caps.f16 {
+                        continue;
+                    }
+                    let kv = KvKind::for_cache(f16_kv, &g.ctx.caps);
+                    let n_ctx = pos0 + m + 3;
+                    let cache_bytes = (n_ctx * kvd * kv.bytes_per_elem() as usize) as u64;
+                    let (kc, vc) = (g.ctx.storage(cache_bytes, "k").unwrap(), g.ctx.storage(cache_bytes, "v").unwrap());
+                    let q = g.ctx.storage((m * qd * 4) as u64, "q").unwrap();
+                    let rope = g.ctx.uniform(
+                        &RopeShape {
+                            q_dim: qd as u32,
+                            kv_dim: kvd as u32,
+                            head_dim: hd as u32,
+                            n_rot: n_rot as u32,
+                            freq_base: 10000.0,
+                            freq_scale: 0.5,
+                            kv_stride: kvd as u32,
+                            _pad: 0,
+                        },
+                        "rope",
+                    );
+                    let step = StepState { n_tokens: m as u32, pos0: pos0 as u32, kv_len: (pos0 + m) as u32, _pad: 0 };
+                    let step = g.ctx.upload(bytemuck::bytes_of(&step), "step").unwrap();
+                    // The stacked weights in NeoX row order (and the bias with them): row r of
+                    // the stacked matrix holds plain row `src(r)`.
+                    let src = |r: usize| {
+                        if neox && r < qd + kvd {
+                            r - r % hd + kiln::model::weights::neox_row(r % hd, n_rot)
+                        } else {
+                            r
+                        }
+                    };
+                    let rb = format.row_bytes(k).unwrap();
+                    let stacked: Vec<u8> =
+                        (0..n).flat_map(|r| c.weights[src(r) * rb..(src(r) + 1) * rb].to_vec()).collect();
+                    let bias_stacked: Vec<f32> = (0..n).map(|r| c.bias[src(r)]).collect();
+                    let ws = WeightTensor::upload(&g.ctx, "qkv", format, n, k, &stacked).unwrap();
+                    let bs = g.ctx.upload_f32(&bias_stacked, "bias").unwrap();
+                    let mm = Matmul {
+                        bias: Some(&bs),
+                        y_stride: qd as u32,
+                        epi: Epilogue::Qkv {
+                            k_cache: &kc,
+                            v_cache: &vc,
+                            kv,
+                            neox,
+                            rope: &rope,
+                            step: &step,
+                            row_base: 0,
+                        },
+                        ..Matmul::dense(&ws, &x, &q, m as u32)
+                    };
+                    run(&mm);
+                    // Reference: rotate each head's pairs of the plain result.
+                    let rotate = |v: &[f32], pos: usize| -> Vec<f32> {
+                        let mut o = v.to_vec();
+                        for i in 0..n_rot / 2 {
+                            let (a, b) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
+                            let th = pos as f64 * 0.5 * 10000f64.powf(-2.0 * i as f64 / n_rot as f64);
+                            let (x0, x1) = (v[a] as f64, v[b] as f64);
+                            o[a] = (x0 * th.cos() - x1 * th.sin()) as f32;
+                            o[b] = (x0 * th.sin() + x1 * th.cos()) as f32;
+                        }
+                        o
+                    };
+                    let (mut want_q, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+                    for r in 0..m {
+                        let row = &plain[r * n..(r + 1) * n];
+                        for h in 0..nh {
+                            want_q.extend(rotate(&row[h * hd..(h + 1) * hd], pos0 + r));
+                        }
+                        for h in 0..nkv {
+                            want_k.extend(rotate(&row[qd + h * hd..qd + (h + 1) * hd], pos0 + r));
+                        }
+                        want_v.extend_from_slice(&row[qd + kvd..]);
+                    }
+                    let cache_rows = |buf: &wgpu::Buffer| -> Vec<f32> {
+                        let bytes = g
+                            .ctx
+                            .read_bytes(
+                                buf,
+                                (pos0 * kvd) as u64 * kv.bytes_per_elem(),
+                                (m * kvd) as u64 * kv.bytes_per_elem(),
+                            )
+                            .unwrap();
+                        if kv == KvKind::F32 {
+                            bytemuck::pod_collect_to_vec(&bytes)
+                        } else {
+                            bytes.chunks(2).map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32()).collect()
+                        }
+                    };
+                    let what = format!("[{}] {format} {what} qkv neox={neox} n_rot={n_rot} {kv:?}", g.name);
+                    let kv_tol = if kv == KvKind::F32 { tol } else { tol.max(1e-3) };
+                    assert_close(&format!("{what} q"), &g.ctx.read_f32(&q, m * qd).unwrap(), &want_q, tol);
+                    assert_close(&format!("{what} k"), &cache_rows(&kc), &want_k, kv_tol);
+                    assert_close(&format!("{what} v"), &cache_rows(&vc), &want_v, kv_tol);
+                }
+            }
+        }
     }
 }

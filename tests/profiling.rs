@@ -91,7 +91,7 @@ fn stage_profile_adds_up_to_the_step() {
             check_phase(
                 &p.decode,
                 &format!("{what} decode"),
-                &["attn_norm+qkv", "ffn_norm+ffn_gate_up", "ffn_act+ffn_down+add", "output_norm+lm_head"],
+                &["attn_norm+qkv", "ffn_norm+ffn_gate_up", "ffn_down+add", "output_norm+lm_head", "sample"],
             );
             assert_eq!(p.decode.submits, 6, "{what}");
             assert_eq!(p.decode.readbacks, 6, "{what}");

@@ -5,8 +5,8 @@
 // Header constants: BM, BN, BK (a multiple of 8), TM, TN (multiples of 4), WG = BM/TM * BN/TN.
 // The register tile lives in gemm_micro_<TM>x<TN>.wgsl, written out with constant indices so
 // drivers keep it in registers.
-// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y and
-// the epilogue: common/gemm_io.wgsl.
+// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y:
+// common/gemm_io.wgsl; the epilogue (pairs of adjacent columns): common/matmul_epilogue.wgsl.
 
 // Tiles stored k-major ([k][m] and [k][n]) so the inner loop reads TM and TN as vec4s.
 var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;
@@ -51,8 +51,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
 
     for (var i = 0u; i < TM; i++) {
-        for (var j = 0u; j < TN; j++) {
-            write_y(m0 + ty * TM + i, n0 + tx * TN + j, micro_get(acc, i, j));
+        for (var j = 0u; j < TN; j += 2u) {
+            store_pair(m0 + ty * TM + i, n0 + tx * TN + j, micro_get(acc, i, j), micro_get(acc, i, j + 1u));
         }
     }
 }

@@ -82,7 +82,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     coopStoreT(c10, &cs[(qm + 16u) * BN + qn], BN);
     coopStoreT(c11, &cs[(qm + 16u) * BN + qn + 16u], BN);
     workgroupBarrier();
-    for (var i = lid; i < BM * BN; i += WG) {
-        write_y(m0 + i / BN, n0 + i % BN, cs[i]);
+    for (var i = lid; i < BM * BN / 2u; i += WG) {
+        let e = 2u * i;
+        store_pair(m0 + e / BN, n0 + e % BN, cs[e], cs[e + 1u]);
     }
 }

@@ -129,6 +129,16 @@ impl GpuContext {
     }
 }
 
+/// Where a weight matrix's rows come from when it is created.
+enum Rows<'a> {
+    /// Left unwritten (wgpu zero-fills the buffers before first use).
+    Unwritten,
+    /// GGUF bytes of every row, back to back.
+    Contiguous(&'a [u8]),
+    /// Row r's GGUF bytes, wherever they are.
+    Each(&'a dyn Fn(usize) -> &'a [u8]),
+}
+
 /// Rows `[row_start, row_start + rows)` of a weight matrix in one buffer (one binding).
 pub struct WeightChunk {
     pub buffer: wgpu::Buffer,
@@ -173,13 +183,33 @@ impl WeightTensor {
         k: usize,
         gguf_bytes: &[u8],
     ) -> Result<WeightTensor> {
-        Self::create(ctx, name, format, rows, k, Some(gguf_bytes))
+        let row_bytes = format.row_bytes(k).unwrap_or(0);
+        if gguf_bytes.len() < rows * row_bytes {
+            return Err(KilnError::invalid(
+                format!("tensor {name}"),
+                format!("has {} bytes, expected {}", gguf_bytes.len(), rows * row_bytes),
+            ));
+        }
+        Self::create(ctx, name, format, rows, k, Rows::Contiguous(gguf_bytes))
+    }
+
+    /// `upload_deferred` of a matrix whose rows come from elsewhere (rows of several tensors
+    /// stacked or interleaved): `row(r)` is row r's GGUF bytes.
+    pub fn upload_rows_deferred<'a>(
+        ctx: &GpuContext,
+        name: &str,
+        format: WeightFormat,
+        rows: usize,
+        k: usize,
+        row: &'a dyn Fn(usize) -> &'a [u8],
+    ) -> Result<WeightTensor> {
+        Self::create(ctx, name, format, rows, k, Rows::Each(row))
     }
 
     /// The tensor's buffers, split as `upload` splits them, left unwritten (wgpu zero-fills
     /// them before first use): what depends only on shapes, e.g. whether sessions fit.
     pub fn allocate(ctx: &GpuContext, name: &str, format: WeightFormat, rows: usize, k: usize) -> Result<WeightTensor> {
-        Self::create(ctx, name, format, rows, k, None)
+        Self::create(ctx, name, format, rows, k, Rows::Unwritten)
     }
 
     fn create(
@@ -188,17 +218,12 @@ impl WeightTensor {
         format: WeightFormat,
         rows: usize,
         k: usize,
-        data: Option<&[u8]>,
+        data: Rows,
     ) -> Result<WeightTensor> {
         let bad = |m: String| KilnError::invalid(format!("tensor {name}"), m);
         let row_bytes = format
             .row_bytes(k)
             .ok_or_else(|| bad(format!("row length {k} is not a whole number of {} blocks", format.name())))?;
-        if let Some(bytes) = data {
-            if bytes.len() < rows * row_bytes {
-                return Err(bad(format!("has {} bytes, expected {}", bytes.len(), rows * row_bytes)));
-            }
-        }
         let gpu_row = format.gpu_row_bytes(k).ok_or_else(|| bad("row too large".into()))? as u64;
         if storage_size(gpu_row) > ctx.max_binding {
             return Err(KilnError::TooLarge {
@@ -210,19 +235,31 @@ impl WeightTensor {
         // Rows per chunk: the most whose buffer (tail pad included) fits one binding.
         // (storage_size rounds n * gpu_row + pad + 3 down to a multiple of 4.)
         let room = ctx.max_binding.saturating_sub(storage_size(0) + 3);
+        // An even count, so fused epilogues always find both rows of a pair in one chunk.
         let rows_per_chunk = (room / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
+        let rows_per_chunk = if rows_per_chunk >= 2 { rows_per_chunk & !1 } else { rows_per_chunk };
         // Rows per write: the repacked formats go through a host buffer of this size.
         let rows_per_piece = ((crate::gpu::upload::STAGING_BYTES / 4) / gpu_row.max(1)).max(1) as usize;
         let mut repacked = Vec::new();
+        let mut gathered = Vec::new();
         let mut chunks = Vec::new();
         let mut r0 = 0usize;
         while r0 < rows || (rows == 0 && chunks.is_empty()) {
             let n = rows_per_chunk.min(rows - r0);
             let buffer = ctx.storage(n as u64 * gpu_row, &format!("{name}[{r0}..{}]", r0 + n))?;
             let mut done = 0usize;
-            while let Some(gguf_bytes) = data.filter(|_| done < n) {
+            while done < n && !matches!(data, Rows::Unwritten) {
                 let p = rows_per_piece.min(n - done);
-                let src = &gguf_bytes[(r0 + done) * row_bytes..(r0 + done + p) * row_bytes];
+                let (a, b) = (r0 + done, r0 + done + p);
+                let src: &[u8] = match &data {
+                    Rows::Contiguous(bytes) => &bytes[a * row_bytes..b * row_bytes],
+                    Rows::Each(row) => {
+                        gathered.clear();
+                        (a..b).for_each(|r| gathered.extend_from_slice(row(r)));
+                        &gathered
+                    }
+                    Rows::Unwritten => &[],
+                };
                 let at = done as u64 * gpu_row;
                 if format.gpu_block_bytes() == format.block_bytes() {
                     ctx.write(&buffer, at, src)?;

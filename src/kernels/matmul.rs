@@ -5,7 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{KilnError, Result};
 use crate::gpu::{grid, Bound, Dispatch, GpuContext, WeightTensor};
-use crate::kernels::KernelKey;
+use crate::kernels::{Epi, KernelKey, KvKind};
 use crate::plan::MatmulKernel;
 
 /// Mirrors `Params` in common/matmul_params.wgsl (every GEMV, GEMM and the activation quantizer).
@@ -42,14 +42,91 @@ pub struct Matmul<'a> {
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
     /// The up activations, laid out as X: the input is silu(X) * up (GEMV only; decode).
     pub glu: Option<&'a wgpu::Buffer>,
+    /// Where the outputs go (common/matmul_epilogue.wgsl).
+    pub epi: Epilogue<'a>,
+}
+
+/// Where a matmul's outputs go, with the buffers that needs.
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a> {
+    /// Y (+ bias) (+ Y).
+    Plain,
+    /// W's rows are gate and up interleaved (`quant::interleave_rows`): Y[m, i] =
+    /// silu(gate_i) * up_i, Y rows of n/2.
+    SwiGlu,
+    /// W's rows are Q, K and V stacked (Q and K rows in NeoX order where `neox`): Q is
+    /// rotated into Y, K rotated and V copied into the caches at each token's position.
+    Qkv {
+        k_cache: &'a wgpu::Buffer,
+        v_cache: &'a wgpu::Buffer,
+        kv: KvKind,
+        neox: bool,
+        /// `RopeShape` uniform.
+        rope: &'a wgpu::Buffer,
+        /// The step's `StepState` (tokens, first position).
+        step: &'a wgpu::Buffer,
+        /// The first row of the stacked Q/K/V matrix this matmul's weights hold.
+        row_base: u32,
+    },
+}
+
+impl Epilogue<'_> {
+    pub fn key(&self) -> Epi {
+        match *self {
+            Epilogue::Plain => Epi::Plain,
+            Epilogue::SwiGlu => Epi::SwiGlu,
+            Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox },
+        }
+    }
+}
+
+/// Mirrors `Rope` in common/epilogue_qkv.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct RopeShape {
+    pub q_dim: u32,
+    pub kv_dim: u32,
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub kv_stride: u32,
+    pub _pad: u32,
+}
+
+/// Mirrors `StepState` in common/epilogue_qkv.wgsl: what a step works on.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+pub struct StepState {
+    pub n_tokens: u32,
+    pub pos0: u32,
+    pub kv_len: u32,
+    pub _pad: u32,
 }
 
 impl<'a> Matmul<'a> {
     /// Y[m, rows] = X[m, k] · Wᵀ with rows packed back to back, nothing fused (tests, benches);
     /// struct-update syntax adds the rest.
     pub fn dense(w: &'a WeightTensor, x: &'a wgpu::Buffer, y: &'a wgpu::Buffer, m: u32) -> Matmul<'a> {
-        Matmul { w, x, y, bias: None, m, x_stride: w.k, y_stride: w.rows, accumulate: false, norm: None, glu: None }
+        Matmul {
+            w,
+            x,
+            y,
+            bias: None,
+            m,
+            x_stride: w.k,
+            y_stride: w.rows,
+            accumulate: false,
+            norm: None,
+            glu: None,
+            epi: Epilogue::Plain,
+        }
     }
+}
+
+/// A matmul's five bindings after the parameters, then the epilogue's.
+fn with_extra<'b>(base: [&'b wgpu::Buffer; 5], extra: &[&'b wgpu::Buffer]) -> Vec<&'b wgpu::Buffer> {
+    base.into_iter().chain(extra.iter().copied()).collect()
 }
 
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
@@ -61,6 +138,7 @@ pub fn launch(
     m: u32,
     norm: bool,
     glu: bool,
+    epi: Epi,
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape, q8 } => {
@@ -83,6 +161,7 @@ pub fn launch(
                 norm: norm && !q8,
                 glu: glu && !q8,
                 q8,
+                epi,
             };
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
@@ -97,7 +176,7 @@ pub fn launch(
             {
                 return Err(KilnError::invalid("matmul", format!("grid {gx}x{gy} exceeds the adapter's limit")));
             }
-            Ok((KernelKey::Gemm { format, tile }, [gx, gy, 1]))
+            Ok((KernelKey::Gemm { format, tile, epi }, [gx, gy, 1]))
         }
     }
 }
@@ -147,6 +226,9 @@ pub struct BoundMatmul {
     /// Epsilon of the fused RMSNorm, if any.
     norm_eps: Option<f32>,
     glu: bool,
+    epi: Epi,
+    /// Added to each chunk's first row: where the weights sit in a stacked matrix.
+    row_base: u32,
     /// Present when the int8-activation GEMV may run (the planner picks it for some m, or a
     /// caller asked for it).
     q8: Option<Q8Input>,
@@ -179,10 +261,16 @@ impl BoundMatmul {
     /// Binds `mm`; with `blocks`, also the int8 GEMV reading them and the quantize dispatch
     /// writing them.
     fn bind(ctx: &GpuContext, mm: &Matmul, stage: &'static str, blocks: Option<wgpu::Buffer>) -> Result<BoundMatmul> {
-        if mm.x_stride < mm.w.k || mm.y_stride < mm.w.rows {
+        // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
+        let y_cols = match mm.epi {
+            Epilogue::Plain => mm.w.rows,
+            Epilogue::SwiGlu => mm.w.rows / 2,
+            Epilogue::Qkv { .. } => 0,
+        };
+        if mm.x_stride < mm.w.k || mm.y_stride < y_cols {
             return Err(KilnError::invalid(
                 "matmul",
-                format!("strides x={} y={} are smaller than k={} n={}", mm.x_stride, mm.y_stride, mm.w.k, mm.w.rows),
+                format!("strides x={} y={} are smaller than k={} n={y_cols}", mm.x_stride, mm.y_stride, mm.w.k),
             ));
         }
         if mm.x_stride % 4 != 0 {
@@ -201,13 +289,27 @@ impl BoundMatmul {
             return Err(KilnError::invalid("matmul", "a fused RMSNorm and SwiGLU cannot be combined"));
         }
         let norm_w = mm.norm.map(|(w, _)| w).or(mm.glu).unwrap_or(&dummy);
-        // Any matmul key has the same bindings; the pipeline is chosen per step.
-        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32 };
+        // Any matmul key with this epilogue has the same bindings; the pipeline is chosen per
+        // step.
+        let epi = mm.epi.key();
+        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi };
+        if epi != Epi::Plain && (mm.accumulate || mm.w.rows % 2 != 0 || mm.w.chunks.iter().any(|c| c.rows % 2 != 0)) {
+            return Err(KilnError::invalid("matmul", "a fused epilogue needs whole row pairs and no accumulation"));
+        }
+        let extra: Vec<&wgpu::Buffer> = match &mm.epi {
+            Epilogue::Qkv { k_cache, v_cache, rope, step, .. } => vec![k_cache, v_cache, rope, step],
+            _ => Vec::new(),
+        };
         let chunks =
             mm.w.chunks
                 .iter()
                 .map(|c| {
-                    let b = Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, mm.x, mm.y, bias, norm_w])?;
+                    let b = Bound::new::<MatmulParams>(
+                        ctx,
+                        &key,
+                        stage,
+                        &with_extra([&c.buffer, mm.x, mm.y, bias, norm_w], &extra),
+                    )?;
                     Ok((b, c.row_start, c.rows))
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -222,7 +324,14 @@ impl BoundMatmul {
             let chunks =
                 mm.w.chunks
                     .iter()
-                    .map(|c| Bound::new::<MatmulParams>(ctx, &key, stage, &[&c.buffer, &blocks, mm.y, bias, &dummy]))
+                    .map(|c| {
+                        Bound::new::<MatmulParams>(
+                            ctx,
+                            &key,
+                            stage,
+                            &with_extra([&c.buffer, &blocks, mm.y, bias, &dummy], &extra),
+                        )
+                    })
                     .collect::<Result<Vec<_>>>()?;
             Some(Q8Input { quantize, key: qkey, chunks, blocks })
         } else {
@@ -241,6 +350,11 @@ impl BoundMatmul {
             accumulate: mm.accumulate,
             norm_eps: mm.norm.map(|(_, e)| e),
             glu: mm.glu.is_some(),
+            epi,
+            row_base: match mm.epi {
+                Epilogue::Qkv { row_base, .. } => row_base,
+                _ => 0,
+            },
         })
     }
 
@@ -250,7 +364,7 @@ impl BoundMatmul {
             m,
             k: self.k,
             n_rows: rows,
-            row_offset: row_start,
+            row_offset: self.row_base + row_start,
             x_stride: self.x_stride,
             y_stride: self.y_stride,
             has_bias: self.has_bias as u32,
@@ -351,7 +465,7 @@ impl BoundMatmul {
             _ => self.chunks.iter().map(|(b, ..)| b).collect(),
         };
         for (b, (_, row_start, rows)) in chunks.into_iter().zip(&self.chunks) {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu)?;
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, self.epi)?;
             b.set(ctx, &self.params(m, *row_start, *rows));
             out.push((b, ctx.pipeline(&key)?, grid));
         }

@@ -68,11 +68,41 @@ fn format_file(f: WeightFormat) -> &'static str {
     }
 }
 
+/// The epilogue files of a matmul variant (common/matmul_epilogue.wgsl and what it needs).
+fn epilogue(c: Composer, epi: Epi) -> Composer {
+    let c = c.const_u32("EPI", epi.code()).include("common/matmul_epilogue.wgsl");
+    match epi {
+        Epi::Qkv { kv, neox } => c.const_bool("NEOX", neox).include(kv.file()).include("common/epilogue_qkv.wgsl"),
+        _ => c.include("common/epilogue_none.wgsl"),
+    }
+}
+
 fn reduce_file(subgroups: bool) -> &'static str {
     if subgroups {
         "common/reduce_subgroup.wgsl"
     } else {
         "common/reduce_shared.wgsl"
+    }
+}
+
+/// Where a matmul's outputs go (common/matmul_epilogue.wgsl).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Epi {
+    /// Y (+ bias) (+ the value already there).
+    Plain,
+    /// Gate and up rows interleaved: Y = silu(gate) * up.
+    SwiGlu,
+    /// Q, K and V rows stacked: Q rotated into Y, K rotated and V copied into the KV cache.
+    Qkv { kv: KvKind, neox: bool },
+}
+
+impl Epi {
+    fn code(self) -> u32 {
+        match self {
+            Epi::Plain => 0,
+            Epi::SwiGlu => 1,
+            Epi::Qkv { .. } => 2,
+        }
     }
 }
 
@@ -92,6 +122,7 @@ pub enum KernelKey {
         /// Over activations quantized to int8 by `QuantizeQ8`, with integer dot products
         /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`).
         q8: bool,
+        epi: Epi,
     },
     /// A GEMV input quantized to int8 blocks for the int8-activation GEMV, through the fused
     /// RMSNorm or SwiGLU (quantize_q8.wgsl); up to `plan::GEMV_Q8_MAX_COLS` rows.
@@ -103,6 +134,7 @@ pub enum KernelKey {
     Gemm {
         format: WeightFormat,
         tile: GemmTile,
+        epi: Epi,
     },
     Embed {
         format: WeightFormat,
@@ -186,6 +218,9 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
+            KernelKey::Gemv { epi: Epi::Qkv { .. }, .. } | KernelKey::Gemm { epi: Epi::Qkv { .. }, .. } => {
+                &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read]
+            }
             KernelKey::Gemv { .. } | KernelKey::Gemm { .. } | KernelKey::QuantizeQ8 { .. } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read]
             }
@@ -219,7 +254,7 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8 } => {
+            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8, epi } => {
                 if q8 && (!format.is_quantized() || norm || glu) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
@@ -227,6 +262,7 @@ impl KernelKey {
                     ));
                 }
                 let c = c
+                    .enable_f16(matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
                     .const_u32("WG", wg as u32)
                     .const_u32("ROWS", rows as u32)
                     .const_u32("NCOLS", ncols as u32)
@@ -237,6 +273,7 @@ impl KernelKey {
                     .include(reduce_file(subgroups))
                     .include("common/matmul_params.wgsl")
                     .include("common/gemv_output.wgsl");
+                let c = epilogue(c, epi);
                 if q8 {
                     c.include("common/weights_vec4.wgsl").include("gemv_q8.wgsl").build()
                 } else {
@@ -258,11 +295,11 @@ impl KernelKey {
                 .include("common/gemv_input.wgsl")
                 .include("quantize_q8.wgsl")
                 .build(),
-            KernelKey::Gemm { format, tile } => {
+            KernelKey::Gemm { format, tile, epi } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
                 let coop = tile.is_coop();
                 let c = c
-                    .enable_f16(coop)
+                    .enable_f16(coop || matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
                     .enable_coopmat(coop)
                     .const_u32("BM", bm)
                     .const_u32("BN", bn)
@@ -279,6 +316,7 @@ impl KernelKey {
                     })
                     .include("common/matmul_params.wgsl")
                     .include("common/gemm_io.wgsl");
+                let c = epilogue(c, epi);
                 if coop {
                     c.include("gemm_coop.wgsl").build()
                 } else {
@@ -368,6 +406,8 @@ impl KernelKey {
     pub fn needs(&self) -> (bool, bool) {
         match *self {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
+            KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), false),
+            KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
             KernelKey::Gemv { subgroups, .. }
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
@@ -386,32 +426,60 @@ impl KernelKey {
     /// this list).
     pub fn all_variants() -> Vec<KernelKey> {
         let mut v = Vec::new();
+        // The epilogues the planner pairs with a fused input (RMSNorm, or int8 blocks): the
+        // fused Q/K/V and gate/up projections.
+        let mut fused_epis = vec![Epi::SwiGlu];
+        for kv in KvKind::ALL {
+            for neox in [false, true] {
+                if !(neox && kv == KvKind::F16Packed) {
+                    fused_epis.push(Epi::Qkv { kv, neox });
+                }
+            }
+        }
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
                     for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
-                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false });
+                            let epi = Epi::Plain;
+                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false, epi });
                         }
-                        if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
+                        for &epi in &fused_epis {
                             v.push(KernelKey::Gemv {
                                 format,
                                 ncols,
                                 rows,
                                 wg,
                                 subgroups,
-                                norm: false,
+                                norm: true,
                                 glu: false,
-                                q8: true,
+                                q8: false,
+                                epi,
                             });
+                        }
+                        if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
+                            for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+                                v.push(KernelKey::Gemv {
+                                    format,
+                                    ncols,
+                                    rows,
+                                    wg,
+                                    subgroups,
+                                    norm: false,
+                                    glu: false,
+                                    q8: true,
+                                    epi,
+                                });
+                            }
                         }
                     }
                 }
             }
-            for tile in GemmTile::ALL {
-                v.push(KernelKey::Gemm { format, tile });
+            for tile in GemmTile::ALL.into_iter().chain([GemmTile::Coop64]) {
+                for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+                    v.push(KernelKey::Gemm { format, tile, epi });
+                }
             }
-            v.push(KernelKey::Gemm { format, tile: GemmTile::Coop64 });
             v.push(KernelKey::Embed { format });
         }
         for kv in KvKind::ALL {

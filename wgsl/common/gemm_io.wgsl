@@ -1,6 +1,6 @@
 // What both GEMM bodies (gemm.wgsl on registers, gemm_coop.wgsl on cooperative matrices)
-// share: X, Y and the bias, the bounded reads of X and of W's decoded chunks, and the
-// epilogue that writes Y.
+// share: X, Y and the bias, and the bounded reads of X and of W's decoded chunks (the
+// epilogue that writes Y is common/matmul_epilogue.wgsl).
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // rows of x_stride floats, x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -17,15 +17,4 @@ fn load_w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     if (row >= p.n_rows || c * 8u >= p.k) { return array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0)); }
     let ch = decode8(row, c, p.k);
     return array<vec4<f32>, 2>(chunk_lo(ch), chunk_hi(ch));
-}
-
-// Y[gm, row] = v (+ bias) (+ the value already there), for the chunk's row; nothing outside Y.
-fn write_y(gm: u32, row: u32, v: f32) {
-    if (gm >= p.n_cols || row >= p.n_rows) { return; }
-    let n = p.row_offset + row;
-    let o = gm * p.y_stride + n;
-    var r = v;
-    if (p.has_bias != 0u) { r += bias[n]; }
-    if (p.accumulate != 0u) { r += y[o]; }
-    y[o] = r;
 }

@@ -9,16 +9,16 @@ use crate::kernels::argmax::ArgmaxParams;
 use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, SoftmaxParams};
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
-use crate::kernels::matmul::{BoundMatmul, Matmul};
+use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, RopeShape};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::sample::SampleConfig;
 use crate::kernels::{KernelKey, KvKind};
 use crate::model::config::ModelConfig;
 use crate::model::sizes::{pad4, SessionSizes};
-use crate::model::weights::Weights;
+use crate::model::weights::{GateUp, Qkv, Weights};
 
-use super::{LayerOps, Session, SessionOptions, StepTiming};
+use super::{FfnOps, LayerOps, QkvOps, Session, SessionOptions, StepTiming};
 
 impl Session {
     pub fn new(
@@ -87,6 +87,7 @@ impl Session {
             accumulate: acc,
             norm: None,
             glu: None,
+            epi: Epilogue::Plain,
         };
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage)
@@ -109,6 +110,7 @@ impl Session {
             accumulate: false,
             norm: Some((norm_w, c.rms_eps)),
             glu: None,
+            epi: Epilogue::Plain,
         };
         // Two gathers: token ids written by the host, or the id the previous step sampled on
         // the GPU (chained greedy decoding never waits for the host between steps).
@@ -129,73 +131,156 @@ impl Session {
         };
         let embed = bind_embed(&ids)?;
         let embed_fed_back = bind_embed(&out_id)?;
-        let mut layers = Vec::new();
-        let mut k_caches = Vec::new();
+        // What the fused Q/K/V epilogue needs: the rotation's shape (static) and the step's
+        // tokens and position (written per step, advanced on the GPU by chained decoding).
+        let rope_shape = ctx.uniform(
+            &RopeShape {
+                q_dim: q,
+                kv_dim: kvd,
+                head_dim: c.head_dim,
+                n_rot: c.n_rot,
+                freq_base: c.rope_base,
+                freq_scale: c.rope_freq_scale,
+                kv_stride: kvd,
+                _pad: 0,
+            },
+            "rope shape",
+        );
+        let step_state = st(16, "step state")?;
+        let rope_neox = c.rope_mode == RopeMode::Neox;
+        let mut layers: Vec<LayerOps> = Vec::new();
+        let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
             let kc = st(sizes.kv_layer, &format!("k_cache.{li}"))?;
             let vc = st(sizes.kv_layer, &format!("v_cache.{li}"))?;
-            let qwen3 = w.q_norm.is_some();
-            let (q_src, k_src) = if qwen3 { (&qn, &kn) } else { (&qb, &kb) };
-            let rope_neox = c.rope_mode == RopeMode::Neox;
-            let qkv_fused = [
-                mm_norm(&w.wq, &w.attn_norm, &qb, q, w.bq.as_ref()),
-                mm_norm(&w.wk, &w.attn_norm, &kb, kvd, w.bk.as_ref()),
-                mm_norm(&w.wv, &w.attn_norm, &vb, kvd, w.bv.as_ref()),
-            ];
-            let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] = BoundMatmul::group(&ctx, &qkv_fused, "qkv")?
-                .try_into()
-                .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
-            let gate_up_fused =
-                [mm_norm(&w.w_gate, &w.ffn_norm, &gate, sf, None), mm_norm(&w.w_up, &w.ffn_norm, &up, sf, None)];
-            let [gate_fused, up_fused]: [BoundMatmul; 2] = BoundMatmul::group(&ctx, &gate_up_fused, "ffn_gate_up")?
-                .try_into()
-                .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
-            let ops = LayerOps {
-                attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
-                q: mm_prefill(&w.wq, &xn, se, &qb, q, w.bq.as_ref(), false, "qkv")?,
-                k: mm_prefill(&w.wk, &xn, se, &kb, kvd, w.bk.as_ref(), false, "qkv")?,
-                v: mm_prefill(&w.wv, &xn, se, &vb, kvd, w.bv.as_ref(), false, "qkv")?,
-                q_fused,
-                k_fused,
-                v_fused,
-                gate_fused,
-                up_fused,
-                down_fused: BoundMatmul::new(
-                    &ctx,
-                    &Matmul {
-                        w: &w.w_down,
-                        x: &gate,
-                        y: &x,
+            let (qkv, q_src) = match &w.qkv {
+                Qkv::Stacked { parts, bias } => {
+                    // Decode reads the residual stream with the RMSNorm fused, prefill the normed copy.
+                    let part = |p: usize, norm: bool| Matmul {
+                        w: &parts[p].w,
+                        x: if norm { &x } else { &xn },
+                        y: &qb,
+                        bias: bias.as_ref(),
+                        m: 0,
+                        x_stride: se,
+                        y_stride: q,
+                        accumulate: false,
+                        norm: norm.then_some((&w.attn_norm, c.rms_eps)),
+                        glu: None,
+                        epi: Epilogue::Qkv {
+                            k_cache: &kc,
+                            v_cache: &vc,
+                            kv,
+                            neox: rope_neox,
+                            rope: &rope_shape,
+                            step: &step_state,
+                            row_base: parts[p].row_base,
+                        },
+                    };
+                    let decode: Vec<Matmul> = (0..parts.len()).map(|p| part(p, true)).collect();
+                    let prefill: Vec<BoundMatmul> = (0..parts.len())
+                        .map(|p| BoundMatmul::with_q8(&ctx, &part(p, false), "qkv", false))
+                        .collect::<Result<_>>()?;
+                    (QkvOps::Stacked { decode: BoundMatmul::group(&ctx, &decode, "qkv")?, prefill }, &qb)
+                }
+                Qkv::Separate { wq, wk, wv, bq, bk, bv, q_norm, k_norm } => {
+                    let (q_src, k_src) = if q_norm.is_some() { (&qn, &kn) } else { (&qb, &kb) };
+                    let fused = [
+                        mm_norm(wq, &w.attn_norm, &qb, q, bq.as_ref()),
+                        mm_norm(wk, &w.attn_norm, &kb, kvd, bk.as_ref()),
+                        mm_norm(wv, &w.attn_norm, &vb, kvd, bv.as_ref()),
+                    ];
+                    let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] = BoundMatmul::group(&ctx, &fused, "qkv")?
+                        .try_into()
+                        .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
+                    let head_norm = |g: &Option<wgpu::Buffer>, src, dst| -> Result<Option<Bound>> {
+                        match g {
+                            Some(g) => {
+                                Ok(Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[src, g, dst])?))
+                            }
+                            None => Ok(None),
+                        }
+                    };
+                    let ops = QkvOps::Separate {
+                        q: mm_prefill(wq, &xn, se, &qb, q, bq.as_ref(), false, "qkv")?,
+                        k: mm_prefill(wk, &xn, se, &kb, kvd, bk.as_ref(), false, "qkv")?,
+                        v: mm_prefill(wv, &xn, se, &vb, kvd, bv.as_ref(), false, "qkv")?,
+                        q_fused,
+                        k_fused,
+                        v_fused,
+                        q_norm: head_norm(q_norm, &qb, &qn)?,
+                        k_norm: head_norm(k_norm, &kb, &kn)?,
+                        rope_q: Bound::new::<RopeParams>(
+                            &ctx,
+                            &KernelKey::Rope { neox: rope_neox, to_cache: None, rope: true },
+                            "rope",
+                            &[q_src],
+                        )?,
+                        kv_write: Bound::new::<RopeParams>(
+                            &ctx,
+                            &KernelKey::KvWrite { neox: rope_neox, kv },
+                            "kv_write",
+                            &[k_src, &kc, &vb, &vc],
+                        )?,
+                    };
+                    (ops, q_src)
+                }
+            };
+            let ffn = match &w.ffn {
+                GateUp::Interleaved(gate_up) => {
+                    let gu = |norm: bool| Matmul {
+                        w: gate_up,
+                        x: if norm { &x } else { &xn },
+                        y: &act,
                         bias: None,
                         m: 0,
-                        x_stride: sf,
-                        y_stride: se,
-                        accumulate: true,
-                        norm: None,
-                        glu: Some(&up),
-                    },
-                    "ffn_down",
-                )?,
-                q_norm: match &w.q_norm {
-                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&qb, g, &qn])?),
-                    None => None,
-                },
-                k_norm: match &w.k_norm {
-                    Some(g) => Some(Bound::new::<RmsNormParams>(&ctx, &norm_key, "qk_norm", &[&kb, g, &kn])?),
-                    None => None,
-                },
-                rope_q: Bound::new::<RopeParams>(
-                    &ctx,
-                    &KernelKey::Rope { neox: rope_neox, to_cache: None, rope: true },
-                    "rope",
-                    &[q_src],
-                )?,
-                kv_write: Bound::new::<RopeParams>(
-                    &ctx,
-                    &KernelKey::KvWrite { neox: rope_neox, kv },
-                    "kv_write",
-                    &[k_src, &kc, &vb, &vc],
-                )?,
+                        x_stride: se,
+                        y_stride: sf,
+                        accumulate: false,
+                        norm: norm.then_some((&w.ffn_norm, c.rms_eps)),
+                        glu: None,
+                        epi: Epilogue::SwiGlu,
+                    };
+                    FfnOps::Interleaved {
+                        decode: BoundMatmul::new(&ctx, &gu(true), "ffn_gate_up")?,
+                        prefill: BoundMatmul::with_q8(&ctx, &gu(false), "ffn_gate_up", false)?,
+                        down: mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                    }
+                }
+                GateUp::Separate { w_gate, w_up } => {
+                    let fused =
+                        [mm_norm(w_gate, &w.ffn_norm, &gate, sf, None), mm_norm(w_up, &w.ffn_norm, &up, sf, None)];
+                    let [gate_fused, up_fused]: [BoundMatmul; 2] = BoundMatmul::group(&ctx, &fused, "ffn_gate_up")?
+                        .try_into()
+                        .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
+                    FfnOps::Separate {
+                        gate_fused,
+                        up_fused,
+                        down_fused: BoundMatmul::new(
+                            &ctx,
+                            &Matmul {
+                                glu: Some(&up),
+                                accumulate: true,
+                                y_stride: se,
+                                ..Matmul::dense(&w.w_down, &gate, &x, 0)
+                            },
+                            "ffn_down",
+                        )?,
+                        gate: mm_prefill(w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
+                        up: mm_prefill(w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
+                        silu: Bound::new::<EltParams>(
+                            &ctx,
+                            &KernelKey::Elementwise { op: EltOp::SiluMul },
+                            "ffn_gate_up",
+                            &[&gate, &up, &act],
+                        )?,
+                        down: mm_prefill(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                    }
+                }
+            };
+            let ops = LayerOps {
+                attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
+                qkv,
                 attn_qk: Bound::new::<AttnGemmParams>(
                     &ctx,
                     &KernelKey::AttnGemm { kv },
@@ -229,15 +314,7 @@ impl Session {
                 )?,
                 wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
                 ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
-                gate: mm_prefill(&w.w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
-                up: mm_prefill(&w.w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
-                silu: Bound::new::<EltParams>(
-                    &ctx,
-                    &KernelKey::Elementwise { op: EltOp::SiluMul },
-                    "ffn_gate_up",
-                    &[&gate, &up, &act],
-                )?,
-                down: mm_prefill(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                ffn,
             };
             layers.push(ops);
             k_caches.push(kc);
@@ -258,6 +335,7 @@ impl Session {
                 accumulate: false,
                 norm: Some((&weights.output_norm, c.rms_eps)),
                 glu: None,
+                epi: Epilogue::Plain,
             };
             BoundMatmul::new(&ctx, &m, "lm_head")
         };
@@ -309,6 +387,8 @@ impl Session {
             argmax,
             sample,
             sample_state,
+            step_state,
+            _rope_shape: rope_shape,
             _buffers: keep,
             timing: StepTiming::default(),
             prof: None,

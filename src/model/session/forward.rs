@@ -14,7 +14,7 @@ use crate::kernels::{KernelKey, WG_ELT};
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
-use super::{Output, Session};
+use super::{FfnOps, Output, QkvOps, Session};
 
 impl Session {
     pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
@@ -78,46 +78,76 @@ impl Session {
             b.record_with(rec.pass(), &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
         }
         let neox = c.rope_mode == RopeMode::Neox;
-        let rope_q_pipe = pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?;
-        let kv_write_pipe = pipe(&KernelKey::KvWrite { neox, kv: self.kv })?;
-        let silu_pipe = pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?;
-        let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
         let kv_len = self.pos + m;
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
         let fused = m <= crate::plan::GEMV_MAX_COLS;
+        let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m)).collect());
         for l in &self.layers {
-            if fused {
-                rec.stage(Stage::AttnNormQkv, || {
-                    StageWork::combine(vec![l.q_fused.work(ctx, m), l.k_fused.work(ctx, m), l.v_fused.work(ctx, m)])
-                });
-                BoundMatmul::record_group(ctx, rec.pass(), &[&l.q_fused, &l.k_fused, &l.v_fused], m)?;
-            } else {
-                rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
-                norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
-                rec.stage(Stage::Qkv, || {
-                    StageWork::combine(vec![l.q.work(ctx, m), l.k.work(ctx, m), l.v.work(ctx, m)])
-                });
-                l.q.record(ctx, rec.pass(), m, None)?;
-                l.k.record(ctx, rec.pass(), m, None)?;
-                l.v.record(ctx, rec.pass(), m, None)?;
+            // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
+            // over the cache, then the output projection added to the residual stream.
+            match &l.qkv {
+                QkvOps::Stacked { decode, prefill } => {
+                    if fused {
+                        rec.stage(Stage::AttnNormQkv, || group_work(decode));
+                        BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m)?;
+                    } else {
+                        rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                        norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
+                        rec.stage(Stage::Qkv, || group_work(prefill));
+                        for b in prefill {
+                            b.record(ctx, rec.pass(), m, None)?;
+                        }
+                    }
+                }
+                QkvOps::Separate { q, k, v, q_fused, k_fused, v_fused, q_norm, k_norm, rope_q, kv_write } => {
+                    if fused {
+                        rec.stage(Stage::AttnNormQkv, || {
+                            StageWork::combine(vec![q_fused.work(ctx, m), k_fused.work(ctx, m), v_fused.work(ctx, m)])
+                        });
+                        BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m)?;
+                    } else {
+                        rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                        norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
+                        rec.stage(Stage::Qkv, || {
+                            StageWork::combine(vec![q.work(ctx, m), k.work(ctx, m), v.work(ctx, m)])
+                        });
+                        q.record(ctx, rec.pass(), m, None)?;
+                        k.record(ctx, rec.pass(), m, None)?;
+                        v.record(ctx, rec.pass(), m, None)?;
+                    }
+                    if let (Some(qn), Some(kn)) = (q_norm, k_norm) {
+                        rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
+                        norm(qn, m * c.n_head, c.head_dim, c.head_dim, rec.pass());
+                        norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, rec.pass());
+                    }
+                    let rope_grid = |heads: u32| grid((m * heads * (c.head_dim / 2)).div_ceil(WG_ELT));
+                    rec.stage(Stage::Rope, || {
+                        StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
+                    });
+                    rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
+                    rope_q.record_with(
+                        rec.pass(),
+                        &*pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?,
+                        rope_grid(c.n_head),
+                    );
+                    rec.stage(Stage::KvWrite, || {
+                        let n = (m * c.kv_dim()) as f64;
+                        StageWork::other(
+                            "kv_write (rope k)",
+                            format!("2x{m}x{}", c.kv_dim()),
+                            2.0 * n * (4.0 + kv_elt),
+                            0.0,
+                        )
+                    });
+                    let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
+                    kv_write.set(ctx, &kvp);
+                    kv_write.record_with(
+                        rec.pass(),
+                        &*pipe(&KernelKey::KvWrite { neox, kv: self.kv })?,
+                        crate::kernels::rope::kv_write_grid(&kvp),
+                    );
+                }
             }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
-                norm(qn, m * c.n_head, c.head_dim, c.head_dim, rec.pass());
-                norm(kn, m * c.n_kv_head, c.head_dim, c.head_dim, rec.pass());
-            }
-            rec.stage(Stage::Rope, || {
-                StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
-            });
-            l.rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
-            l.rope_q.record_with(rec.pass(), &rope_q_pipe, rope_grid(c.n_head));
-            rec.stage(Stage::KvWrite, || {
-                let n = (m * c.kv_dim()) as f64;
-                StageWork::other("kv_write (rope k)", format!("2x{m}x{}", c.kv_dim()), 2.0 * n * (4.0 + kv_elt), 0.0)
-            });
-            let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
-            l.kv_write.set(ctx, &kvp);
-            l.kv_write.record_with(rec.pass(), &kv_write_pipe, crate::kernels::rope::kv_write_grid(&kvp));
             rec.stage(Stage::Attention, || {
                 // K and V read once, Q read and the output written; in prefill the score
                 // matrix is written, read and rewritten by softmax, and read again.
@@ -161,26 +191,49 @@ impl Session {
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
             l.wo.record(ctx, rec.pass(), m, None)?;
-            if fused {
-                rec.stage(Stage::FfnNormGateUp, || {
-                    StageWork::combine(vec![l.gate_fused.work(ctx, m), l.up_fused.work(ctx, m)])
-                });
-                BoundMatmul::record_group(ctx, rec.pass(), &[&l.gate_fused, &l.up_fused], m)?;
-                rec.stage(Stage::FfnActDown, || l.down_fused.work(ctx, m));
-                l.down_fused.record(ctx, rec.pass(), m, None)?;
-            } else {
-                rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
-                norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
-                rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![l.gate.work(ctx, m), l.up.work(ctx, m)]));
-                l.gate.record(ctx, rec.pass(), m, None)?;
-                l.up.record(ctx, rec.pass(), m, None)?;
-                rec.stage(Stage::FfnAct, || {
-                    StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
-                });
-                l.silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
-                l.silu.record_with(rec.pass(), &silu_pipe, grid((m * sf).div_ceil(WG_ELT)));
-                rec.stage(Stage::FfnDown, || l.down.work(ctx, m));
-                l.down.record(ctx, rec.pass(), m, None)?;
+
+            // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
+            match &l.ffn {
+                FfnOps::Interleaved { decode, prefill, down } => {
+                    if fused {
+                        rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m));
+                        decode.record(ctx, rec.pass(), m, None)?;
+                    } else {
+                        rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                        norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
+                        rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m));
+                        prefill.record(ctx, rec.pass(), m, None)?;
+                    }
+                    rec.stage(Stage::FfnDown, || down.work(ctx, m));
+                    down.record(ctx, rec.pass(), m, None)?;
+                }
+                FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
+                    if fused {
+                        rec.stage(Stage::FfnNormGateUp, || {
+                            StageWork::combine(vec![gate_fused.work(ctx, m), up_fused.work(ctx, m)])
+                        });
+                        BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m)?;
+                        rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m));
+                        down_fused.record(ctx, rec.pass(), m, None)?;
+                    } else {
+                        rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                        norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
+                        rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m), up.work(ctx, m)]));
+                        gate.record(ctx, rec.pass(), m, None)?;
+                        up.record(ctx, rec.pass(), m, None)?;
+                        rec.stage(Stage::FfnAct, || {
+                            StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
+                        });
+                        silu.set(ctx, &EltParams { n: m * sf, _pad: [0; 3] });
+                        silu.record_with(
+                            rec.pass(),
+                            &*pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?,
+                            grid((m * sf).div_ceil(WG_ELT)),
+                        );
+                        rec.stage(Stage::FfnDown, || down.work(ctx, m));
+                        down.record(ctx, rec.pass(), m, None)?;
+                    }
+                }
             }
         }
         Ok(())

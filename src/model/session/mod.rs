@@ -60,22 +60,8 @@ pub enum Output {
 
 pub(super) struct LayerOps {
     attn_norm: Bound,
-    q: BoundMatmul,
-    k: BoundMatmul,
-    v: BoundMatmul,
-    /// The same projections reading the residual stream with the RMSNorm fused (decode).
-    q_fused: BoundMatmul,
-    k_fused: BoundMatmul,
-    v_fused: BoundMatmul,
-    gate_fused: BoundMatmul,
-    up_fused: BoundMatmul,
-    /// The down projection reading silu(gate) * up directly (decode).
-    down_fused: BoundMatmul,
-    q_norm: Option<Bound>,
-    k_norm: Option<Bound>,
-    rope_q: Bound,
-    /// K rotated and V copied into the caches, one dispatch.
-    kv_write: Bound,
+    /// The Q, K and V projections, RoPE and the cache write.
+    qkv: QkvOps,
     attn_qk: Bound,
     attn_softmax: Bound,
     attn_pv: Bound,
@@ -86,10 +72,47 @@ pub(super) struct LayerOps {
     attn_combine: Bound,
     wo: BoundMatmul,
     ffn_norm: Bound,
-    gate: BoundMatmul,
-    up: BoundMatmul,
-    silu: Bound,
-    down: BoundMatmul,
+    ffn: FfnOps,
+}
+
+/// How a layer computes Q, K and V (`weights::Qkv`).
+pub(super) enum QkvOps {
+    /// The stacked projection's parts, each with the QKV epilogue (RoPE, the cache write):
+    /// decode reads the residual stream with the RMSNorm fused (one group, sharing an int8
+    /// input), prefill reads the normed copy.
+    Stacked { decode: Vec<BoundMatmul>, prefill: Vec<BoundMatmul> },
+    /// Separate projections, then (Qwen3) per-head norms, then RoPE of Q and the K/V write.
+    Separate {
+        q: BoundMatmul,
+        k: BoundMatmul,
+        v: BoundMatmul,
+        /// The same projections reading the residual stream with the RMSNorm fused (decode).
+        q_fused: BoundMatmul,
+        k_fused: BoundMatmul,
+        v_fused: BoundMatmul,
+        q_norm: Option<Bound>,
+        k_norm: Option<Bound>,
+        rope_q: Bound,
+        /// K rotated and V copied into the caches, one dispatch.
+        kv_write: Bound,
+    },
+}
+
+/// How a layer computes its feed-forward block (`weights::GateUp`).
+pub(super) enum FfnOps {
+    /// Gate and up interleaved, SwiGLU in the epilogue, writing `act`; then down.
+    Interleaved { decode: BoundMatmul, prefill: BoundMatmul, down: BoundMatmul },
+    /// Gate and up apart: decode fuses SwiGLU into the down projection's input, prefill runs
+    /// it as a dispatch.
+    Separate {
+        gate_fused: BoundMatmul,
+        up_fused: BoundMatmul,
+        down_fused: BoundMatmul,
+        gate: BoundMatmul,
+        up: BoundMatmul,
+        silu: Bound,
+        down: BoundMatmul,
+    },
 }
 
 pub struct Session {
@@ -122,6 +145,9 @@ pub struct Session {
     sample: Bound,
     /// Its state: draws made, tokens appended, the penalties' history ring.
     sample_state: wgpu::Buffer,
+    /// The step's tokens and position (`matmul::StepState`), read by the fused QKV epilogue.
+    step_state: wgpu::Buffer,
+    _rope_shape: wgpu::Buffer,
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.

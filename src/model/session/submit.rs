@@ -9,9 +9,17 @@ use crate::kernels::KernelKey;
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
+use crate::kernels::matmul::StepState;
+
 use super::{Output, Session, StepTiming};
 
 impl Session {
+    /// The next step's tokens and position, for the kernels that read them from the GPU.
+    fn write_step_state(&self, m: u32) {
+        let state = StepState { n_tokens: m, pos0: self.pos, kv_len: self.pos + m, _pad: 0 };
+        self.ctx.queue.write_buffer(&self.step_state, 0, bytemuck::bytes_of(&state));
+    }
+
     /// One forward step: one command buffer, one submit, one readback (when `read`).
     pub(super) fn step(&mut self, tokens: &[u32], out: Output, read: bool) -> Result<Vec<f32>> {
         let t0 = std::time::Instant::now();
@@ -21,6 +29,7 @@ impl Session {
         let mut prof = self.prof.take();
         let se = pad4(n_embd);
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+        self.write_step_state(m);
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         let read_bytes;
         {
@@ -160,6 +169,7 @@ impl Session {
         let mut submitted: [Option<wgpu::SubmissionIndex>; 2] = [None, None];
         let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
             let t0 = std::time::Instant::now();
+            s.write_step_state(1);
             let mut enc =
                 ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
             let mut prof = s.prof.take();

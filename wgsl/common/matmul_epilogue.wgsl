@@ -1,0 +1,51 @@
+// Where a matmul's outputs go: the epilogue both GEMV bodies and both GEMM bodies call with
+// pairs of adjacent output rows (weight rows 2i, 2i + 1 of one column m). Header constant EPI:
+//   EPI_PLAIN  Y (+ bias) (+ the value already there): write_y / write_one.
+//   EPI_SWIGLU the weight rows are gate and up interleaved (2i = gate_i, 2i + 1 = up_i):
+//              Y[m, i] = silu(gate) * up, so SwiGLU needs no dispatch and no gate/up buffers.
+//   EPI_QKV    the weight rows are Q, K and V stacked (Q and K rows of a NeoX model reordered
+//              at load so each rotated pair is adjacent: [0, r/2, 1, r/2 + 1, ...] per head,
+//              r = n_rot): Q is rotated into Y, K rotated and V copied straight into their
+//              KV-cache rows at the token's position, so RoPE and the cache write need no
+//              dispatch of their own.
+// The including file declares y (binding 3) and bias (binding 4) and `p` (matmul_params);
+// store_qkv comes from common/epilogue_qkv.wgsl (EPI_QKV) or epilogue_none.wgsl.
+
+const EPI_PLAIN: u32 = 0u;
+const EPI_SWIGLU: u32 = 1u;
+const EPI_QKV: u32 = 2u;
+
+// One value of Y, plain (ragged last rows of a plain matmul).
+fn write_one(gm: u32, row: u32, v: f32) {
+    if (gm >= p.n_cols || row >= p.n_rows) { return; }
+    let n = p.row_offset + row;
+    let o = gm * p.y_stride + n;
+    var r = v;
+    if (p.has_bias != 0u) { r += bias[n]; }
+    if (p.accumulate != 0u) { r += y[o]; }
+    y[o] = r;
+}
+
+fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
+
+// Rows `row` and `row + 1` (row even, within the chunk) of column gm.
+fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
+    if (EPI == EPI_PLAIN) {
+        write_one(gm, row, v0);
+        write_one(gm, row + 1u, v1);
+        return;
+    }
+    if (gm >= p.n_cols || row >= p.n_rows) { return; }
+    let n = p.row_offset + row;
+    var a = v0;
+    var b = v1;
+    if (p.has_bias != 0u) {
+        a += bias[n];
+        b += bias[n + 1u];
+    }
+    if (EPI == EPI_SWIGLU) {
+        y[gm * p.y_stride + n / 2u] = silu(a) * b;
+        return;
+    }
+    store_qkv(gm, n, a, b);
+}
