@@ -40,6 +40,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
     ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
+    ("nll.wgsl", include_str!("../../wgsl/nll.wgsl")),
     ("probe.wgsl", include_str!("../../wgsl/probe.wgsl")),
 ];
 

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod matmul;
+pub mod nll;
 pub mod norm;
 pub mod probe;
 pub mod rope;
@@ -136,6 +137,10 @@ pub enum KernelKey {
     Argmax {
         subgroups: bool,
     },
+    /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
+    Nll {
+        subgroups: bool,
+    },
     /// Device probes (`kiln info --probe`).
     Probe {
         kind: ProbeKind,
@@ -151,7 +156,7 @@ pub enum ProbeKind {
 }
 
 /// Work sizes shared by host and shader.
-pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
+pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax, nll)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const ATTN_CHUNK: u32 = 64; // positions per decode-attention split (short loops: latency, not bandwidth, bounds decode attention)
@@ -182,6 +187,7 @@ impl KernelKey {
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
+            KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine | KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
             KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
@@ -333,6 +339,9 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
+            KernelKey::Nll { subgroups } => {
+                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("nll.wgsl").build()
+            }
             KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
         }
     }
@@ -351,7 +360,8 @@ impl KernelKey {
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
-            | KernelKey::Argmax { subgroups } => (false, subgroups),
+            | KernelKey::Argmax { subgroups }
+            | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
@@ -415,6 +425,7 @@ impl KernelKey {
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
+            v.push(KernelKey::Nll { subgroups });
         }
         for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {
             v.push(KernelKey::Probe { kind });
