@@ -2,6 +2,8 @@
 //! forward pass that records one step (prefill of many tokens, or one decode token) into a
 //! single submit whose only readback is the sampled token or the requested logits.
 
+mod score;
+
 use std::sync::Arc;
 
 use crate::error::{KilnError, Result};
@@ -116,6 +118,8 @@ pub struct Session {
     lm_head_all: BoundMatmul,
     lm_head_last: BoundMatmul,
     argmax: Bound,
+    /// Log-softmax and NLL over the logits (sessions with all logits; see score.rs).
+    scorer: Option<score::Scorer>,
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
@@ -379,6 +383,7 @@ impl Session {
             })
         };
         let chain_stage = [stage(0), stage(1)];
+        let scorer = score::Scorer::new(&ctx, &logits, &opts)?;
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial];
         keep.extend(k_caches);
         Ok(Session {
@@ -404,6 +409,7 @@ impl Session {
             lm_head_all,
             lm_head_last,
             argmax,
+            scorer,
             _buffers: keep,
             timing: StepTiming::default(),
             prof: None,
