@@ -12,7 +12,7 @@ use crate::{KilnError, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct PerplexityArgs {
-    /// Model flags; -c is the chunk size (default 512, as llama-perplexity's).
+    /// Model flags; -c is the chunk size here (default 512, as llama-perplexity's).
     #[command(flatten)]
     pub model: ModelArgs,
     /// Text file to score.
