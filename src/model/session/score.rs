@@ -31,10 +31,10 @@ impl Scorer {
         if !opts.all_logits {
             return Ok(None);
         }
-        let targets = ctx.storage(4 * opts.ubatch.max(1) as u64, "score targets")?;
-        let out = ctx.storage(4 * opts.n_ctx.max(1) as u64, "scores")?;
+        let targets = ctx.storage(4 * opts.ubatch.max(1) as u64, "nll targets")?;
+        let out = ctx.storage(4 * opts.n_ctx.max(1) as u64, "nll results")?;
         let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("scores readback"),
+            label: Some("nll readback"),
             size: 4 * opts.n_ctx.max(1) as u64,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
@@ -126,8 +126,7 @@ impl Session {
                     rec.stage(Stage::OutputNorm, || {
                         StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
                     });
-                    self.out_norm_all
-                        .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
+                    self.out_norm_all.set(&ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
                     self.out_norm_all.record_with(
                         rec.pass(),
                         &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
@@ -140,7 +139,7 @@ impl Session {
                         StageWork::other("nll", format!("{n_rows}x{v}"), 4.0 * (n_rows * v) as f64, 0.0)
                     });
                     let p = NllParams { n: v, stride: v, row0: rows.start, n_rows, out0, _pad: [0; 3] };
-                    scorer.nll.set(&*ctx, &p);
+                    scorer.nll.set(&ctx, &p);
                     scorer.nll.record_with(
                         rec.pass(),
                         &*ctx.pipeline(&KernelKey::Nll { subgroups: ctx.caps.subgroups })?,
