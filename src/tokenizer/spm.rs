@@ -30,7 +30,7 @@ const SPACE: &str = "\u{2581}";
 pub(super) fn build(tokens: &[String], add_space_prefix: bool) -> tokenizers::Result<Tokenizer> {
     let vocab: Vocab = tokens.iter().enumerate().map(|(id, token)| (token.clone(), id as u32)).collect();
     // No word cache (see bpe.rs: it would leak per model).
-    let model = BPE::builder().vocab_and_merges(vocab, Vec::new()).byte_fallback(true).cache_capacity(0);
+    let model = BPE::builder().vocab_and_merges(vocab, Vec::new()).cache_capacity(0);
     let mut tokenizer = Tokenizer::new(model.build()?);
 
     // No pre-tokenizer: like llama.cpp, the whole text (between special tokens) is one word.
