@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod perplexity;
 pub mod plan;
 pub mod profile;
 pub mod quant;

@@ -33,10 +33,12 @@ pub enum Stage {
     LmHead,
     OutputNormLmHead,
     Sample,
+    /// Log-softmax and the target's negative log-likelihood (perplexity, eval).
+    Score,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 19] = [
+    pub const ALL: [Stage; 20] = [
         Stage::Embed,
         Stage::AttnNorm,
         Stage::Qkv,
@@ -56,6 +58,7 @@ impl Stage {
         Stage::LmHead,
         Stage::OutputNormLmHead,
         Stage::Sample,
+        Stage::Score,
     ];
 
     /// Position of a stage name in execution order (unknown names last).
@@ -84,6 +87,7 @@ impl Stage {
             Stage::LmHead => "lm_head",
             Stage::OutputNormLmHead => "output_norm+lm_head",
             Stage::Sample => "sample",
+            Stage::Score => "score",
         }
     }
 }

@@ -217,8 +217,10 @@ pub fn parse_spec(spec: &str) -> Result<(Preset, FileType)> {
     Ok((preset, ft))
 }
 
-/// A SentencePiece-style vocabulary: specials, the 256 byte tokens, then letter pieces.
-fn vocab(n: u32) -> (Vec<String>, Vec<f32>, Vec<i32>) {
+/// The synthetic models' SentencePiece vocabulary of `n` tokens: tokens, scores and token
+/// types. Specials, the 256 byte tokens, then letter pieces ("▁a", "a", "▁b", …, "▁aa", …)
+/// scored by their order; "▁" alone is not a piece.
+pub fn vocabulary(n: u32) -> (Vec<String>, Vec<f32>, Vec<i32>) {
     let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
     let mut types = vec![2, 3, 3];
     for b in 0..256 {
@@ -309,7 +311,7 @@ fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, 
     w.meta(&key("rope.dimension_count"), MetaValue::U32(p.head_dim));
     w.meta(&key("rope.freq_base"), MetaValue::F32(p.rope_base));
     w.meta(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
-    let (tokens, scores, types) = vocab(p.n_vocab);
+    let (tokens, scores, types) = vocabulary(p.n_vocab);
     w.meta("tokenizer.ggml.model", MetaValue::Str("llama".into()));
     w.meta("tokenizer.ggml.tokens", MetaValue::ArrStr(tokens));
     w.meta("tokenizer.ggml.scores", MetaValue::ArrF32(scores));

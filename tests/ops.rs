@@ -1,5 +1,5 @@
-//! Embedding gather, RoPE, RMSNorm, SiLU·mul, add, argmax and attention against their CPU
-//! references, on every test adapter (native, native with fallbacks, GL where present).
+//! Embedding gather, RoPE, RMSNorm, SiLU·mul, add, argmax, NLL scoring and attention against
+//! their CPU references, on every test adapter (native, native with fallbacks, GL where present).
 
 mod common;
 
@@ -7,6 +7,7 @@ use common::*;
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::attention::{self, AttnShape, DecodeArgs, PrefillArgs};
 use kiln::kernels::elementwise::{self, EltOp};
+use kiln::kernels::nll::{self, NllParams};
 use kiln::kernels::rope::{self, RopeMode, RopeParams};
 use kiln::kernels::{argmax, embed, norm, KvKind};
 use kiln::quant::{dequantize, quantize, WeightFormat};
@@ -125,6 +126,39 @@ fn argmax_picks_lowest_index_of_maximum() {
         let got = g.ctx.read_u32(&ids, rows).unwrap();
         assert_eq!(got, argmax::reference(&x, n), "[{}] argmax", g.name);
         assert_eq!(got, vec![5, 100, 31999, 0]);
+    }
+}
+
+/// Each scored row's -log softmax at its target, on ragged shapes (rows and vocabularies
+/// that are not multiples of the workgroup, a row stride wider than the row, a subrange of
+/// rows written at an offset) and logits large enough that exp() would overflow unshifted.
+#[test]
+fn nll_scores_rows_against_reference() {
+    for g in gpus() {
+        // (rows, vocabulary, stride, first row scored, rows scored, output offset)
+        for (rows, n, stride, row0, n_rows, out0) in [
+            (5usize, 1000usize, 1003usize, 1u32, 3u32, 2u32),
+            (3, 32000, 32000, 0, 3, 0),
+            (9, 37, 40, 2, 7, 5),
+            (2, 1, 1, 0, 2, 0),
+        ] {
+            let mut r = rng(n as u64 + rows as u64);
+            let mut logits = randn(&mut r, rows * stride, 4.0);
+            logits[stride + (3 % n)] = 95.0; // exp(95) is not an f32
+            let targets: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 13) % n) as u32).collect();
+            let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
+            let tb = g.ctx.upload(bytemuck::cast_slice(&targets), "targets").unwrap();
+            let len = (out0 + n_rows + 2) as usize;
+            let ob = g.ctx.upload_f32(&vec![-1.0; len], "nll").unwrap();
+            let p = NllParams { n: n as u32, stride: stride as u32, row0, n_rows, out0, _pad: [0; 3] };
+            run(&g.ctx, &[nll::prepare(&g.ctx, &lb, &tb, &ob, p).unwrap()]);
+            let got = g.ctx.read_f32(&ob, len).unwrap();
+            let what = format!("[{}] nll {rows}x{n} (stride {stride}) rows {row0}..+{n_rows} at {out0}", g.name);
+            let (before, rest) = got.split_at(out0 as usize);
+            let (scored, after) = rest.split_at(n_rows as usize);
+            assert!(before.iter().chain(after).all(|&v| v == -1.0), "{what}: wrote outside its results: {got:?}");
+            assert_close(&what, scored, &nll::reference(&logits, &targets, &p), 2e-6);
+        }
     }
 }
 

@@ -397,3 +397,106 @@ fn bad_metadata_is_refused_with_the_key() {
     meta.remove("tokenizer.ggml.scores");
     assert_mentions(&error(&meta), &["tokenizer.ggml.scores", "missing"]);
 }
+
+// SentencePiece merging on vocabularies llama.cpp's vocab tests do not cover (the synthetic
+// models', hand-made ones), against llama-tokenize's ids (tests/data/make_spm_cases.py).
+
+fn spm_cases_file() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/spm_llamacpp.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("read spm_llamacpp.json")).expect("json")
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array().expect("ids").iter().map(|id| id.as_u64().expect("id") as u32).collect()
+}
+
+/// Every case's text gives its ids (no BOS); returns how many cases there were.
+fn check_cases(name: &str, tok: &Tokenizer, cases: &Value) -> usize {
+    let cases = cases.as_array().expect("cases");
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let want = ids_of(&case["ids"]);
+        let got = tok.encode(text, false).expect("encode");
+        if got != want {
+            failures.push(format!(
+                "  text {text:?}\n    want {want:?}\n         {:?}\n    got  {got:?}\n         {:?}",
+                pieces(tok, &want),
+                pieces(tok, &got)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} texts differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    cases.len()
+}
+
+#[test]
+fn spm_merges_match_llama_cpp_on_synthetic_vocabularies() {
+    let data = spm_cases_file();
+    let synthetic = data["synthetic"].as_array().expect("synthetic");
+    // tiny-test, mini-llama, tinyllama-1.1b and llama-7b, qwen3-0.6b.
+    let sizes: Vec<u64> = synthetic.iter().map(|v| v["n_vocab"].as_u64().expect("n_vocab")).collect();
+    assert_eq!(sizes, [1024, 8192, 32000, 151936]);
+    for vocab in synthetic {
+        let n_vocab = vocab["n_vocab"].as_u64().expect("n_vocab") as u32;
+        // The metadata `kiln synth` writes.
+        let (tokens, scores, types) = kiln::synth::vocabulary(n_vocab);
+        let meta = BTreeMap::from([
+            ("tokenizer.ggml.model".to_owned(), json!("llama")),
+            ("tokenizer.ggml.tokens".to_owned(), json!(tokens)),
+            ("tokenizer.ggml.scores".to_owned(), json!(scores)),
+            ("tokenizer.ggml.token_type".to_owned(), json!(types)),
+            ("tokenizer.ggml.bos_token_id".to_owned(), json!(1)),
+            ("tokenizer.ggml.eos_token_id".to_owned(), json!(2)),
+            ("tokenizer.ggml.unknown_token_id".to_owned(), json!(0)),
+        ]);
+        let tok = Tokenizer::from_metadata(Path::new("synthetic.gguf"), &meta).unwrap();
+        let name = format!("synthetic vocabulary of {n_vocab}");
+        let n = check_cases(&name, &tok, &vocab["cases"]);
+        eprintln!("{name}: {n}/{n} texts tokenize as llama.cpp");
+    }
+    // The example: "▁" is not a piece, "▁the" is.
+    let (tokens, scores, types) = kiln::synth::vocabulary(32000);
+    let meta = BTreeMap::from([
+        ("tokenizer.ggml.model".to_owned(), json!("llama")),
+        ("tokenizer.ggml.tokens".to_owned(), json!(tokens)),
+        ("tokenizer.ggml.scores".to_owned(), json!(scores)),
+        ("tokenizer.ggml.token_type".to_owned(), json!(types)),
+    ]);
+    let tok = Tokenizer::from_metadata(Path::new("synthetic.gguf"), &meta).unwrap();
+    assert_eq!(tok.encode("the quick brown fox", false).unwrap(), [7473, 1383, 15304, 21477, 1032, 1049, 306]);
+}
+
+#[test]
+fn spm_merges_match_llama_cpp_on_hand_made_vocabularies() {
+    let data = spm_cases_file();
+    let hand_made = data["hand_made"].as_array().expect("hand_made");
+    assert_eq!(hand_made.len(), 2);
+    for vocab in hand_made {
+        let name = vocab["name"].as_str().expect("name");
+        let meta = BTreeMap::from([
+            ("tokenizer.ggml.model".to_owned(), json!("llama")),
+            ("tokenizer.ggml.tokens".to_owned(), vocab["tokens"].clone()),
+            ("tokenizer.ggml.scores".to_owned(), vocab["scores"].clone()),
+            ("tokenizer.ggml.token_type".to_owned(), vocab["types"].clone()),
+            ("tokenizer.ggml.add_space_prefix".to_owned(), vocab["add_space_prefix"].clone()),
+            ("tokenizer.ggml.bos_token_id".to_owned(), json!(1)),
+            ("tokenizer.ggml.eos_token_id".to_owned(), json!(2)),
+            ("tokenizer.ggml.unknown_token_id".to_owned(), json!(0)),
+        ]);
+        let tok = Tokenizer::from_metadata(Path::new(name), &meta).unwrap();
+        let n = check_cases(name, &tok, &vocab["cases"]);
+        eprintln!("{name}: {n}/{n} texts tokenize as llama.cpp");
+        // Where llama.cpp aborts (no byte tokens for a character that is not a piece), one
+        // <unk> per such character.
+        if let Some(unk_cases) = vocab.get("kiln_unk_cases") {
+            check_cases(&format!("{name} (<unk>)"), &tok, unk_cases);
+        }
+    }
+}

@@ -1,11 +1,13 @@
 //! `kiln eval`: teacher-forced evaluation of a token sequence. Row i of the logits is the
-//! prediction after ids[0..=i]; prints mean negative log-likelihood and perplexity.
+//! prediction after ids[0..=i]; prints mean negative log-likelihood and perplexity. Scored on
+//! the GPU (one float per token read back) unless the logits are asked for.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::cli::load::{load_model, open_session, ModelArgs};
+use crate::kernels::nll::nll_of;
 use crate::model::Output;
 use crate::{KilnError, Result};
 
@@ -16,7 +18,7 @@ pub struct EvalArgs {
     /// Whitespace-separated token ids.
     #[arg(long)]
     pub tokens: PathBuf,
-    /// Write raw f32 logits here, one row per position.
+    /// Write raw f32 logits here, one row per position (they are then scored on the CPU).
     #[arg(long = "logits-out")]
     pub logits_out: Option<PathBuf>,
 }
@@ -37,20 +39,17 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let (model, _) = load_model(&args.model)?;
     let mut session = open_session(&model, &args.model, ids.len() as u32, true)?;
     let t = Instant::now();
-    let logits = session.forward(&ids, Output::AllLogits)?;
+    let nll: f64 = match &args.logits_out {
+        None => session.score(&ids, 0)?.iter().map(|&x| x as f64).sum(),
+        Some(out) => {
+            let logits = session.forward(&ids, Output::AllLogits)?;
+            std::fs::write(out, bytemuck::cast_slice(&logits))
+                .map_err(|e| KilnError::File { path: out.clone(), message: e.to_string() })?;
+            let v = model.cfg.n_vocab as usize;
+            (0..ids.len() - 1).map(|i| nll_of(&logits[i * v..(i + 1) * v], ids[i + 1])).sum()
+        }
+    };
     let secs = t.elapsed().as_secs_f64();
-    let v = model.cfg.n_vocab as usize;
-    let mut nll = 0f64;
-    for i in 0..ids.len() - 1 {
-        let row = &logits[i * v..(i + 1) * v];
-        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-        nll += lse - row[ids[i + 1] as usize] as f64;
-    }
-    if let Some(out) = &args.logits_out {
-        std::fs::write(out, bytemuck::cast_slice(&logits))
-            .map_err(|e| KilnError::File { path: out.clone(), message: e.to_string() })?;
-    }
     let mut o = std::io::stdout().lock();
     if ids.len() > 1 {
         let mean = nll / (ids.len() - 1) as f64;

@@ -70,7 +70,7 @@ pub enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Chat with a model interactively.
     Chat(chat::ChatArgs),
-    /// Perplexity of a text file (llama.cpp's method).
+    /// Perplexity of a text file, as llama-perplexity computes it (-c: the chunk size, default 512).
     Perplexity(perplexity::PerplexityArgs),
     /// Merge bench JSON files from several machines into a markdown table and SVG charts.
     Report(report::ReportArgs),

@@ -44,6 +44,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
     ("sample.wgsl", include_str!("../../wgsl/sample.wgsl")),
+    ("nll.wgsl", include_str!("../../wgsl/nll.wgsl")),
     ("probe.wgsl", include_str!("../../wgsl/probe.wgsl")),
 ];
 

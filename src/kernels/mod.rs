@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod matmul;
+pub mod nll;
 pub mod norm;
 pub mod probe;
 pub mod rope;
@@ -176,6 +177,10 @@ pub enum KernelKey {
     Sample {
         subgroups: bool,
     },
+    /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
+    Nll {
+        subgroups: bool,
+    },
     /// Device probes (`kiln info --probe`).
     Probe {
         kind: ProbeKind,
@@ -191,7 +196,7 @@ pub enum ProbeKind {
 }
 
 /// Work sizes shared by host and shader.
-pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax)
+pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax, nll)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
@@ -231,6 +236,7 @@ impl KernelKey {
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             KernelKey::Sample { .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite],
+            KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine | KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
             KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
@@ -392,6 +398,9 @@ impl KernelKey {
                 .include(reduce_file(subgroups))
                 .include("sample.wgsl")
                 .build(),
+            KernelKey::Nll { subgroups } => {
+                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("nll.wgsl").build()
+            }
             KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
         }
     }
@@ -413,7 +422,8 @@ impl KernelKey {
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
             | KernelKey::Argmax { subgroups }
-            | KernelKey::Sample { subgroups } => (false, subgroups),
+            | KernelKey::Sample { subgroups }
+            | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
@@ -508,6 +518,7 @@ impl KernelKey {
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
             v.push(KernelKey::Sample { subgroups });
+            v.push(KernelKey::Nll { subgroups });
         }
         for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {
             v.push(KernelKey::Probe { kind });

@@ -1,7 +1,8 @@
 //! Text ↔ token ids, built from a GGUF file's `tokenizer.ggml.*` metadata so that kiln
 //! tokenizes exactly as llama.cpp does. Two vocabulary kinds are supported, each assembled in
-//! code as a HF `tokenizers` pipeline:
-//! - `llama`: SentencePiece BPE (Llama 1/2, TinyLlama, Mistral…), see [`spm`];
+//! code around a HF `tokenizers` pipeline (special tokens, normalization, decoding):
+//! - `llama`: SentencePiece BPE (Llama 1/2, TinyLlama, Mistral…), merged by kiln's own
+//!   port of llama.cpp's SentencePiece tokenizer, see [`spm`];
 //! - `gpt2`: byte-level BPE (GPT-2, Llama 3, Qwen, DeepSeek, Falcon…), see [`bpe`].
 
 mod bpe;
@@ -15,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use serde_json::Value;
-use tokenizers::AddedToken;
+use tokenizers::{AddedToken, OffsetReferential, OffsetType};
 
 use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
@@ -52,6 +53,9 @@ enum VocabKind {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     kind: VocabKind,
+    /// SentencePiece vocabularies: the merges (`inner` then only splits off special tokens,
+    /// normalizes and decodes).
+    spm: Option<spm::SpmModel>,
     tokens: Vec<String>,
     /// User-defined tokens: matched whole in text and printed as they are.
     user_defined: HashSet<u32>,
@@ -90,11 +94,14 @@ impl Tokenizer {
             None => vec![TYPE_NORMAL; n_tokens],
         };
 
-        let (mut inner, kind, add_bos_fallback) = match model {
-            "llama" => (meta.spm(&tokens, &types)?, VocabKind::SentencePiece, true),
+        let (mut inner, spm, kind, add_bos_fallback) = match model {
+            "llama" => {
+                let (inner, spm) = meta.spm(&tokens, &types)?;
+                (inner, Some(spm), VocabKind::SentencePiece, true)
+            }
             "gpt2" => {
                 let pre = pretok::Pre::from_name(meta.str(KEY_PRE)?);
-                (meta.bpe(&tokens, pre)?, VocabKind::ByteLevel, pre.add_bos)
+                (meta.bpe(&tokens, pre)?, None, VocabKind::ByteLevel, pre.add_bos)
             }
             other => {
                 return Err(meta.err(
@@ -122,20 +129,41 @@ impl Tokenizer {
         let add_bos = meta.bool(KEY_ADD_BOS)?.unwrap_or(add_bos_fallback) && bos.is_some();
 
         let user_defined = add_whole_tokens(&mut inner, &tokens, &types).map_err(|e| meta.err(KEY_TOKEN_TYPE, e))?;
-        Ok(Tokenizer { inner, kind, tokens, user_defined, bos, eos, eot, add_bos })
+        Ok(Tokenizer { inner, kind, spm, tokens, user_defined, bos, eos, eot, add_bos })
     }
 
     /// Token ids of `text`, after a BOS token when `add_bos` is set.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let encoding =
-            self.inner.encode_fast(text, false).map_err(|e| KilnError::invalid("text to tokenize", e.to_string()))?;
-        let mut ids = Vec::with_capacity(encoding.len() + 1);
+        let mut ids = Vec::new();
         if add_bos {
             let bos = self.bos.ok_or_else(|| KilnError::invalid("add_bos", "this vocabulary has no BOS token"))?;
             ids.push(bos);
         }
-        ids.extend_from_slice(encoding.get_ids());
+        match &self.spm {
+            Some(spm) => self.encode_spm(spm, text, &mut ids)?,
+            None => {
+                let encoding = self
+                    .inner
+                    .encode_fast(text, false)
+                    .map_err(|e| KilnError::invalid("text to tokenize", e.to_string()))?;
+                ids.extend_from_slice(encoding.get_ids());
+            }
+        }
         Ok(ids)
+    }
+
+    /// SentencePiece: the HF pipeline cuts out the special tokens and normalizes each run of
+    /// text between them (dummy prefix, "▁" for spaces) as `encode_fast` would; kiln's merges
+    /// tokenize the runs.
+    fn encode_spm(&self, spm: &spm::SpmModel, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        let split = self.inner.get_added_vocabulary().extract_and_normalize(self.inner.get_normalizer(), text);
+        for (run, _, special) in split.get_splits(OffsetReferential::Original, OffsetType::None) {
+            match special {
+                Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                None => spm.encode(run, ids).map_err(|e| KilnError::invalid("text to tokenize", e))?,
+            }
+        }
+        Ok(())
     }
 
     /// The text of `ids`. Control tokens (BOS, EOS, chat markers) print nothing.
@@ -238,7 +266,7 @@ struct Meta<'a> {
 }
 
 impl Meta<'_> {
-    fn spm(&self, tokens: &[String], types: &[i64]) -> Result<tokenizers::Tokenizer> {
+    fn spm(&self, tokens: &[String], types: &[i64]) -> Result<(tokenizers::Tokenizer, spm::SpmModel)> {
         let scores = self.floats(KEY_SCORES)?.ok_or_else(|| self.err(KEY_SCORES, "is missing"))?;
         let scores = self.same_len(KEY_SCORES, scores, tokens.len())?;
         let add_space_prefix = self.bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
@@ -247,8 +275,8 @@ impl Meta<'_> {
             Some(id) => Some(id as usize),
             None => (types[0] == TYPE_UNKNOWN).then_some(0),
         };
-        let unk = unk.map(|id| tokens[id].as_str());
-        spm::build(tokens, &scores, add_space_prefix, unk).map_err(|e| self.err(KEY_TOKENS, e))
+        let inner = spm::build(tokens, add_space_prefix).map_err(|e| self.err(KEY_TOKENS, e))?;
+        Ok((inner, spm::SpmModel::new(tokens, &scores, unk.map(|id| id as u32))))
     }
 
     fn bpe(&self, tokens: &[String], pre: pretok::Pre) -> Result<tokenizers::Tokenizer> {

@@ -352,6 +352,7 @@ impl Session {
             })
         };
         let chain_stage = [stage(0), stage(1)];
+        let scorer = super::score::Scorer::new(&ctx, &logits, &opts)?;
         // The GPU sampler's state: draws made, tokens appended and the penalties' history.
         let sample_state = st(crate::kernels::sample::STATE_WORDS as u64 * 4, "sampling state")?;
         let sample = Bound::new::<SampleConfig>(
@@ -385,6 +386,7 @@ impl Session {
             lm_head_all,
             lm_head_last,
             argmax,
+            scorer,
             sample,
             sample_state,
             step_state,

@@ -5,6 +5,7 @@
 
 mod bind;
 mod forward;
+mod score;
 mod submit;
 
 use std::sync::Arc;
@@ -141,6 +142,8 @@ pub struct Session {
     lm_head_all: BoundMatmul,
     lm_head_last: BoundMatmul,
     argmax: Bound,
+    /// Log-softmax and NLL over the logits (sessions with all logits; see score.rs).
+    scorer: Option<score::Scorer>,
     /// The GPU sampler (wgsl/sample.wgsl) over the logits, writing `out_id`.
     sample: Bound,
     /// Its state: draws made, tokens appended, the penalties' history ring.

@@ -15,7 +15,7 @@ use super::{Output, Session, StepTiming};
 
 impl Session {
     /// The next step's tokens and position, for the kernels that read them from the GPU.
-    fn write_step_state(&self, m: u32) {
+    pub(super) fn write_step_state(&self, m: u32) {
         let state = StepState { n_tokens: m, pos0: self.pos, kv_len: self.pos + m, _pad: 0 };
         self.ctx.queue.write_buffer(&self.step_state, 0, bytemuck::bytes_of(&state));
     }
