@@ -144,7 +144,7 @@ fn generate_with(
             ),
         ));
     }
-    let greedy = sampler.cfg.is_greedy() && sampler.cfg.repeat_penalty == 1.0;
+    let greedy = sampler.is_plain_argmax();
     let t = Instant::now();
     let first = if greedy {
         session.forward(prompt, Output::Argmax)?[0] as u32

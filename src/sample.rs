@@ -47,11 +47,32 @@ pub struct Sampler {
     cand: Vec<(u32, f32)>,
     probs: Vec<f32>,
     weights: Vec<f64>,
+    /// Tokens never drawn (`--ignore-eos` bans the end-of-generation tokens, as llama.cpp
+    /// does with a logit bias of -inf).
+    banned: Vec<u32>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { cfg, rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cand: Vec::new(), probs: Vec::new(), weights: Vec::new() }
+        Sampler {
+            cfg,
+            rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            cand: Vec::new(),
+            probs: Vec::new(),
+            weights: Vec::new(),
+            banned: Vec::new(),
+        }
+    }
+
+    /// Never draw these tokens.
+    pub fn ban(&mut self, ids: impl IntoIterator<Item = u32>) {
+        self.banned.extend(ids);
+    }
+
+    /// Whether sampling is a plain argmax of the logits (greedy, no penalty, nothing banned),
+    /// which the GPU can do without reading the logits back.
+    pub fn is_plain_argmax(&self) -> bool {
+        self.cfg.is_greedy() && self.cfg.repeat_penalty == 1.0 && self.banned.is_empty()
     }
 
     fn next_f64(&mut self) -> f64 {
@@ -77,6 +98,11 @@ impl Sampler {
                     // llama.cpp: divide positive logits, multiply negative ones.
                     e.1 = if e.1 > 0.0 { e.1 / c.repeat_penalty } else { e.1 * c.repeat_penalty };
                 }
+            }
+        }
+        for &t in &self.banned {
+            if let Some(e) = cand.get_mut(t as usize) {
+                e.1 = f32::NEG_INFINITY;
             }
         }
         if c.is_greedy() {
@@ -186,6 +212,27 @@ mod tests {
         let mut s = Sampler::new(SamplerConfig { temperature: 0.0, repeat_penalty: 1.5, ..Default::default() });
         assert_eq!(s.sample(&l, &[3]), 5);
         assert_eq!(s.sample(&l, &[]), 3);
+    }
+
+    #[test]
+    fn banned_tokens_are_never_drawn() {
+        let l = logits();
+        let best = l.iter().enumerate().fold(0, |b, (i, &v)| if v > l[b] { i } else { b }) as u32;
+        let mut g = Sampler::new(SamplerConfig { temperature: 0.0, ..Default::default() });
+        assert!(g.is_plain_argmax());
+        g.ban([best]);
+        assert!(!g.is_plain_argmax());
+        assert_ne!(g.sample(&l, &[]), best);
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 5.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 9,
+            ..Default::default()
+        });
+        s.ban([best]);
+        assert!((0..200).all(|_| s.sample(&l, &[]) != best));
     }
 
     #[test]
