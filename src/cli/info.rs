@@ -103,8 +103,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         let mut unusable = r.unusable.clone();
         if unusable.is_none() && i.backend == wgpu::Backend::Gl {
             let probe = crate::gpu::ContextOptions { gpu: Some(r.index.to_string()), ..opts.clone() };
-            if let Err(e) = GpuContext::new(&probe) {
-                unusable = Some(e.to_string());
+            match GpuContext::new(&probe) {
+                Err(crate::KilnError::AdapterUnusable { reason, .. }) => unusable = Some(reason),
+                Err(e) => unusable = Some(e.to_string()),
+                Ok(_) => {}
             }
         }
         match unusable {

@@ -21,10 +21,10 @@ pub struct PerplexityArgs {
 pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| KilnError::File { path: args.file.clone(), message: e.to_string() })?;
-    let (model, tok) = load_model(&args.model)?;
-    let tokens = tok.encode(&text, false)?;
-    let n_ctx = args.model.ctx_size.unwrap_or(512).min(model.cfg.n_ctx_train.max(16));
     let mut margs = args.model.clone();
+    let (model, tok) = load_model(&mut margs)?;
+    let tokens = tok.encode(&text, false)?;
+    let n_ctx = margs.ctx_size.unwrap_or(512).min(model.cfg.n_ctx_train.max(16));
     margs.ctx_size = Some(n_ctx);
     let mut session = open_session(&model, &margs, n_ctx, true)?;
     let n = n_ctx as usize;
