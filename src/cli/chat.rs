@@ -98,13 +98,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             StopReason::ContextFull => eprintln!("(the context is full; the oldest turns will be dropped next time)"),
             _ => {}
         }
-        tracing::info!(
-            "prompt {} tokens {:.1} tok/s, answer {} tokens {:.1} tok/s",
-            stats.prompt_tokens,
-            stats.prompt_tokens as f64 / stats.prompt_secs.max(1e-9),
-            stats.generated,
-            stats.generated as f64 / stats.gen_secs.max(1e-9)
-        );
+        tracing::info!("{}", crate::cli::run::speed_line(&stats));
     }
     crate::cli::load::report_profile(&session)?;
     Ok(())

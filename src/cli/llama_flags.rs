@@ -216,6 +216,9 @@ pub fn parse_gpu_layers(s: &str) -> Result<String, String> {
     }
 }
 
+/// Where `--help` lists these flags.
+const LLAMA_HEADING: &str = "llama.cpp flags (what each does in kiln)";
+
 /// What kiln says about `-fa`, in the help of every command that takes it.
 const FLASH_ATTN_HELP: &str = "kiln's attention kernels are the same either way";
 
@@ -225,22 +228,22 @@ const FLASH_ATTN_HELP: &str = "kiln's attention kernels are the same either way"
 pub struct LlamaArgs {
     /// Layers to put on the GPU (llama.cpp's -ngl: a number, auto or all). Accepted; kiln
     /// keeps every layer on the GPU whatever the number (-v says so).
-    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N", allow_hyphen_values = true, value_parser = parse_gpu_layers)]
+    #[arg(help_heading = LLAMA_HEADING, long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N", allow_hyphen_values = true, value_parser = parse_gpu_layers)]
     pub n_gpu_layers: Option<String>,
     /// CPU threads (llama.cpp's -t). kiln computes on the GPU; on a CPU adapter (Mesa's
     /// lavapipe or llvmpipe) this is the adapter's thread count (LP_NUM_THREADS).
-    #[arg(short = 't', long = "threads", value_name = "N")]
+    #[arg(help_heading = LLAMA_HEADING, short = 't', long = "threads", value_name = "N")]
     pub threads: Option<u32>,
     /// Threads for prompt processing (llama.cpp's -tb): as -t, where -t is not given.
-    #[arg(long = "threads-batch", value_name = "N")]
+    #[arg(help_heading = LLAMA_HEADING, long = "threads-batch", value_name = "N")]
     pub threads_batch: Option<u32>,
     /// Flash attention, on|off|auto (llama.cpp's -fa). Accepted; kiln's attention is the
     /// same either way: decode splits the context across workgroups (flash-decoding),
     /// prefill computes the scores of one ubatch at a time.
-    #[arg(long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on", value_parser = parse_flash_attn)]
+    #[arg(help_heading = LLAMA_HEADING, long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on", value_parser = parse_flash_attn)]
     pub flash_attn: Option<FlashAttn>,
     /// Read the model file into memory instead of memory-mapping it (llama.cpp's --no-mmap).
-    #[arg(long = "no-mmap")]
+    #[arg(help_heading = LLAMA_HEADING, long = "no-mmap")]
     pub no_mmap: bool,
 }
 

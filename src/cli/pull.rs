@@ -7,18 +7,21 @@ use std::path::PathBuf;
 use crate::hub::{fetch, HubOptions, ModelRef, Progress, Refresh};
 use crate::Result;
 
+/// Where `--help` lists these flags.
+const HUB_HEADING: &str = "Models from Hugging Face";
+
 /// llama.cpp's flags for models on Hugging Face.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct HubArgs {
     /// Model from a Hugging Face repository, OWNER/NAME[:QUANT] (quant case-insensitive,
     /// default Q4_K_M), downloaded once into KILN_CACHE (HF_ENDPOINT, HF_TOKEN apply).
-    #[arg(long = "hf-repo", value_name = "REPO[:QUANT]")]
+    #[arg(help_heading = HUB_HEADING, long = "hf-repo", value_name = "REPO[:QUANT]")]
     pub hf_repo: Option<String>,
     /// The file to take from the -hf repository (instead of choosing by quant).
-    #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
+    #[arg(help_heading = HUB_HEADING, long = "hf-file", value_name = "FILE", requires = "hf_repo")]
     pub hf_file: Option<String>,
     /// Hugging Face access token (default: HF_TOKEN).
-    #[arg(long = "hf-token", value_name = "TOKEN")]
+    #[arg(help_heading = HUB_HEADING, long = "hf-token", value_name = "TOKEN")]
     pub hf_token: Option<String>,
 }
 
