@@ -276,32 +276,46 @@ fn status_error(repo: &str, status: u16, what: &str) -> KilnError {
     }
 }
 
-/// Every file of the repository's main revision, with sizes and sha256.
+/// Every file of the repository's main revision, with sizes and sha256 (following the hub's
+/// pages, `Link: <…>; rel="next"`, for repositories of more than a thousand files).
 pub fn list_files(agent: &ureq::Agent, opts: &HubOptions, repo: &str) -> Result<Vec<RemoteFile>> {
-    let url = format!("{}/api/models/{repo}/tree/main?recursive=true", opts.endpoint);
-    let resp = get(agent, opts, &url, 0)?;
-    let status = resp.status().as_u16();
-    if status != 200 {
-        return Err(status_error(repo, status, "repository"));
-    }
-    let body = resp
-        .into_body()
-        .with_config()
-        .limit(64 << 20)
-        .read_to_vec()
-        .map_err(|e| KilnError::Download { what: url.clone(), message: e.to_string() })?;
-    let entries: Vec<TreeEntry> = serde_json::from_slice(&body).map_err(|e| KilnError::Download {
-        what: url.clone(),
-        message: format!("the hub's file list is not what kiln expects: {e}"),
-    })?;
-    Ok(entries
-        .into_iter()
-        .filter(|e| e.kind == "file")
-        .map(|e| match e.lfs {
+    let mut url = format!("{}/api/models/{repo}/tree/main?recursive=true", opts.endpoint);
+    let mut files = Vec::new();
+    for _page in 0..100 {
+        let resp = get(agent, opts, &url, 0)?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            return Err(status_error(repo, status, "repository"));
+        }
+        let next = resp.headers().get("link").and_then(|l| l.to_str().ok()).and_then(next_page);
+        let body = resp
+            .into_body()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .map_err(|e| KilnError::Download { what: url.clone(), message: e.to_string() })?;
+        let entries: Vec<TreeEntry> = serde_json::from_slice(&body).map_err(|e| KilnError::Download {
+            what: url.clone(),
+            message: format!("the hub's file list is not what kiln expects: {e}"),
+        })?;
+        files.extend(entries.into_iter().filter(|e| e.kind == "file").map(|e| match e.lfs {
             Some(l) => RemoteFile { path: e.path, size: l.size, sha256: Some(l.oid.to_ascii_lowercase()) },
             None => RemoteFile { path: e.path, size: e.size, sha256: None },
-        })
-        .collect())
+        }));
+        match next {
+            Some(n) => url = n,
+            None => break,
+        }
+    }
+    Ok(files)
+}
+
+/// The `rel="next"` address of an HTTP Link header.
+fn next_page(link: &str) -> Option<String> {
+    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
+        let (start, end) = (part.find('<')?, part.find('>')?);
+        (start < end).then(|| part[start + 1..end].to_string())
+    })
 }
 
 /// The parts of a file name that may name a quant: `a/Llama-3-8B.Q4_K_M.gguf` has "Llama",
@@ -621,6 +635,13 @@ mod tests {
         for bad in ["../x.gguf", "/etc/x", "a/../../x", "", ".hidden", "a\\b"] {
             assert!(local_path(d, bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn follows_the_next_page() {
+        let link = r#"<https://hf.co/api/models/o/r/tree/main?cursor=abc>; rel="next", <https://x>; rel="prev""#;
+        assert_eq!(next_page(link).as_deref(), Some("https://hf.co/api/models/o/r/tree/main?cursor=abc"));
+        assert_eq!(next_page(r#"<https://x>; rel="prev""#), None);
     }
 
     #[test]

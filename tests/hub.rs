@@ -47,8 +47,9 @@ struct State {
 }
 
 /// A hub on 127.0.0.1: `GET /api/models/{repo}/tree/main` lists files as huggingface.co does
-/// (LFS oid = sha256), `GET /{repo}/resolve/main/{file}` redirects to `/cdn/…`, which serves
-/// the bytes with Range support, or breaks off while `cuts` lasts.
+/// (LFS oid = sha256; two entries a page, the next page behind a `Link` header),
+/// `GET /{repo}/resolve/main/{file}` redirects to `/cdn/…`, which serves the bytes with Range
+/// support, or breaks off while `cuts` lasts.
 struct Hub {
     endpoint: String,
     state: Arc<Mutex<State>>,
@@ -59,11 +60,11 @@ impl Hub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let state = Arc::new(Mutex::new(State { repos, ..Default::default() }));
-        let s = state.clone();
+        let (s, e) = (state.clone(), endpoint.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let s = s.clone();
-                std::thread::spawn(move || serve(conn, &s));
+                let (s, e) = (s.clone(), e.clone());
+                std::thread::spawn(move || serve(conn, &s, &e));
             }
         });
         Hub { endpoint, state }
@@ -89,7 +90,7 @@ fn respond(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body:
     let _ = conn.write_all(body);
 }
 
-fn serve(mut conn: TcpStream, state: &Mutex<State>) {
+fn serve(mut conn: TcpStream, state: &Mutex<State>, endpoint: &str) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).is_err() {
@@ -116,10 +117,11 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
         st.repos.keys().find_map(|r| rest.strip_prefix(&format!("{r}/")).map(|f| (r.clone(), f.to_string())))
     };
     if let Some(rest) = path.strip_prefix("/api/models/") {
-        let Some(repo) = rest.split("/tree/main").next().filter(|r| st.repos.contains_key(*r)) else {
+        let Some(repo) = rest.split("/tree/main").next().filter(|r| st.repos.contains_key(*r)).map(str::to_string)
+        else {
             return respond(&mut conn, "404 Not Found", &[], br#"{"error":"Repository not found"}"#);
         };
-        let r = &st.repos[repo];
+        let r = &st.repos[&repo];
         if r.gated && !authorized {
             return respond(&mut conn, "401 Unauthorized", &[], br#"{"error":"Access to model is restricted"}"#);
         }
@@ -131,7 +133,15 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
             }
             list.push(e);
         }
-        return respond(&mut conn, "200 OK", &[], serde_json::to_string(&list).unwrap().as_bytes());
+        // Two entries a page, the rest behind a Link header, as the hub pages long lists.
+        let (page, link) = if path.contains("cursor=2") {
+            (list.split_off(2.min(list.len())), vec![])
+        } else {
+            list.truncate(2);
+            let next = format!("<{endpoint}/api/models/{repo}/tree/main?recursive=true&cursor=2>; rel=\"next\"");
+            (list, vec![("Link", next)])
+        };
+        return respond(&mut conn, "200 OK", &link, serde_json::to_string(&page).unwrap().as_bytes());
     }
     // resolve/main redirects to the CDN, as huggingface.co does for LFS files.
     if let Some((repo, file)) = path.strip_prefix('/').and_then(|p| find_repo(&st, p)) {
