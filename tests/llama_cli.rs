@@ -163,8 +163,9 @@ fn chat_takes_a_system_prompt() {
         use std::io::Write;
         c.stdin.take().unwrap().write_all(b"Hello there\n/exit\n").unwrap();
         let (_, err) = ok(c.wait_with_output().unwrap());
-        let line = err.lines().find(|l| l.contains("prompt ") && l.contains(" tokens")).unwrap().to_string();
-        line.split("prompt ").nth(1).unwrap().split_whitespace().next().unwrap().parse::<usize>().unwrap()
+        // -v prints each turn's speed line: "prompt: N tokens in …".
+        let line = err.lines().find(|l| l.contains("prompt: ")).unwrap_or_else(|| panic!("{err}")).to_string();
+        line.split("prompt: ").nth(1).unwrap().split_whitespace().next().unwrap().parse::<usize>().unwrap()
     };
     let plain = chat(&[]);
     let with_system = chat(&["-sys", "You tell short stories about a cat."]);
