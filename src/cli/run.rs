@@ -255,17 +255,16 @@ pub fn speed_line(stats: &GenStats) -> String {
         stats.prompt_secs,
         stats.prompt_tokens as f64 / stats.prompt_secs.max(1e-9)
     );
-    let s = if stats.generated == 1 { "" } else { "s" };
-    let steps = stats.generated.saturating_sub(1);
-    if steps == 0 {
-        return format!(
-            "{prompt}; generation: {} token{s} (from prompt processing; no decode step to time)",
-            stats.generated
-        );
+    match stats.generated {
+        0 => return format!("{prompt}; generation: 0 tokens"),
+        1 => return format!("{prompt}; generation: 1 token (from prompt processing; no decode step to time)"),
+        _ => {}
     }
+    let steps = stats.generated - 1;
     format!(
-        "{prompt}; generation: {} tokens, {steps} decode steps in {:.2} s ({:.1} tok/s)",
+        "{prompt}; generation: {} tokens, {steps} decode step{} in {:.2} s ({:.1} tok/s)",
         stats.generated,
+        if steps == 1 { "" } else { "s" },
         stats.gen_secs,
         steps as f64 / stats.gen_secs.max(1e-9)
     )
