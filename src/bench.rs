@@ -136,7 +136,22 @@ impl ModelRecord {
     }
 }
 
-/// One test (ppN or tgN) on one model: every repetition's tokens per second.
+/// GPU memory kiln allocated for a test, in bytes (wgpu's count of buffer memory).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct GpuMemory {
+    pub weights: u64,
+    pub kv_cache: u64,
+    /// The session's other buffers: activations, attention scratch, logits.
+    pub activations: u64,
+}
+
+impl GpuMemory {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.activations
+    }
+}
+
+/// One test (ppN, tgN or ppN+tgM, at a depth) on one model: every repetition's tokens per second.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BenchRecord {
     pub kiln_version: String,
@@ -145,10 +160,16 @@ pub struct BenchRecord {
     pub date: String,
     pub adapter: AdapterRecord,
     pub model: ModelRecord,
-    /// "pp512" or "tg128".
+    /// "pp512", "tg128", "pp512+tg128", or with a depth "tg128 @ d4096" (llama-bench's names).
     pub test: String,
     pub n_prompt: u32,
     pub n_gen: u32,
+    /// Tokens already in the KV cache when the test starts (llama-bench's -d).
+    #[serde(default)]
+    pub n_depth: u32,
+    /// llama.cpp's -b: tokens per prompt-processing call (it caps the ubatch).
+    #[serde(default)]
+    pub n_batch: u32,
     pub ubatch: u32,
     pub n_ctx: u32,
     pub kv_type: String,
@@ -163,6 +184,12 @@ pub struct BenchRecord {
     pub profile: Option<PhaseProfile>,
     /// Tokens per second of the profiled runs: what the timestamps cost.
     pub profiled_ts: Option<f64>,
+    /// GPU memory of the weights and the test's session.
+    #[serde(default)]
+    pub gpu_memory: Option<GpuMemory>,
+    /// Seconds from the model file (or the synthetic image in memory) to weights on the GPU.
+    #[serde(default)]
+    pub load_secs: Option<f64>,
 }
 
 /// Mean and sample standard deviation.
@@ -195,16 +222,43 @@ pub fn utc_now() -> String {
 /// One test to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
+    /// Prompt processing of N tokens.
     Prompt(u32),
+    /// Generation of N tokens.
     Gen(u32),
+    /// A prompt of P tokens, then G generated (llama-bench's -pg).
+    PromptGen(u32, u32),
 }
 
 impl Test {
-    pub fn name(self) -> String {
-        match self {
+    /// llama-bench's name: "pp512", "tg128", "pp512+tg128", with " @ d4096" at a depth.
+    pub fn name(self, depth: u32) -> String {
+        let base = match self {
             Test::Prompt(n) => format!("pp{n}"),
             Test::Gen(n) => format!("tg{n}"),
+            Test::PromptGen(p, g) => format!("pp{p}+tg{g}"),
+        };
+        if depth > 0 {
+            format!("{base} @ d{depth}")
+        } else {
+            base
         }
+    }
+
+    /// (prompt tokens, generated tokens).
+    pub fn sizes(self) -> (u32, u32) {
+        match self {
+            Test::Prompt(n) => (n, 0),
+            Test::Gen(n) => (0, n),
+            Test::PromptGen(p, g) => (p, g),
+        }
+    }
+
+    /// Context positions the test needs after `depth` tokens (a generated token's own
+    /// position included).
+    fn positions(self, depth: u32) -> u32 {
+        let (p, g) = self.sizes();
+        depth + p + g + (g > 0 && p == 0) as u32
     }
 }
 
@@ -212,7 +266,11 @@ impl Test {
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     pub tests: Vec<Test>,
+    /// Depths to run every test at (0: an empty cache).
+    pub depths: Vec<u32>,
     pub repetitions: u32,
+    /// llama.cpp's -b, recorded; kiln's prompt processing runs in ubatches of `ubatch`.
+    pub n_batch: u32,
     pub ubatch: u32,
     pub f16_kv: bool,
     pub warmup: bool,
@@ -220,89 +278,105 @@ pub struct BenchOptions {
     pub peak: Option<Peak>,
 }
 
-/// Runs every test on `model`; `progress` hears (test, repetition or None for warm-up).
+/// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
+/// warm-up), `on_record` gets each test's record as soon as it is done. `load_secs` is how
+/// long the model took to load.
 pub fn bench_model(
     model: &Model,
     synthetic: Option<&str>,
+    load_secs: Option<f64>,
     opts: &BenchOptions,
     progress: &mut dyn FnMut(&str, Option<u32>),
-) -> Result<Vec<BenchRecord>> {
+    on_record: &mut dyn FnMut(BenchRecord) -> Result<()>,
+) -> Result<()> {
     let ctx: &Arc<GpuContext> = &model.ctx;
-    let max_p = opts.tests.iter().filter_map(|t| if let Test::Prompt(n) = t { Some(*n) } else { None }).max();
-    let max_g = opts.tests.iter().filter_map(|t| if let Test::Gen(n) = t { Some(*n) } else { None }).max();
-    let n_ctx = max_p.unwrap_or(0).max(max_g.unwrap_or(0) + 1).max(1);
+    let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
+    let n_ctx = opts.tests.iter().flat_map(|t| depths.iter().map(|&d| t.positions(d))).max().unwrap_or(1).max(1);
+    let before = ctx.buffers_alive().bytes;
     let mut s = model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false })?;
+    let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+    let kv_cache = n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
+    let gpu_memory =
+        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
     // A fixed prompt: token ids spread over the vocabulary (not the specials at 0..3).
     let v = model.cfg.n_vocab as usize;
     let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
     let adapter = AdapterRecord::of(ctx);
     let model_rec = ModelRecord::of(model, synthetic);
-    let mut out = Vec::new();
-    for &test in &opts.tests {
-        let name = test.name();
-        let run = |s: &mut crate::model::Session| -> Result<f64> {
-            s.reset();
-            match test {
-                Test::Prompt(n) => {
-                    let t = Instant::now();
-                    s.forward(&prompt[..n as usize], Output::Argmax)?;
-                    Ok(n as f64 / t.elapsed().as_secs_f64())
+    for &depth in depths {
+        for &test in &opts.tests {
+            let name = test.name(depth);
+            let d = depth as usize;
+            // Tokens per second of one run; the cache is filled to the depth untimed.
+            let run = |s: &mut crate::model::Session| -> Result<f64> {
+                s.reset();
+                if d > 0 {
+                    s.forward(&prompt[..d], Output::Argmax)?;
                 }
-                Test::Gen(n) => {
-                    let t = Instant::now();
-                    let got = s.generate_greedy_chained(prompt[0], n as usize, &mut |_| true)?;
-                    Ok(got.len() as f64 / t.elapsed().as_secs_f64())
-                }
-            }
-        };
-        if opts.warmup {
-            progress(&name, None);
-            run(&mut s)?;
-        }
-        let mut samples = Vec::new();
-        for r in 0..opts.repetitions {
-            progress(&name, Some(r));
-            samples.push(run(&mut s)?);
-        }
-        // The profile comes from runs of their own, so the timed figures carry no timestamps.
-        let (mut profile, mut profiled_ts) = (None, None);
-        if opts.profile {
-            s.enable_profiling()?;
-            let mut ts = Vec::new();
-            for _ in 0..opts.repetitions.min(3) {
+                let t = Instant::now();
+                let tokens = match test {
+                    Test::Prompt(n) => {
+                        s.forward(&prompt[d..d + n as usize], Output::Argmax)?;
+                        n as usize
+                    }
+                    Test::Gen(n) => s.generate_greedy_chained(prompt[d], n as usize, &mut |_| true)?.len(),
+                    Test::PromptGen(p, g) => {
+                        let first = s.forward(&prompt[d..d + p as usize], Output::Argmax)?[0] as u32;
+                        p as usize + s.generate_greedy_chained(first, g as usize, &mut |_| true)?.len()
+                    }
+                };
+                Ok(tokens as f64 / t.elapsed().as_secs_f64())
+            };
+            if opts.warmup {
                 progress(&name, None);
-                ts.push(run(&mut s)?);
+                run(&mut s)?;
             }
-            profiled_ts = Some(mean_sd(&ts).0);
-            profile = s.take_profile().map(|p| if matches!(test, Test::Gen(_)) { p.decode } else { p.prefill });
-            s.disable_profiling();
+            let mut samples = Vec::new();
+            for r in 0..opts.repetitions {
+                progress(&name, Some(r));
+                samples.push(run(&mut s)?);
+            }
+            // The profile comes from runs of their own, so the timed figures carry no timestamps.
+            let (mut profile, mut profiled_ts) = (None, None);
+            if opts.profile {
+                s.enable_profiling()?;
+                let mut ts = Vec::new();
+                for _ in 0..opts.repetitions.min(3) {
+                    progress(&name, None);
+                    ts.push(run(&mut s)?);
+                }
+                profiled_ts = Some(mean_sd(&ts).0);
+                profile = s.take_profile().map(|p| if matches!(test, Test::Gen(_)) { p.decode } else { p.prefill });
+                s.disable_profiling();
+            }
+            let (avg, sd) = mean_sd(&samples);
+            let (n_prompt, n_gen) = test.sizes();
+            on_record(BenchRecord {
+                kiln_version: env!("CARGO_PKG_VERSION").into(),
+                git_commit: env!("KILN_GIT_COMMIT").into(),
+                date: utc_now(),
+                adapter: adapter.clone(),
+                model: model_rec.clone(),
+                test: name,
+                n_prompt,
+                n_gen,
+                n_depth: depth,
+                n_batch: opts.n_batch,
+                ubatch: opts.ubatch,
+                n_ctx,
+                kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
+                samples_ts: samples,
+                avg_ts: avg,
+                stddev_ts: sd,
+                peak: opts.peak,
+                profile,
+                profiled_ts,
+                gpu_memory: Some(gpu_memory),
+                load_secs,
+            })?;
         }
-        let (avg, sd) = mean_sd(&samples);
-        let (n_prompt, n_gen) = match test {
-            Test::Prompt(n) => (n, 0),
-            Test::Gen(n) => (0, n),
-        };
-        out.push(BenchRecord {
-            kiln_version: env!("CARGO_PKG_VERSION").into(),
-            git_commit: env!("KILN_GIT_COMMIT").into(),
-            date: utc_now(),
-            adapter: adapter.clone(),
-            model: model_rec.clone(),
-            test: name,
-            n_prompt,
-            n_gen,
-            ubatch: opts.ubatch,
-            n_ctx,
-            kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
-            samples_ts: samples,
-            avg_ts: avg,
-            stddev_ts: sd,
-            peak: opts.peak,
-            profile,
-            profiled_ts,
-        });
     }
-    Ok(out)
+    Ok(())
 }
 
 fn human_bytes(b: u64) -> String {
@@ -321,23 +395,37 @@ fn human_params(n: u64) -> String {
     }
 }
 
-/// llama-bench's markdown table.
+/// llama-bench's markdown table: the header (with a ubatch column when `show_ubatch`)...
+pub fn markdown_header(show_ubatch: bool) -> String {
+    let (ub, ub_align) = if show_ubatch { (" n_ubatch |", " ---: |") } else { ("", "") };
+    format!(
+        "| model | size | params | formats | backend | GPU |{ub} test | t/s |\n| --- | ---: | ---: | --- | --- | --- |{ub_align} ---: | ---: |\n"
+    )
+}
+
+/// ...and one row per record, printed as its test finishes.
+pub fn markdown_row(r: &BenchRecord, show_ubatch: bool) -> String {
+    let ub = if show_ubatch { format!(" {} |", r.ubatch) } else { String::new() };
+    format!(
+        "| {} | {} | {} | {} | {} | {} |{ub} {} | {:.2} ± {:.2} |\n",
+        r.model.name,
+        human_bytes(r.model.size_bytes),
+        human_params(r.model.params),
+        r.model.formats_label(),
+        r.adapter.backend,
+        r.adapter.name,
+        r.test,
+        r.avg_ts,
+        r.stddev_ts
+    )
+}
+
+/// The whole markdown table.
 pub fn markdown(records: &[BenchRecord]) -> String {
-    let mut o = String::from("| model | size | params | formats | backend | GPU | test | t/s |\n");
-    o.push_str("| --- | ---: | ---: | --- | --- | --- | ---: | ---: |\n");
+    let show_ubatch = records.iter().any(|r| Some(r.ubatch) != records.first().map(|f| f.ubatch));
+    let mut o = markdown_header(show_ubatch);
     for r in records {
-        o.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |\n",
-            r.model.name,
-            human_bytes(r.model.size_bytes),
-            human_params(r.model.params),
-            r.model.formats_label(),
-            r.adapter.backend,
-            r.adapter.name,
-            r.test,
-            r.avg_ts,
-            r.stddev_ts
-        ));
+        o.push_str(&markdown_row(r, show_ubatch));
     }
     o
 }
@@ -350,41 +438,56 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// One line per record; repetitions joined with ';'.
+/// The CSV header line.
+pub const CSV_HEADER: &str = "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts,n_depth,n_batch,gpu_weights_bytes,gpu_kv_bytes,gpu_activations_bytes,load_secs\n";
+
+/// One CSV line (repetitions joined with ';').
+pub fn csv_row(r: &BenchRecord) -> String {
+    let samples = r.samples_ts.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(";");
+    let mem = r.gpu_memory.unwrap_or_default();
+    let opt = |present: bool, v: u64| if present { v.to_string() } else { String::new() };
+    let fields = [
+        r.kiln_version.clone(),
+        r.git_commit.clone(),
+        r.date.clone(),
+        r.adapter.name.clone(),
+        r.adapter.vendor.clone(),
+        r.adapter.device_type.clone(),
+        r.adapter.backend.clone(),
+        r.adapter.driver.clone(),
+        r.adapter.driver_info.clone(),
+        r.adapter.features.join(";"),
+        r.model.name.clone(),
+        r.model.arch.clone(),
+        r.model.size_bytes.to_string(),
+        r.model.params.to_string(),
+        r.model.formats_label(),
+        r.test.clone(),
+        r.n_prompt.to_string(),
+        r.n_gen.to_string(),
+        r.ubatch.to_string(),
+        r.n_ctx.to_string(),
+        r.kv_type.clone(),
+        samples,
+        format!("{:.3}", r.avg_ts),
+        format!("{:.3}", r.stddev_ts),
+        r.n_depth.to_string(),
+        r.n_batch.to_string(),
+        opt(r.gpu_memory.is_some(), mem.weights),
+        opt(r.gpu_memory.is_some(), mem.kv_cache),
+        opt(r.gpu_memory.is_some(), mem.activations),
+        r.load_secs.map(|s| format!("{s:.3}")).unwrap_or_default(),
+    ];
+    let mut o = fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",");
+    o.push('\n');
+    o
+}
+
+/// The header and one line per record.
 pub fn csv(records: &[BenchRecord]) -> String {
-    let mut o = String::from(
-        "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts\n",
-    );
+    let mut o = String::from(CSV_HEADER);
     for r in records {
-        let samples = r.samples_ts.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(";");
-        let fields = [
-            r.kiln_version.clone(),
-            r.git_commit.clone(),
-            r.date.clone(),
-            r.adapter.name.clone(),
-            r.adapter.vendor.clone(),
-            r.adapter.device_type.clone(),
-            r.adapter.backend.clone(),
-            r.adapter.driver.clone(),
-            r.adapter.driver_info.clone(),
-            r.adapter.features.join(";"),
-            r.model.name.clone(),
-            r.model.arch.clone(),
-            r.model.size_bytes.to_string(),
-            r.model.params.to_string(),
-            r.model.formats_label(),
-            r.test.clone(),
-            r.n_prompt.to_string(),
-            r.n_gen.to_string(),
-            r.ubatch.to_string(),
-            r.n_ctx.to_string(),
-            r.kv_type.clone(),
-            samples,
-            format!("{:.3}", r.avg_ts),
-            format!("{:.3}", r.stddev_ts),
-        ];
-        o.push_str(&fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(","));
-        o.push('\n');
+        o.push_str(&csv_row(r));
     }
     o
 }

@@ -63,6 +63,29 @@ pub fn gpu_memory_from_env() -> Option<u64> {
     std::env::var("KILN_GPU_MEMORY").ok().and_then(|v| parse_size(&v))
 }
 
+/// Where downloaded models live: `KILN_CACHE`, else the platform's cache directory
+/// (`$XDG_CACHE_HOME/kiln` or `~/.cache/kiln` on Linux, `~/Library/Caches/kiln` on macOS,
+/// `%LOCALAPPDATA%\kiln` on Windows).
+pub fn cache_dir_from_env() -> Option<std::path::PathBuf> {
+    match std::env::var_os("KILN_CACHE") {
+        Some(d) if !d.is_empty() => Some(d.into()),
+        _ => dirs::cache_dir().map(|d| d.join("kiln")),
+    }
+}
+
+/// The Hugging Face endpoint: `HF_ENDPOINT` (a mirror, or a test server), else the hub.
+pub fn hf_endpoint_from_env() -> String {
+    match std::env::var("HF_ENDPOINT") {
+        Ok(e) if !e.trim().is_empty() => e.trim().trim_end_matches('/').to_string(),
+        _ => "https://huggingface.co".to_string(),
+    }
+}
+
+/// `HF_TOKEN`: the access token for gated and private repositories.
+pub fn hf_token_from_env() -> Option<String> {
+    std::env::var("HF_TOKEN").ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+}
+
 /// "1234", "512K", "300M", "2G" (binary multiples).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

@@ -31,6 +31,9 @@ pub enum KilnError {
     #[error("not enough GPU memory for {what}: {:.1} MiB needed, the adapter has {:.1} MiB; {hint}", *needed as f64 / 1048576.0, *available as f64 / 1048576.0)]
     OutOfMemory { what: String, needed: u64, available: u64, hint: String },
 
+    #[error("download of {what} failed: {message}")]
+    Download { what: String, message: String },
+
     #[error("invalid {what}: {message}")]
     InvalidInput { what: String, message: String },
 

@@ -148,7 +148,7 @@ fn generate_with(
     let greedy = sampler.cfg.is_greedy();
     let t = Instant::now();
     history.extend_from_slice(prompt);
-    session.set_sampling(&sampler.cfg, sampler.draws, history);
+    session.set_sampling(sampler, history);
     let first = session.forward(prompt, Output::Sampled)?[0] as u32;
     if !greedy {
         sampler.draws = sampler.draws.wrapping_add(1);

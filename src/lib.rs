@@ -12,6 +12,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod gpu;
+pub mod hub;
 pub mod kernels;
 pub mod model;
 pub mod perplexity;
@@ -20,6 +21,7 @@ pub mod profile;
 pub mod quant;
 pub mod report;
 pub mod sample;
+pub mod stop;
 pub mod synth;
 pub mod tokenizer;
 

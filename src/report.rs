@@ -9,7 +9,8 @@ use plotters::prelude::*;
 use crate::bench::BenchRecord;
 use crate::error::{KilnError, Result};
 
-/// Reads bench records: a JSON array (what `kiln bench -o json` writes) or one record.
+/// Reads bench records: a JSON array (what `kiln bench -o json` writes), one record, or one
+/// record per line (`-o jsonl`).
 pub fn load(paths: &[PathBuf]) -> Result<Vec<BenchRecord>> {
     let mut out = Vec::new();
     for p in paths {
@@ -19,11 +20,19 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<BenchRecord>> {
             path: p.clone(),
             message: format!("not a kiln bench JSON file ({e}); write one with `kiln bench -o json`"),
         };
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(bad)?;
-        if v.is_array() {
-            out.extend(serde_json::from_value::<Vec<BenchRecord>>(v).map_err(bad)?);
-        } else {
-            out.push(serde_json::from_value::<BenchRecord>(v).map_err(bad)?);
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) if v.is_array() => out.extend(serde_json::from_value::<Vec<BenchRecord>>(v).map_err(bad)?),
+            Ok(v) => out.push(serde_json::from_value::<BenchRecord>(v).map_err(bad)?),
+            // `kiln bench -o jsonl`: one record per line.
+            Err(e) => {
+                let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                if lines.len() < 2 {
+                    return Err(bad(e));
+                }
+                for l in lines {
+                    out.push(serde_json::from_str::<BenchRecord>(l).map_err(bad)?);
+                }
+            }
         }
     }
     if out.is_empty() {
@@ -42,16 +51,33 @@ fn model_label(r: &BenchRecord) -> String {
     r.model.synthetic.clone().unwrap_or_else(|| r.model.name.clone())
 }
 
+/// "1270.3 MiB (636.0 + 44.0 + 590.3)", or "-" for records from before kiln recorded it.
+fn memory_label(r: &BenchRecord) -> String {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    match r.gpu_memory {
+        Some(m) => format!(
+            "{:.1} MiB ({:.1} + {:.1} + {:.1})",
+            mib(m.total()),
+            mib(m.weights),
+            mib(m.kv_cache),
+            mib(m.activations)
+        ),
+        None => "-".into(),
+    }
+}
+
 /// The merged table, as markdown.
 pub fn markdown(records: &[BenchRecord], charts: &[String]) -> String {
     let mut rs: Vec<&BenchRecord> = records.iter().collect();
     rs.sort_by(|a, b| (model_label(a), &a.test, gpu_label(a)).cmp(&(model_label(b), &b.test, gpu_label(b))));
     let mut o = String::from("# kiln benchmark report\n\n");
-    o.push_str("| model | test | GPU | vendor | driver | t/s | kiln | date |\n");
-    o.push_str("| --- | ---: | --- | --- | --- | ---: | --- | --- |\n");
+    o.push_str(
+        "| model | test | GPU | vendor | driver | t/s | GPU memory (weights + KV + activations) | kiln | date |\n",
+    );
+    o.push_str("| --- | ---: | --- | --- | --- | ---: | ---: | --- | --- |\n");
     for r in &rs {
         o.push_str(&format!(
-            "| {} | {} | {} | {} | {} {} | {:.2} ± {:.2} | {} ({}) | {} |\n",
+            "| {} | {} | {} | {} | {} {} | {:.2} ± {:.2} | {} | {} ({}) | {} |\n",
             model_label(r),
             r.test,
             gpu_label(r),
@@ -60,6 +86,7 @@ pub fn markdown(records: &[BenchRecord], charts: &[String]) -> String {
             r.adapter.driver_info,
             r.avg_ts,
             r.stddev_ts,
+            memory_label(r),
             r.kiln_version,
             r.git_commit,
             r.date

@@ -11,6 +11,9 @@ pub const SAMPLE_CAP: usize = 1024;
 /// Most recent tokens the penalties can look at (`repeat_last_n` beyond it is capped).
 pub const HISTORY_CAP: usize = 1024;
 
+/// Most tokens a sampler can ban (the end-of-generation tokens of `--ignore-eos`).
+pub const BAN_CAP: usize = 16;
+
 /// Sampler settings; the defaults are llama.cpp's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplerConfig {
@@ -94,11 +97,23 @@ pub struct Sampler {
     // Reused across calls so sampling allocates nothing per token.
     cand: Vec<(u32, f32)>,
     counts: Vec<(u32, u32)>,
+    /// Tokens never drawn (`--ignore-eos` bans the end-of-generation tokens, as llama.cpp
+    /// does with a logit bias of -inf); at most `BAN_CAP`.
+    pub banned: Vec<u32>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { cfg, draws: 0, cand: Vec::new(), counts: Vec::new() }
+        Sampler { cfg, draws: 0, cand: Vec::new(), counts: Vec::new(), banned: Vec::new() }
+    }
+
+    /// Never draw these tokens (at most `BAN_CAP` in all; more are refused).
+    pub fn ban(&mut self, ids: impl IntoIterator<Item = u32>) -> crate::Result<()> {
+        self.banned.extend(ids);
+        if self.banned.len() > BAN_CAP {
+            return Err(crate::KilnError::invalid("sampling", format!("at most {BAN_CAP} banned tokens")));
+        }
+        Ok(())
     }
 
     /// Applies the penalties for the last `penalty_window` tokens of `history` to `logits`.
@@ -129,9 +144,14 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let c = self.cfg;
         let mut penalized;
-        let logits = if c.has_penalties() {
+        let logits = if c.has_penalties() || !self.banned.is_empty() {
             penalized = logits.to_vec();
             self.apply_penalties(&mut penalized, history);
+            for &t in &self.banned {
+                if let Some(l) = penalized.get_mut(t as usize) {
+                    *l = f32::MIN;
+                }
+            }
             &penalized[..]
         } else {
             logits
@@ -264,6 +284,25 @@ mod tests {
         let mut s = Sampler::new(SamplerConfig { temperature: 0.0, repeat_penalty: 1.5, ..Default::default() });
         assert_eq!(s.sample(&l, &[3]), 5);
         assert_eq!(s.sample(&l, &[]), 3);
+    }
+
+    #[test]
+    fn banned_tokens_are_never_drawn() {
+        let l = logits();
+        let best = l.iter().enumerate().fold(0, |b, (i, &v)| if v > l[b] { i } else { b }) as u32;
+        let mut g = Sampler::new(SamplerConfig { temperature: 0.0, ..Default::default() });
+        g.ban([best]).unwrap();
+        assert_ne!(g.sample(&l, &[]), best);
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 5.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 9,
+            ..Default::default()
+        });
+        s.ban([best]).unwrap();
+        assert!((0..200).all(|_| s.sample(&l, &[]) != best));
     }
 
     #[test]

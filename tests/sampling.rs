@@ -15,7 +15,7 @@ use rand::Rng;
 /// penalties change them in place), feeding each pick into the history as generation does.
 fn gpu_tokens(ctx: &GpuContext, cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
     let k = SampleConfig::new(cfg, logits.len() as u32, logits.len() as u32);
-    let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, history)), "state").unwrap();
+    let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, history, &[])), "state").unwrap();
     let ids = ctx.storage(4, "ids").unwrap();
     (0..steps)
         .map(|_| {
@@ -136,7 +136,7 @@ fn gpu_draws_follow_the_distribution() {
     let all: Vec<f32> = (0..rows).flat_map(|_| logits).collect();
     let mut states = Vec::new();
     for row in 0..rows {
-        states.extend(initial_state(row, &[]));
+        states.extend(initial_state(row, &[], &[]));
     }
     let k = SampleConfig::new(&cfg, n as u32, n as u32);
     let lb = g.ctx.upload_f32(&all, "logits").unwrap();
@@ -185,7 +185,7 @@ fn stories260k_sampled_generation_matches_the_cpu_sampler() {
             let n = 40;
             // GPU: the prompt's token, then chained steps.
             let mut s = model.session(opts).unwrap();
-            s.set_sampling(cfg, 0, &prompt);
+            s.set_sampling(&Sampler::new(*cfg), &prompt);
             let first = s.forward(&prompt, Output::Sampled).unwrap()[0] as u32;
             let mut got = vec![first];
             got.extend(s.generate_chained(first, n - 1, &mut |_| true).unwrap());
@@ -204,5 +204,34 @@ fn stories260k_sampled_generation_matches_the_cpu_sampler() {
             assert_eq!(got, want, "[{}] {cfg:?}", g.name);
             assert!(want.iter().collect::<std::collections::HashSet<_>>().len() > 10, "too few distinct tokens");
         }
+    }
+}
+
+/// Banned tokens (`--ignore-eos`) are never drawn, greedy or sampled, on the GPU as by the
+/// reference.
+#[test]
+fn banned_tokens_are_never_drawn_on_the_gpu() {
+    let g = &gpus()[0];
+    let mut r = rng(77);
+    let logits = model_logits(&mut r, 2000, 12.0);
+    let top = logits.iter().enumerate().fold(0, |b, (i, &v)| if v > logits[b] { i } else { b }) as u32;
+    for cfg in [
+        SamplerConfig { temperature: 0.0, ..Default::default() },
+        SamplerConfig { seed: 5, top_k: 3, ..Default::default() },
+    ] {
+        let mut cpu = Sampler::new(cfg);
+        cpu.ban([top, 7]).unwrap();
+        let k = SampleConfig::new(&cfg, logits.len() as u32, logits.len() as u32);
+        let state = g.ctx.upload(bytemuck::cast_slice(&initial_state(0, &[], &cpu.banned)), "state").unwrap();
+        let ids = g.ctx.storage(4, "ids").unwrap();
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
+            run_dispatches(&g.ctx, &[&sample::prepare(&g.ctx, &k, &lb, &ids, &state, 1).unwrap()]).unwrap();
+            got.push(g.ctx.read_u32(&ids, 1).unwrap()[0]);
+        }
+        let want: Vec<u32> = (0..10).map(|_| cpu.sample(&logits, &[])).collect();
+        assert_eq!(got, want, "{cfg:?}");
+        assert!(!got.contains(&top), "{cfg:?}: drew the banned top token");
     }
 }

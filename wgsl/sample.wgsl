@@ -4,7 +4,7 @@
 // history and writes its id where the next step's embedding gather reads it. The CPU
 // reference is `Sampler` in src/sample.rs: the same steps in the same order and precision.
 // Header constants: WG (a power of two), CAP (most candidates, a power of two <= 4 WG),
-// HIST (most history tokens the penalties look at).
+// HIST (most history tokens the penalties look at), BAN (most banned tokens).
 
 struct Config {
     n_vocab: u32,
@@ -25,8 +25,9 @@ struct Config {
     _pad2: u32,
 }
 
-// Per row: draws made so far, tokens ever appended, then the history ring of HIST ids.
-const STATE_WORDS: u32 = 4u + HIST;
+// Per row: draws made so far, tokens ever appended, banned tokens, one unused word, the
+// history ring of HIST ids, then the banned ids.
+const STATE_WORDS: u32 = 4u + HIST + BAN;
 
 @group(0) @binding(0) var<uniform> cfg: Config;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
@@ -139,6 +140,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 logits[base + t] = l;
             }
         }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    // Banned tokens (--ignore-eos) are never drawn.
+    for (var i = lane.lid; i < min(state[st + 2u], BAN); i += WG) {
+        let t = state[st + 4u + HIST + i];
+        if (t < n) { logits[base + t] = -3.4028235e38; }
     }
     storageBarrier();
     workgroupBarrier();

@@ -3,8 +3,11 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Instant;
 
-use crate::bench::{bench_model, csv, markdown, BenchOptions, BenchRecord, Test};
+use crate::bench::{bench_model, csv_row, markdown_header, markdown_row, BenchOptions, BenchRecord, Test, CSV_HEADER};
+use crate::cli::llama_flags::{parse_flash_attn, parse_gpu_layers, FlashAttn};
+use crate::cli::pull::HubArgs;
 use crate::cli::GpuArgs;
 use crate::engine::Model;
 use crate::gguf::GgufFile;
@@ -15,36 +18,69 @@ use crate::{KilnError, Result};
 pub const DEFAULT_SYNTHETIC: &str = "tinyllama-1.1b:q4_k_m";
 /// What it runs instead on a CPU adapter, where the default would take many minutes.
 pub const CPU_SYNTHETIC: &str = "mini-llama:q4_k_m";
+/// The sizes of that run: prompt, generation and repetitions, so that it takes about a minute
+/// on two cores with lavapipe.
+pub const CPU_SIZES: (u32, u32, u32) = (128, 32, 3);
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// GGUF model files (repeatable or comma-separated).
     #[arg(short = 'm', long = "model", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
+    /// Models from Hugging Face, OWNER/NAME[:QUANT] (repeatable; llama.cpp's -hf), downloaded
+    /// once into KILN_CACHE.
+    #[arg(long = "hf-repo", value_name = "REPO[:QUANT]")]
+    pub hf_repo: Vec<String>,
+    /// Hugging Face access token (default: HF_TOKEN).
+    #[arg(long = "hf-token", value_name = "TOKEN")]
+    pub hf_token: Option<String>,
     /// Synthetic models built in memory, PRESET:FORMAT (repeatable or comma-separated), e.g.
     /// tinyllama-1.1b:q4_k_m. Presets: tinyllama-1.1b, llama-7b, qwen3-0.6b, mini-llama,
     /// tiny-test; formats: q4_k_m, q5_k_m, q6_k, q8_0, f16. Default when no -m is given:
     /// tinyllama-1.1b:q4_k_m (mini-llama:q4_k_m on a CPU adapter).
     #[arg(long, value_delimiter = ',')]
     pub synthetic: Vec<String>,
-    /// Prompt sizes to test (comma-separated; 0 skips).
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    /// Prompt sizes to test (comma-separated; 0 skips; default 512, 128 for the default run
+    /// on a CPU adapter).
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',')]
     pub n_prompt: Vec<u32>,
-    /// Generation sizes to test (comma-separated; 0 skips).
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    /// Generation sizes to test (comma-separated; 0 skips; default 128, 32 for the default
+    /// run on a CPU adapter).
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',')]
     pub n_gen: Vec<u32>,
-    /// Repetitions of each test.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    pub repetitions: u32,
-    /// Most tokens per forward pass during prompt processing.
-    #[arg(long, default_value_t = 512)]
-    pub ubatch: u32,
+    /// A prompt of PP tokens then TG generated, timed together (llama-bench's -pg; repeatable).
+    #[arg(long = "pg", value_name = "PP,TG", value_parser = parse_pg)]
+    pub pg: Vec<(u32, u32)>,
+    /// Run each test after this many tokens are already in the KV cache (comma-separated;
+    /// the test is then named e.g. "tg128 @ d4096", as llama-bench's -d).
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    pub n_depth: Vec<u32>,
+    /// Repetitions of each test (default 5; 3 for the default run on a CPU adapter).
+    #[arg(short = 'r', long = "repetitions")]
+    pub repetitions: Option<u32>,
+    /// Tokens per prompt-processing call (llama-bench's -b, comma-separated): caps -ub.
+    #[arg(short = 'b', long = "batch-size", value_delimiter = ',', default_value = "2048")]
+    pub batch: Vec<u32>,
+    /// Most tokens per forward pass during prompt processing (llama-bench's -ub,
+    /// comma-separated: each value is its own set of tests).
+    #[arg(long = "ubatch-size", visible_alias = "ubatch", value_delimiter = ',', default_value = "512")]
+    pub ubatch: Vec<u32>,
+    /// Layers on the GPU (llama-bench's -ngl). Accepted; kiln keeps every layer on the GPU.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_gpu_layers)]
+    pub n_gpu_layers: Vec<String>,
+    /// Flash attention, 0|1 or on|off|auto (llama-bench's -fa). Accepted; kiln's attention
+    /// kernels are the same either way.
+    #[arg(long = "flash-attn", value_delimiter = ',', value_parser = parse_flash_attn)]
+    pub flash_attn: Vec<FlashAttn>,
     /// KV cache element type: f16 or f32.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: String,
-    /// Output format: md, json or csv.
+    /// Output format: md, json, jsonl or csv; rows are printed as their tests finish.
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub output: String,
+    /// Progress lines on stderr (instead of a progress bar), as llama-bench's --progress.
+    #[arg(long)]
+    pub progress: bool,
     /// Skip the untimed warm-up run of each test.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
@@ -55,41 +91,135 @@ pub struct BenchArgs {
     pub gpu: GpuArgs,
 }
 
+/// "512,128" → (512, 128).
+fn parse_pg(s: &str) -> std::result::Result<(u32, u32), String> {
+    let parse = |x: &str| x.trim().parse::<u32>().map_err(|_| format!("{s:?} is not PP,TG (two token counts)"));
+    match s.split_once(',') {
+        Some((p, g)) => Ok((parse(p)?, parse(g)?)),
+        None => Err(format!("{s:?} is not PP,TG (two token counts)")),
+    }
+}
+
 enum Source {
     File(PathBuf),
     Synthetic(String),
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
-    let format = args.output.as_str();
-    if !["md", "json", "csv"].contains(&format) {
-        return Err(KilnError::invalid("-o", format!("unknown output format {format:?} (md, json or csv)")));
+/// Where the records go as their tests finish.
+struct Output {
+    format: &'static str,
+    show_ubatch: bool,
+    rows: usize,
+}
+
+impl Output {
+    fn header(&self) -> String {
+        match self.format {
+            "md" => markdown_header(self.show_ubatch),
+            "csv" => CSV_HEADER.to_string(),
+            "json" => "[\n".to_string(),
+            _ => String::new(),
+        }
     }
+
+    fn row(&mut self, r: &BenchRecord) -> Result<String> {
+        let json = |pretty: bool| {
+            let s = if pretty { serde_json::to_string_pretty(r) } else { serde_json::to_string(r) };
+            s.map_err(|e| KilnError::invalid("bench", format!("cannot serialize results: {e}")))
+        };
+        let first = self.rows == 0;
+        self.rows += 1;
+        Ok(match self.format {
+            "md" => markdown_row(r, self.show_ubatch),
+            "csv" => csv_row(r),
+            "json" => format!("{}{}", if first { "" } else { ",\n" }, json(true)?),
+            _ => format!("{}\n", json(false)?),
+        })
+    }
+
+    fn footer(&self) -> &'static str {
+        if self.format == "json" {
+            "\n]\n"
+        } else {
+            ""
+        }
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let format = match args.output.as_str() {
+        "md" => "md",
+        "json" => "json",
+        "jsonl" => "jsonl",
+        "csv" => "csv",
+        other => {
+            return Err(KilnError::invalid("-o", format!("unknown output format {other:?} (md, json, jsonl or csv)")))
+        }
+    };
     let f16_kv = match args.kv_type.as_str() {
         "f16" => true,
         "f32" => false,
         other => return Err(KilnError::invalid("--kv-type", format!("{other:?} (expected f16 or f32)"))),
     };
-    if args.repetitions == 0 {
+    if args.repetitions == Some(0) {
         return Err(KilnError::invalid("-r", "at least one repetition is needed"));
     }
-    let mut tests: Vec<Test> = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| Test::Prompt(n)).collect();
-    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
+    // The tests are decided once the adapter is known (a CPU adapter's default run is smaller).
+    let tests_of = |n_prompt: &[u32], n_gen: &[u32]| -> Vec<Test> {
+        let mut tests: Vec<Test> = n_prompt.iter().filter(|&&n| n > 0).map(|&n| Test::Prompt(n)).collect();
+        tests.extend(n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
+        tests.extend(args.pg.iter().filter(|(p, g)| p + g > 0).map(|&(p, g)| Test::PromptGen(p, g)));
+        tests
+    };
+    let or = |v: &[u32], default: u32| if v.is_empty() { vec![default] } else { v.to_vec() };
+    let mut tests = tests_of(&or(&args.n_prompt, 512), &or(&args.n_gen, 128));
     if tests.is_empty() {
-        return Err(KilnError::invalid("-p/-n", "no test to run (every size is 0)"));
+        return Err(KilnError::invalid("-p/-n/-pg", "no test to run (every size is 0)"));
+    }
+    // (-b, effective ubatch) pairs: llama.cpp caps the ubatch at the batch.
+    let mut batches: Vec<(u32, u32)> = Vec::new();
+    for &b in &args.batch {
+        for &ub in &args.ubatch {
+            if b == 0 || ub == 0 {
+                return Err(KilnError::invalid("-b/-ub", "batch sizes must be at least 1"));
+            }
+            if !batches.contains(&(b, ub.min(b))) {
+                batches.push((b, ub.min(b)));
+            }
+        }
+    }
+    if !args.n_gpu_layers.is_empty() {
+        tracing::info!("-ngl {}: kiln keeps every layer on the GPU", args.n_gpu_layers.join(","));
+    }
+    if !args.flash_attn.is_empty() {
+        tracing::info!("-fa {:?}: kiln's attention kernels are the same either way", args.flash_attn);
     }
     for spec in &args.synthetic {
         crate::synth::parse_spec(spec)?;
     }
     let ctx = GpuContext::new(&args.gpu.options()?)?;
+    if let Some(hint) = crate::cli::info::gl_software_hint(&ctx) {
+        eprintln!("kiln: {hint}");
+    }
     let mut sources: Vec<Source> = args.models.iter().cloned().map(Source::File).collect();
+    for spec in &args.hf_repo {
+        let hub = HubArgs { hf_repo: Some(spec.clone()), hf_file: None, hf_token: args.hf_token.clone() };
+        sources.extend(hub.model_file()?.map(Source::File));
+    }
     sources.extend(args.synthetic.iter().cloned().map(Source::Synthetic));
+    let mut repetitions = args.repetitions.unwrap_or(5);
     if sources.is_empty() {
         let spec = if ctx.caps.cpu_adapter {
+            let (p, n, r) = CPU_SIZES;
+            repetitions = args.repetitions.unwrap_or(r);
+            tests = tests_of(&or(&args.n_prompt, p), &or(&args.n_gen, n));
+            let names: Vec<String> = tests.iter().map(|t| t.name(0)).collect();
             eprintln!(
                 "kiln: {} is a CPU adapter: benchmarking the small synthetic model {CPU_SYNTHETIC} instead of \
-                 {DEFAULT_SYNTHETIC} so the run takes about a minute (choose with --synthetic or -m)",
-                ctx.info.name
+                 {DEFAULT_SYNTHETIC} ({}, {repetitions} repetitions) so the run takes about a minute \
+                 (choose with --synthetic or -m, -p, -n, -r)",
+                ctx.info.name,
+                names.join(", ")
             );
             CPU_SYNTHETIC
         } else {
@@ -99,80 +229,105 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let profile = args.profile || crate::profile::profile_env();
     let peak = if profile { Some(crate::kernels::probe::run(&ctx)?.peak) } else { None };
-    let opts = BenchOptions {
-        tests: tests.clone(),
-        repetitions: args.repetitions,
-        ubatch: args.ubatch,
-        f16_kv,
-        warmup: !args.no_warmup,
-        profile,
-        peak,
+    let warmup = !args.no_warmup;
+    let profiled_runs = if profile { repetitions.min(3) as u64 } else { 0 };
+    let depths = args.n_depth.len().max(1) as u64;
+    let runs_per_model =
+        tests.len() as u64 * depths * batches.len() as u64 * (repetitions as u64 + warmup as u64 + profiled_runs);
+    let bar = if args.progress {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(runs_per_model * sources.len() as u64)
     };
-    let profiled_runs = if profile { args.repetitions.min(3) as u64 } else { 0 };
-    let runs_per_model = tests.len() as u64 * (args.repetitions as u64 + opts.warmup as u64 + profiled_runs);
-    let bar = indicatif::ProgressBar::new(runs_per_model * sources.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("bench [{bar:25}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    let mut out = Output { format, show_ubatch: batches.iter().any(|&(_, ub)| ub != 512), rows: 0 };
+    let mut stdout = std::io::stdout();
+    let mut emit = |text: &str| -> Result<()> {
+        bar.suspend(|| -> Result<()> {
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()?;
+            Ok(())
+        })
+    };
+    emit(&out.header())?;
     let mut records: Vec<BenchRecord> = Vec::new();
     for src in &sources {
-        let (label, model, synthetic) = match src {
+        let (label, model, synthetic, load_secs) = match src {
             Source::File(p) => {
                 bar.set_message(format!("loading {}", p.display()));
-                (p.display().to_string(), Model::load(ctx.clone(), p, &mut |_| {})?, None)
+                let t = Instant::now();
+                let model = Model::load(ctx.clone(), p, &mut |_| {})?;
+                (p.display().to_string(), model, None, t.elapsed().as_secs_f64())
             }
             Source::Synthetic(spec) => {
                 bar.set_message(format!("building {spec}"));
                 let (preset, ft) = crate::synth::parse_spec(spec)?;
                 check_host_memory(&ctx, spec, &preset, ft)?;
                 let file: GgufFile = crate::synth::build(&preset, ft)?.into_gguf(spec)?;
-                (spec.clone(), Model::load_file(ctx.clone(), file, &mut |_| {})?, Some(spec.as_str()))
+                // Load time counts from the GGUF image in memory, as from a file in the page cache.
+                let t = Instant::now();
+                let model = Model::load_file(ctx.clone(), file, &mut |_| {})?;
+                (spec.clone(), model, Some(spec.as_str()), t.elapsed().as_secs_f64())
             }
         };
-        let reps = args.repetitions;
-        let recs = bench_model(&model, synthetic, &opts, &mut |test, rep| {
-            match rep {
-                None => bar.set_message(format!("{label} {test} warm-up")),
-                Some(r) => bar.set_message(format!("{label} {test} run {}/{reps}", r + 1)),
-            }
-            bar.inc(1);
-        })?;
-        records.extend(recs);
+        for &(n_batch, ubatch) in &batches {
+            let opts = BenchOptions {
+                tests: tests.clone(),
+                depths: args.n_depth.clone(),
+                repetitions,
+                n_batch,
+                ubatch,
+                f16_kv,
+                warmup,
+                profile,
+                peak,
+            };
+            let mut progress = |test: &str, rep: Option<u32>| {
+                let what = match rep {
+                    None => format!("{label} {test} warm-up"),
+                    Some(r) => format!("{label} {test} run {}/{repetitions}", r + 1),
+                };
+                if args.progress {
+                    eprintln!("kiln bench: {what}");
+                }
+                bar.set_message(what);
+                bar.inc(1);
+            };
+            bench_model(&model, synthetic, Some(load_secs), &opts, &mut progress, &mut |r| {
+                emit(&out.row(&r)?)?;
+                records.push(r);
+                Ok(())
+            })?;
+        }
     }
     bar.finish_and_clear();
-    let mut o = std::io::stdout().lock();
-    match format {
-        "json" => {
-            let s = serde_json::to_string_pretty(&records)
-                .map_err(|e| KilnError::invalid("bench", format!("cannot serialize results: {e}")))?;
-            writeln!(o, "{s}")?;
+    emit(out.footer())?;
+    if format == "md" {
+        let mut o = std::io::stdout().lock();
+        if let Some(p) = &peak {
+            writeln!(
+                o,
+                "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
+                ctx.info.name, p.read_gbs, p.gflops, p.dispatch_us, p.timed_dispatch_us
+            )?;
         }
-        "csv" => write!(o, "{}", csv(&records))?,
-        _ => {
-            write!(o, "{}", markdown(&records))?;
-            if let Some(p) = &peak {
-                writeln!(
-                    o,
-                    "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
-                    ctx.info.name, p.read_gbs, p.gflops, p.dispatch_us, p.timed_dispatch_us
-                )?;
-            }
-            for r in &records {
-                if let Some(p) = &r.profile {
-                    write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;
-                    if let Some(pts) = r.profiled_ts {
-                        writeln!(
-                            o,
-                            "with timestamps {pts:.2} t/s, without {:.2} t/s (the profile's times include the difference)",
-                            r.avg_ts
-                        )?;
-                    }
+        for r in &records {
+            if let Some(p) = &r.profile {
+                write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;
+                if let Some(pts) = r.profiled_ts {
+                    writeln!(
+                        o,
+                        "with timestamps {pts:.2} t/s, without {:.2} t/s (the profile's times include the difference)",
+                        r.avg_ts
+                    )?;
                 }
             }
-            writeln!(o, "\nkiln {} ({}), {}", env!("CARGO_PKG_VERSION"), env!("KILN_GIT_COMMIT"), ctx.describe())?;
         }
+        writeln!(o, "\nkiln {} ({}), {}", env!("CARGO_PKG_VERSION"), env!("KILN_GIT_COMMIT"), ctx.describe())?;
     }
     Ok(())
 }

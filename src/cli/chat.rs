@@ -6,16 +6,16 @@ use std::sync::atomic::Ordering;
 
 use crate::chat::{ChatTemplate, Conversation};
 use crate::cli::load::{load_model, open_session, ModelArgs};
-use crate::cli::run::{interrupt_flag, SamplingArgs};
-use crate::generate::{sampler, StopReason};
+use crate::cli::run::{interrupt_flag, SamplingArgs, TextArgs};
+use crate::generate::StopReason;
 use crate::{KilnError, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// System prompt.
-    #[arg(long)]
+    /// System prompt (llama.cpp's -sys).
+    #[arg(long = "system-prompt", visible_alias = "system")]
     pub system: Option<String>,
     /// Chat template: chatml, llama2, llama3 or zephyr (default: the model's own).
     #[arg(long = "chat-template")]
@@ -24,21 +24,25 @@ pub struct ChatArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
     pub n_predict: i64,
     #[command(flatten)]
+    pub text: TextArgs,
+    #[command(flatten)]
     pub sampling: SamplingArgs,
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
-    let cfg = args.sampling.config()?;
-    let (model, tok) = load_model(&args.model)?;
+    args.sampling.config()?;
+    let mut margs = args.model.clone();
+    let (model, tok) = load_model(&mut margs)?;
     let bos = tok.bos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let eos = tok.eos().and_then(|b| tok.token_str(b)).unwrap_or("").to_string();
     let tmpl = ChatTemplate::select(&model.file, args.chat_template.as_deref(), bos, eos)?;
-    let mut session = open_session(&model, &args.model, 64, false)?;
+    let mut session = open_session(&model, &margs, 64, false)?;
     let n_ctx = session.opts.n_ctx as usize;
     let stop = interrupt_flag();
-    let mut sampler = sampler(cfg, args.sampling.seed);
+    let mut sampler = args.sampling.sampler(&tok)?;
     let max_new = if args.n_predict < 0 { None } else { Some(args.n_predict as usize) };
-    let mut conv = Conversation::new(args.system.as_deref());
+    let system = args.system.as_deref().map(|s| args.text.text(s));
+    let mut conv = Conversation::new(system.as_deref());
     eprintln!("kiln chat: {} ({} template, context {n_ctx}). /reset clears the conversation, /exit quits, Ctrl-C stops an answer.", model.cfg.name, tmpl.source);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -62,9 +66,17 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         }
         stop.store(false, Ordering::SeqCst);
         let mut out = std::io::stdout().lock();
+        let mut stops = args.text.stop_strings();
+        let mut stopped_at_string = false;
         let turn = conv.turn(&mut session, &tmpl, &tok, input, max_new, &mut sampler, &stop, &mut |s| {
-            out.write_all(s.as_bytes())?;
+            let (show, hit) = stops.push(s);
+            out.write_all(&s.as_bytes()[..show])?;
             out.flush()?;
+            if hit {
+                // Ends the answer after this token, as Ctrl-C would.
+                stopped_at_string = true;
+                stop.store(true, Ordering::SeqCst);
+            }
             Ok(())
         });
         let turn = match turn {
@@ -82,17 +94,11 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         }
         let stats = turn.stats;
         match stats.stop {
-            StopReason::Interrupted => eprintln!("(stopped)"),
+            StopReason::Interrupted if !stopped_at_string => eprintln!("(stopped)"),
             StopReason::ContextFull => eprintln!("(the context is full; the oldest turns will be dropped next time)"),
             _ => {}
         }
-        tracing::info!(
-            "prompt {} tokens {:.1} tok/s, answer {} tokens {:.1} tok/s",
-            stats.prompt_tokens,
-            stats.prompt_tokens as f64 / stats.prompt_secs.max(1e-9),
-            stats.generated,
-            stats.generated as f64 / stats.gen_secs.max(1e-9)
-        );
+        tracing::info!("{}", crate::cli::run::speed_line(&stats));
     }
     crate::cli::load::report_profile(&session)?;
     Ok(())

@@ -36,8 +36,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     if ids.is_empty() {
         return Err(KilnError::File { path: args.tokens.clone(), message: "no token ids".into() });
     }
-    let (model, _) = load_model(&args.model)?;
-    let mut session = open_session(&model, &args.model, ids.len() as u32, true)?;
+    let mut margs = args.model.clone();
+    let (model, _) = load_model(&mut margs)?;
+    let mut session = open_session(&model, &margs, ids.len() as u32, true)?;
     let t = Instant::now();
     let nll: f64 = match &args.logits_out {
         None => session.score(&ids, 0)?.iter().map(|&x| x as f64).sum(),

@@ -41,6 +41,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     // Which adapter `kiln run` would pick with these flags.
     let chosen = GpuContext::new(&opts);
     let chosen_name = chosen.as_ref().ok().map(|c| (c.info.name.clone(), c.info.backend));
+    let chosen_hint = chosen.as_ref().ok().and_then(|c| gl_software_hint(c));
     for (_, r) in &list {
         let i = &r.info;
         let mark =
@@ -103,8 +104,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         let mut unusable = r.unusable.clone();
         if unusable.is_none() && i.backend == wgpu::Backend::Gl {
             let probe = crate::gpu::ContextOptions { gpu: Some(r.index.to_string()), ..opts.clone() };
-            if let Err(e) = GpuContext::new(&probe) {
-                unusable = Some(e.to_string());
+            match GpuContext::new(&probe) {
+                Err(crate::KilnError::AdapterUnusable { reason, .. }) => unusable = Some(reason),
+                Err(e) => unusable = Some(e.to_string()),
+                Ok(_) => {}
             }
         }
         match unusable {
@@ -145,5 +148,22 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         }
         Ok(_) => {}
     }
+    if let Some(hint) = chosen_hint {
+        writeln!(o, "note: {hint}")?;
+    }
     Ok(())
+}
+
+/// On OpenGL over Mesa's llvmpipe on a machine with no Vulkan driver, the advice to install
+/// Mesa's Vulkan driver, which runs kiln faster on the same CPU.
+pub fn gl_software_hint(ctx: &GpuContext) -> Option<String> {
+    let gl_on_cpu = ctx.info.backend == wgpu::Backend::Gl && ctx.caps.cpu_adapter;
+    (gl_on_cpu && crate::gpu::list_adapters(Some(wgpu::Backend::Vulkan)).1.is_empty()).then(|| {
+        format!(
+            "{} is OpenGL on the CPU (llvmpipe); Mesa's Vulkan driver lavapipe runs kiln faster on the same CPU: \
+             install it (Debian/Ubuntu: apt-get install mesa-vulkan-drivers; Fedora: dnf install mesa-vulkan-drivers) \
+             and kiln will use it",
+            ctx.info.name
+        )
+    })
 }

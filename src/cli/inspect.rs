@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use crate::cli::pull::{model_path, HubArgs};
 use crate::gguf::GgufFile;
 use crate::model::ModelConfig;
 use crate::tokenizer::Tokenizer;
@@ -14,7 +15,10 @@ use crate::Result;
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
     /// The GGUF file.
-    pub model: PathBuf,
+    #[arg(required_unless_present = "hf_repo", conflicts_with = "hf_repo")]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// Print every tensor (default: the first 40).
     #[arg(long)]
     pub all: bool,
@@ -43,7 +47,7 @@ fn human(bytes: u64) -> String {
 
 pub fn run(args: &InspectArgs) -> Result<()> {
     let mut o = std::io::stdout().lock();
-    let f = GgufFile::open(&args.model)?;
+    let f = GgufFile::open(model_path(args.model.as_ref(), &args.hub)?)?;
     writeln!(
         o,
         "{}: GGUF v{}, {}, {} tensors, {} metadata keys",

@@ -3,11 +3,14 @@
 
 use std::path::PathBuf;
 
+use crate::cli::llama_flags::LlamaArgs;
+use crate::cli::pull::{model_path, HubArgs};
 use crate::cli::GpuArgs;
 use crate::engine::Model;
+use crate::gguf::GgufFile;
 use crate::gpu::GpuContext;
 use crate::model::sizes::{fit_request, SessionRequest};
-use crate::model::{Session, SessionSizes};
+use crate::model::{ModelConfig, Session, SessionSizes};
 use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
 
@@ -15,14 +18,20 @@ use crate::{KilnError, Result};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
     /// GGUF model file.
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    #[arg(short = 'm', long = "model", required_unless_present = "hf_repo", conflicts_with = "hf_repo")]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// Context length (default: the model's, capped by memory).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
-    /// Most tokens per forward pass during prompt processing.
-    #[arg(long, default_value_t = 512)]
+    /// Most tokens per forward pass during prompt processing (llama.cpp's -ub).
+    #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512)]
     pub ubatch: u32,
+    /// Most tokens per prompt-processing call (llama.cpp's -b); kiln feeds the prompt in
+    /// ubatches, so this only caps -ub, as in llama.cpp.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch: u32,
     /// KV cache element type: f16 or f32.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: String,
@@ -31,12 +40,39 @@ pub struct ModelArgs {
     pub profile: bool,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub llama: LlamaArgs,
+}
+
+impl ModelArgs {
+    /// Resolves the flags into what loading uses: the model file (downloaded for -hf), the
+    /// ubatch capped by -b, and the effect of llama.cpp's flags. Call once, before loading.
+    pub fn resolve(&mut self) -> Result<PathBuf> {
+        self.llama.apply();
+        if self.batch == 0 {
+            return Err(KilnError::invalid("-b", "the batch size must be at least 1"));
+        }
+        self.ubatch = self.ubatch.min(self.batch);
+        let path = model_path(self.model.as_ref(), &self.hub)?;
+        self.model = Some(path.clone());
+        Ok(path)
+    }
 }
 
 /// Checks the model file and builds its tokenizer (no GPU needed, so a broken file fails
 /// fast), then opens the GPU and uploads the model, with a progress bar on stderr.
-pub fn load_model(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
-    let (file, cfg) = Model::check(&args.model)?;
+pub fn load_model(args: &mut ModelArgs) -> Result<(Model, Tokenizer)> {
+    let path = args.resolve()?;
+    let (file, cfg) = if args.llama.no_mmap {
+        let bytes = std::fs::read(&path)
+            .map_err(|e| KilnError::File { path: path.clone(), message: format!("cannot read: {e}") })?;
+        let file = GgufFile::from_bytes(&path, bytes)?;
+        let cfg = ModelConfig::from_gguf(&file)?;
+        cfg.validate_tensors(&file)?;
+        (file, cfg)
+    } else {
+        Model::check(&path)?
+    };
     let tok = Tokenizer::from_gguf(&file)?;
     let ctx = GpuContext::new(&args.gpu.options()?)?;
     tracing::info!("adapter: {}", ctx.describe());
@@ -49,7 +85,7 @@ pub fn load_model(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    bar.set_message(args.model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
+    bar.set_message(path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default());
     let model = Model::upload(ctx, file, cfg, &mut |b| bar.set_position(b));
     bar.finish_and_clear();
     let model = model?;

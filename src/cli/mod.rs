@@ -5,8 +5,10 @@ pub mod chat;
 pub mod eval;
 pub mod info;
 pub mod inspect;
+pub mod llama_flags;
 pub mod load;
 pub mod perplexity;
+pub mod pull;
 pub mod report;
 pub mod run;
 pub mod synth;
@@ -74,6 +76,8 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Merge bench JSON files from several machines into a markdown table and SVG charts.
     Report(report::ReportArgs),
+    /// Download a GGUF model from a Hugging Face repository into the cache (REPO[:QUANT]).
+    Pull(pull::PullArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -88,5 +92,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Chat(a) => chat::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Report(a) => report::run(&a),
+        Command::Pull(a) => pull::run(&a),
     }
 }

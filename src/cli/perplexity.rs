@@ -31,12 +31,14 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         .map_err(|e| KilnError::File { path: args.file.clone(), message: e.to_string() })?;
     // llama.cpp's -f drops one final newline.
     let text = text.strip_suffix('\n').unwrap_or(&text);
-    let (model, tok) = load_model(&args.model)?;
+    let mut margs = args.model.clone();
+    let (model, tok) = load_model(&mut margs)?;
     // The whole text at once, with BOS where the vocabulary adds one (llama.cpp's
     // common_tokenize(ctx, text, true)).
     let add_bos = tok.add_bos_default();
     let tokens = tok.encode(text, add_bos)?;
-    let n_ctx = args.model.ctx_size.unwrap_or(512);
+    let n_ctx = margs.ctx_size.unwrap_or(512);
+    margs.ctx_size = Some(n_ctx);
     if n_ctx > model.cfg.n_ctx_train {
         eprintln!(
             "kiln: warning: the model was trained on only {} context tokens ({n_ctx} specified)",
@@ -44,8 +46,6 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         );
     }
     let chunking = Chunking::new(tokens.len(), n_ctx as usize, args.chunks)?;
-    let mut margs = args.model.clone();
-    margs.ctx_size = Some(n_ctx);
     let mut session = open_session(&model, &margs, n_ctx, true)?;
     let scoring = if args.score_on_cpu { Scoring::Host } else { Scoring::Gpu };
     let bos = if add_bos { tok.bos() } else { None };

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::cli::pull::{model_path, HubArgs};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
@@ -10,8 +11,10 @@ use crate::Result;
 #[derive(clap::Args, Debug)]
 pub struct TokenizeArgs {
     /// GGUF file with a vocabulary.
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    #[arg(short = 'm', long = "model", required_unless_present = "hf_repo", conflicts_with = "hf_repo")]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// Text to tokenize.
     pub text: String,
     /// Leave the BOS token out.
@@ -23,7 +26,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: &TokenizeArgs) -> Result<()> {
-    let file = GgufFile::open(&args.model)?;
+    let file = GgufFile::open(model_path(args.model.as_ref(), &args.hub)?)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&args.text, tok.add_bos_default() && !args.no_bos)?;
     let mut o = std::io::stdout().lock();

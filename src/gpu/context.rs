@@ -425,14 +425,30 @@ impl GpuContext {
         });
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
-        if ctx.info.backend == wgpu::Backend::Gl && !crate::kernels::elementwise::self_test(&ctx)? {
-            return Err(KilnError::AdapterUnusable {
-                adapter: ctx.info.name.clone(),
-                reason: format!(
-                    "a test dispatch produced no result on this GL driver ({}); use --backend vulkan",
-                    ctx.info.driver_info
-                ),
-            });
+        // The dispatch runs in an error scope: a driver that cannot compile compute shaders
+        // (GLSL 3.30) fails every step of it, and that is one reason, not a log record each.
+        if ctx.info.backend == wgpu::Backend::Gl {
+            let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let ran = crate::kernels::elementwise::self_test(&ctx);
+            let error = pollster::block_on(scope.pop());
+            let reason = match (error, ran) {
+                (Some(e), _) => Some(format!(
+                    "the GL driver cannot run kiln's compute shaders ({})",
+                    crate::gpu::pipelines::innermost_cause(&e)
+                )),
+                (None, Ok(true)) => None,
+                (None, Ok(false)) => Some("a test dispatch produced no result on this GL driver".to_string()),
+                (None, Err(KilnError::Shader { message, .. })) => {
+                    Some(format!("the GL driver cannot compile kiln's compute shaders ({message})"))
+                }
+                (None, Err(e)) => Some(format!("a test dispatch failed on this GL driver ({e})")),
+            };
+            if let Some(reason) = reason {
+                return Err(KilnError::AdapterUnusable {
+                    adapter: ctx.info.name.clone(),
+                    reason: format!("{reason}; use --backend vulkan"),
+                });
+            }
         }
         Ok(ctx)
     }

@@ -31,6 +31,9 @@ impl GpuContext {
         let src = key.source(&self.caps)?;
         let layout = self.pipeline_layout(key.bindings());
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // A driver that cannot compile the translated shader (GL below 4.3) reports an
+        // internal error, not a validation error.
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         // SAFETY: kiln's kernels guard every index against the shapes in their parameters,
         // so wgpu's extra bounds checks would only cost time on the hot path.
         let module = unsafe {
@@ -53,8 +56,9 @@ impl GpuContext {
             },
             cache: None,
         });
-        if let Some(err) = pollster::block_on(scope.pop()) {
-            return Err(KilnError::Shader { label: src.label, message: err.to_string() });
+        let internal = pollster::block_on(internal.pop());
+        if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
+            return Err(KilnError::Shader { label: src.label, message: innermost_cause(&err) });
         }
         let pipeline = Arc::new(pipeline);
         if let Ok(mut m) = self.pipelines.map.lock() {
@@ -101,4 +105,14 @@ impl GpuContext {
         layouts.insert(bindings, (bgl, pl.clone()));
         pl
     }
+}
+
+/// The innermost cause of an error, on one line: wgpu's own message is only "Validation
+/// Error", and its display repeats every cause over several lines.
+pub fn innermost_cause(e: &dyn std::error::Error) -> String {
+    let mut last = e;
+    while let Some(c) = last.source() {
+        last = c;
+    }
+    last.to_string().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
 }

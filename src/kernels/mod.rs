@@ -395,6 +395,7 @@ impl KernelKey {
                 .const_u32("WG", sample::SAMPLE_WG)
                 .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
                 .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
+                .const_u32("BAN", crate::sample::BAN_CAP as u32)
                 .include(reduce_file(subgroups))
                 .include("sample.wgsl")
                 .build(),

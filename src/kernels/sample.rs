@@ -4,14 +4,14 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::sample::{SamplerConfig, HISTORY_CAP};
+use crate::sample::{SamplerConfig, BAN_CAP, HISTORY_CAP};
 
 /// Invocations per sampling workgroup.
 pub const SAMPLE_WG: u32 = 256;
 
-/// Words of one row's sampling state: draws made, tokens appended, two unused, then the
-/// history ring (`HISTORY_CAP` ids).
-pub const STATE_WORDS: usize = 4 + HISTORY_CAP;
+/// Words of one row's sampling state: draws made, tokens appended, banned tokens, one unused,
+/// the history ring (`HISTORY_CAP` ids), then the banned ids (`BAN_CAP`).
+pub const STATE_WORDS: usize = 4 + HISTORY_CAP + BAN_CAP;
 
 /// Mirrors `Config` in wgsl/sample.wgsl.
 #[repr(C)]
@@ -55,14 +55,17 @@ impl SampleConfig {
     }
 }
 
-/// One row's state as the kernel keeps it: `draws` made so far and the most recent tokens
-/// (at most `HISTORY_CAP`; older ones first).
-pub fn initial_state(draws: u32, history: &[u32]) -> Vec<u32> {
+/// One row's state as the kernel keeps it: `draws` made so far, the most recent tokens (at
+/// most `HISTORY_CAP`; older ones first) and the tokens never drawn (at most `BAN_CAP`).
+pub fn initial_state(draws: u32, history: &[u32], banned: &[u32]) -> Vec<u32> {
     let mut s = vec![0u32; STATE_WORDS];
     let recent = &history[history.len().saturating_sub(HISTORY_CAP)..];
+    let banned = &banned[..banned.len().min(BAN_CAP)];
     s[0] = draws;
     s[1] = recent.len() as u32;
+    s[2] = banned.len() as u32;
     s[4..4 + recent.len()].copy_from_slice(recent);
+    s[4 + HISTORY_CAP..4 + HISTORY_CAP + banned.len()].copy_from_slice(banned);
     s
 }
 

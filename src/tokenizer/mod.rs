@@ -230,6 +230,11 @@ impl Tokenizer {
     pub fn is_eog(&self, id: u32) -> bool {
         Some(id) == self.eos || Some(id) == self.eot
     }
+
+    /// The end-of-generation tokens (end of sequence, end of turn).
+    pub fn eog_ids(&self) -> Vec<u32> {
+        self.eos.into_iter().chain(self.eot).collect()
+    }
 }
 
 /// Control, unknown and user-defined tokens are cut out of the text before the model sees it,

@@ -395,7 +395,10 @@ impl Session {
             timing: StepTiming::default(),
             prof: None,
         };
-        session.set_sampling(&crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }, 0, &[]);
+        session.set_sampling(
+            &crate::sample::Sampler::new(crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }),
+            &[],
+        );
         Ok(session)
     }
 }

@@ -271,13 +271,13 @@ impl Session {
         Ok(all)
     }
 
-    /// Configures the GPU sampler for the next `Output::Sampled` steps and chained decoding:
-    /// `draws` already made with this seed and the token `history` the penalties look back on
-    /// (the prompt included), as a CPU `Sampler` in the same state would sample.
-    pub fn set_sampling(&mut self, cfg: &crate::sample::SamplerConfig, draws: u32, history: &[u32]) {
+    /// Configures the GPU sampler for the next `Output::Sampled` steps and chained decoding
+    /// as `sampler` is (its settings, draws made and banned tokens), with the token `history`
+    /// the penalties look back on (the prompt included): it picks what `sampler` would.
+    pub fn set_sampling(&mut self, sampler: &crate::sample::Sampler, history: &[u32]) {
         let v = self.cfg.n_vocab;
-        self.sample.set(&self.ctx, &crate::kernels::sample::SampleConfig::new(cfg, v, v));
-        let state = crate::kernels::sample::initial_state(draws, history);
+        self.sample.set(&self.ctx, &crate::kernels::sample::SampleConfig::new(&sampler.cfg, v, v));
+        let state = crate::kernels::sample::initial_state(sampler.draws, history, &sampler.banned);
         self.ctx.queue.write_buffer(&self.sample_state, 0, bytemuck::cast_slice(&state));
     }
 

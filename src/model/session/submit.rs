@@ -142,7 +142,10 @@ impl Session {
         max_new: usize,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
-        self.set_sampling(&crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }, 0, &[]);
+        self.set_sampling(
+            &crate::sample::Sampler::new(crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() }),
+            &[],
+        );
         self.generate_chained(first, max_new, on_token)
     }
 
