@@ -86,6 +86,11 @@ pub fn hf_token_from_env() -> Option<String> {
     std::env::var("HF_TOKEN").ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
 }
 
+/// `KILN_API_KEY`: the key `kiln serve` requires on /v1 when `--api-key` is not given.
+pub fn api_key_from_env() -> Option<String> {
+    std::env::var("KILN_API_KEY").ok().map(|k| k.trim().to_string()).filter(|k| !k.is_empty())
+}
+
 /// "1234", "512K", "300M", "2G" (binary multiples).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

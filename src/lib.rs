@@ -21,6 +21,7 @@ pub mod profile;
 pub mod quant;
 pub mod report;
 pub mod sample;
+pub mod server;
 pub mod stop;
 pub mod synth;
 pub mod tokenizer;

@@ -11,6 +11,7 @@ pub mod perplexity;
 pub mod pull;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 
@@ -76,6 +77,8 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Merge bench JSON files from several machines into a markdown table and SVG charts.
     Report(report::ReportArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions, streaming).
+    Serve(serve::ServeArgs),
     /// Download a GGUF model from a Hugging Face repository into the cache (REPO[:QUANT]).
     Pull(pull::PullArgs),
 }
@@ -93,5 +96,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Report(a) => report::run(&a),
         Command::Pull(a) => pull::run(&a),
+        Command::Serve(a) => serve::run(&a),
     }
 }

@@ -1,0 +1,425 @@
+//! The engine: one thread owns the slots (the GPU); HTTP handlers send it `Job`s and read
+//! `Event`s back. Each tick it drops requests whose client went away, admits waiting requests
+//! into free slots (the slot whose cache shares the longest prefix with the prompt), prefills
+//! at most `PREFILL_BUDGET` prompt tokens (so a long prompt never stalls the other streams for
+//! long), then runs one decode step for every generating slot and sends each its text.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::sample::{Sampler, SamplerConfig};
+use crate::server::metrics::{Metrics, Outcome};
+use crate::server::slots::{SlotId, Slots};
+use crate::server::stop::StopFilter;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Most prompt tokens prefilled per tick, over all slots.
+pub const PREFILL_BUDGET: usize = 128;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// None: until end of generation or a full slot.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplerConfig,
+    /// Never sample the end-of-generation tokens (llama.cpp's extension).
+    pub ignore_eos: bool,
+    pub stop: Vec<String>,
+}
+
+/// A request for the engine.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub generation: Generation,
+    pub events: UnboundedSender<Event>,
+    /// When the request arrived (time to first token counts from here).
+    pub received: Instant,
+    /// The request's place in the server's capacity, given back when the job ends.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Why generation ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The end of a successful request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens the slot's cache already held.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What the engine sends a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Generated text (never part of a stop string, never a broken UTF-8 sequence).
+    Text(String),
+    Done(Finish),
+    /// The request failed on the server's side (a GPU fault); the message says why.
+    Failed(String),
+}
+
+/// How a running request ends.
+#[derive(Debug)]
+enum End {
+    /// The model ended its text (an end-of-generation token).
+    EndOfGeneration,
+    /// A stop string appeared: what the filter holds is part of it and is never shown.
+    StopString,
+    /// max_tokens, or the slot's context is full.
+    Length,
+    Cancelled,
+    /// The slot's cache may no longer hold what the engine thinks it does.
+    Failed(String),
+}
+
+/// A request in a slot.
+struct Running<'t> {
+    job: Job,
+    slot: SlotId,
+    /// Prompt tokens in the slot's cache (the reused prefix included).
+    fed: usize,
+    reused: usize,
+    /// The last token picked, to be fed by the next decode step.
+    next: Option<u32>,
+    generated: usize,
+    decoder: StreamDecoder<'t>,
+    stops: StopFilter,
+    end: Option<End>,
+}
+
+/// The engine's state between ticks.
+pub struct Engine<'a, S: Slots + ?Sized> {
+    slots: &'a mut S,
+    tok: &'a Tokenizer,
+    metrics: &'a Metrics,
+    /// Per slot: the tokens its KV cache holds.
+    cached: Vec<Vec<u32>>,
+    busy: Vec<bool>,
+    /// Per slot: the tick it was last released (the least recently used goes first).
+    released: Vec<u64>,
+    waiting: VecDeque<Job>,
+    running: Vec<Running<'a>>,
+    ticks: u64,
+}
+
+/// Runs the engine until `jobs` is closed and every request has ended.
+pub fn run<S: Slots + ?Sized>(slots: &mut S, tok: &Tokenizer, jobs: Receiver<Job>, metrics: &Metrics) {
+    let mut engine = Engine::new(slots, tok, metrics);
+    loop {
+        if engine.is_idle() {
+            match jobs.recv() {
+                Ok(job) => engine.enqueue(job),
+                Err(_) => break,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            engine.enqueue(job);
+        }
+        engine.tick();
+    }
+}
+
+impl<'a, S: Slots + ?Sized> Engine<'a, S> {
+    pub fn new(slots: &'a mut S, tok: &'a Tokenizer, metrics: &'a Metrics) -> Self {
+        let n = slots.count();
+        metrics.slots_total.store(n as u64, std::sync::atomic::Ordering::Relaxed);
+        metrics.slot_context.store(slots.n_ctx() as u64, std::sync::atomic::Ordering::Relaxed);
+        metrics.gpu_memory_bytes.store(slots.gpu_memory_bytes(), std::sync::atomic::Ordering::Relaxed);
+        Engine {
+            slots,
+            tok,
+            metrics,
+            cached: vec![Vec::new(); n],
+            busy: vec![false; n],
+            released: vec![0; n],
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            ticks: 0,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// The tokens `slot`'s cache holds.
+    pub fn cached(&self, slot: SlotId) -> &[u32] {
+        &self.cached[slot]
+    }
+
+    pub fn enqueue(&mut self, job: Job) {
+        self.waiting.push_back(job);
+    }
+
+    /// One round: cancellations, admissions, a prefill budget, one decode step.
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        self.drop_cancelled();
+        self.admit();
+        self.retire();
+        self.prefill();
+        self.retire();
+        let generated = self.decode();
+        self.retire();
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.record_step(generated);
+        self.metrics.slots_busy.store(self.running.len() as u64, Relaxed);
+        self.metrics.gpu_memory_bytes.store(self.slots.gpu_memory_bytes(), Relaxed);
+    }
+
+    /// Waiting requests whose client went away leave the queue; running ones end (their
+    /// slot is free for the next request at once).
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|j| !j.events.is_closed());
+        for _ in self.waiting.len()..before {
+            self.metrics.queue_depth.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.count_outcome(Outcome::Cancelled);
+        }
+        for r in self.running.iter_mut().filter(|r| r.end.is_none() && r.job.events.is_closed()) {
+            r.end = Some(End::Cancelled);
+        }
+        self.retire();
+    }
+
+    fn admit(&mut self) {
+        while !self.waiting.is_empty() {
+            let Some(job) = self.waiting.front() else { break };
+            // The free slot whose cache shares the longest prefix with the prompt (the
+            // least recently used among equals).
+            let best = (0..self.busy.len())
+                .filter(|&s| !self.busy[s])
+                .map(|s| (common_prefix(&self.cached[s], &job.prompt), std::cmp::Reverse(self.released[s]), s))
+                .max();
+            let Some((common, _, slot)) = best else { break };
+            let Some(job) = self.waiting.pop_front() else { break };
+            self.metrics.queue_depth.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.start(job, slot, common);
+        }
+    }
+
+    fn start(&mut self, job: Job, slot: SlotId, common: usize) {
+        let n_ctx = self.slots.n_ctx() as usize;
+        let prompt_len = job.prompt.len();
+        let mut running = Running {
+            slot,
+            fed: 0,
+            reused: 0,
+            next: None,
+            generated: 0,
+            decoder: StreamDecoder::new(self.tok),
+            stops: StopFilter::new(&job.generation.stop),
+            end: None,
+            job,
+        };
+        self.busy[slot] = true;
+        let needed = prompt_len + running.job.generation.max_tokens.unwrap_or(1);
+        if prompt_len == 0 || needed > n_ctx {
+            // The HTTP side refuses these; a request that slips through still ends cleanly.
+            running.end = Some(End::Failed(format!(
+                "the prompt ({prompt_len} tokens) and the tokens to generate do not fit a slot's context of {n_ctx}"
+            )));
+            self.running.push(running);
+            return;
+        }
+        let mut sampler = Sampler::new(running.job.generation.sampling);
+        if running.job.generation.ignore_eos {
+            if let Err(e) = sampler.ban(self.tok.eog_ids()) {
+                running.end = Some(End::Failed(e.to_string()));
+                self.running.push(running);
+                return;
+            }
+        }
+        // Keep at least one prompt token to evaluate: its step produces the first token.
+        let keep = common.min(prompt_len - 1);
+        match self.slots.start(slot, keep as u32, &sampler, &running.job.prompt) {
+            Ok(()) => {
+                self.cached[slot].truncate(keep);
+                running.fed = keep;
+                running.reused = keep;
+                use std::sync::atomic::Ordering::Relaxed;
+                self.metrics.prompt_tokens.fetch_add(prompt_len as u64, Relaxed);
+                self.metrics.prompt_tokens_cached.fetch_add(keep as u64, Relaxed);
+            }
+            Err(e) => {
+                self.cached[slot].clear();
+                running.end = Some(End::Failed(format!("starting a request: {e}")));
+            }
+        }
+        self.running.push(running);
+    }
+
+    /// Feeds prompt chunks, oldest request first, up to the tick's budget.
+    fn prefill(&mut self) {
+        let mut budget = PREFILL_BUDGET;
+        let n_ctx = self.slots.n_ctx() as usize;
+        for r in self.running.iter_mut() {
+            if budget == 0 {
+                break;
+            }
+            if r.end.is_some() || r.fed >= r.job.prompt.len() {
+                continue;
+            }
+            let n = (r.job.prompt.len() - r.fed).min(budget);
+            let chunk = &r.job.prompt[r.fed..r.fed + n];
+            let last = r.fed + n == r.job.prompt.len();
+            match self.slots.prefill(r.slot, chunk, last) {
+                Ok(picked) => {
+                    self.cached[r.slot].extend_from_slice(chunk);
+                    r.fed += n;
+                    budget -= n;
+                    if let Some(token) = picked {
+                        let ttft = r.job.received.elapsed().as_secs_f64();
+                        self.metrics.time_to_first_token.observe(ttft);
+                        let room = self.cached[r.slot].len() < n_ctx;
+                        r.end = accept(r, token, self.tok, room);
+                    }
+                }
+                Err(e) => {
+                    self.cached[r.slot].clear();
+                    r.end = Some(End::Failed(format!("GPU error while prefilling: {e}")));
+                }
+            }
+        }
+    }
+
+    /// One decode step for every slot with a token to feed; returns the tokens generated.
+    fn decode(&mut self) -> u64 {
+        let batch: Vec<(SlotId, u32)> =
+            self.running.iter().filter(|r| r.end.is_none()).filter_map(|r| r.next.map(|t| (r.slot, t))).collect();
+        if batch.is_empty() {
+            return 0;
+        }
+        let n_ctx = self.slots.n_ctx() as usize;
+        let mut results = self.slots.decode_step(&batch).into_iter();
+        let mut generated = 0;
+        for &(slot, fed) in &batch {
+            let Some(r) = self.running.iter_mut().find(|r| r.slot == slot) else { continue };
+            r.next = None;
+            match results.next() {
+                Some(Ok(token)) => {
+                    self.cached[slot].push(fed);
+                    generated += 1;
+                    let room = self.cached[slot].len() < n_ctx;
+                    r.end = accept(r, token, self.tok, room);
+                }
+                Some(Err(e)) => {
+                    self.cached[slot].clear();
+                    r.end = Some(End::Failed(format!("GPU error in a decode step: {e}")));
+                }
+                None => {
+                    self.cached[slot].clear();
+                    r.end = Some(End::Failed("the decode step returned no token for this slot".into()));
+                }
+            }
+        }
+        generated
+    }
+
+    /// Ends the requests that are done: their last text and `Done`, or the error; frees
+    /// their slots.
+    fn retire(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].end.is_none() {
+                i += 1;
+                continue;
+            }
+            let mut r = self.running.remove(i);
+            let outcome = match r.end.take() {
+                Some(End::EndOfGeneration) => finish(&mut r, FinishReason::Stop, true),
+                Some(End::Length) => finish(&mut r, FinishReason::Length, true),
+                Some(End::StopString) => finish(&mut r, FinishReason::Stop, false),
+                Some(End::Failed(message)) => {
+                    tracing::error!("request failed in slot {}: {message}", r.slot);
+                    let _ = r.job.events.send(Event::Failed(message));
+                    Outcome::Error
+                }
+                Some(End::Cancelled) | None => Outcome::Cancelled,
+            };
+            self.metrics.count_outcome(outcome);
+            self.busy[r.slot] = false;
+            self.released[r.slot] = self.ticks;
+        }
+    }
+}
+
+/// Takes a newly picked token: end of generation, text out (held back where it could begin
+/// a stop string), limits. Returns how the request ends, if it does.
+fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool) -> Option<End> {
+    if tok.is_eog(token) && !r.job.generation.ignore_eos {
+        return Some(End::EndOfGeneration);
+    }
+    r.generated += 1;
+    let piece = match r.decoder.push(token) {
+        Ok(p) => p,
+        Err(e) => return Some(End::Failed(format!("detokenizing: {e}"))),
+    };
+    let (text, hit) = r.stops.push(&piece);
+    if !text.is_empty() && r.job.events.send(Event::Text(text)).is_err() {
+        return Some(End::Cancelled);
+    }
+    if hit {
+        return Some(End::StopString);
+    }
+    if r.job.generation.max_tokens.is_some_and(|m| r.generated >= m) || !room {
+        return Some(End::Length);
+    }
+    r.next = Some(token);
+    None
+}
+
+/// Sends what the decoder and the stop filter still hold (unless a stop string ended the
+/// text: then it is part of the stop string), then `Done`.
+fn finish(r: &mut Running, mut reason: FinishReason, flush: bool) -> Outcome {
+    let mut text = String::new();
+    if flush {
+        let piece = r.decoder.finish().unwrap_or_default();
+        let (shown, hit) = r.stops.push(&piece);
+        text.push_str(&shown);
+        if hit {
+            reason = FinishReason::Stop;
+        } else {
+            text.push_str(&r.stops.finish());
+        }
+    }
+    if !text.is_empty() {
+        let _ = r.job.events.send(Event::Text(text));
+    }
+    let done = Finish {
+        reason,
+        prompt_tokens: r.job.prompt.len(),
+        cached_tokens: r.reused,
+        completion_tokens: r.generated,
+    };
+    let _ = r.job.events.send(Event::Done(done));
+    match reason {
+        FinishReason::Stop => Outcome::Stop,
+        FinishReason::Length => Outcome::Length,
+    }
+}
+
+/// Length of the common prefix of two token sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
