@@ -72,7 +72,10 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
         &["--device", "--split-mode", "--tensor-split", "--main-gpu"],
         "kiln runs on one adapter: choose it with --gpu INDEX|NAME (`kiln info` lists them)",
     ),
-    (&["--parallel", "--cont-batching", "--no-cont-batching"], "kiln runs one sequence at a time"),
+    (
+        &["--parallel", "--cont-batching", "--no-cont-batching"],
+        "kiln run and chat generate one sequence; `kiln serve --parallel N` serves N at a time",
+    ),
     (&["--override-tensor", "--cpu-moe", "--n-cpu-moe"], "kiln keeps every tensor on the GPU"),
     (&["--model-url"], "use -m FILE, or -hf REPO[:QUANT] to download from Hugging Face"),
     (&["--color"], "kiln prints the generated text uncolored"),

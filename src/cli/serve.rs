@@ -55,9 +55,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let mut margs = args.model.clone();
     // Resolve (and download, for -hf) before binding: a bad model path fails at once.
     let path = margs.resolve()?;
-    let model_id = args.alias.clone().unwrap_or_else(|| {
-        path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into())
-    });
+    let model_id = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into()));
     let cfg = ServeConfig {
         model_id,
         api_key: args.api_key.clone().or_else(crate::config::api_key_from_env),
@@ -69,9 +70,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let load = Box::new(move || load_slots(margs, parallel, template_name.as_deref()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-            .await
-            .map_err(|e| KilnError::invalid("--host/--port", format!("cannot listen on {}:{}: {e}", args.host, args.port)))?;
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await.map_err(|e| {
+            KilnError::invalid("--host/--port", format!("cannot listen on {}:{}: {e}", args.host, args.port))
+        })?;
         let addr = listener.local_addr()?;
         eprintln!("kiln serve: listening on http://{addr} (loading the model; /health says when it is ready)");
         serve(listener, cfg, load, shutdown_signal()).await
@@ -98,7 +99,10 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     for note in &plan.notes {
         eprintln!("kiln serve: {note}");
     }
-    let slots = SessionSlots::open(&model, plan.opts, plan.count)?;
+    let mut slots = SessionSlots::open(&model, plan.opts, plan.count)?;
+    let t = std::time::Instant::now();
+    slots.warm_up()?;
+    tracing::info!("warm-up (compiling the kernels) took {:.2} s", t.elapsed().as_secs_f64());
     eprintln!(
         "kiln serve: {} ({} template), {} slots of {} tokens; ready",
         model.cfg.name, template.source, plan.count, plan.opts.n_ctx

@@ -73,7 +73,9 @@ pub fn parse_completion(body: &[u8]) -> Result<GenRequest, ApiError> {
 fn common(f: Fields, prompt: PromptInput, max_tokens: Option<usize>) -> Result<GenRequest, ApiError> {
     match f.integer("n")? {
         None | Some(1) => {}
-        Some(n) => return Err(ApiError::invalid("n", format!("kiln generates one choice per request; n must be 1, got {n}"))),
+        Some(n) => {
+            return Err(ApiError::invalid("n", format!("kiln generates one choice per request; n must be 1, got {n}")))
+        }
     }
     f.unsupported_when("logprobs", |v| !matches!(v, Value::Bool(false)), "kiln returns no log-probabilities")?;
     f.unsupported_when(
@@ -111,7 +113,9 @@ fn common(f: Fields, prompt: PromptInput, max_tokens: Option<usize>) -> Result<G
     let stream = f.boolean("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
-        Some(Value::Object(o)) => Fields(o).boolean("include_usage").map_err(|e| e.within("stream_options"))?.unwrap_or(false),
+        Some(Value::Object(o)) => {
+            Fields(o).boolean("include_usage").map_err(|e| e.within("stream_options"))?.unwrap_or(false)
+        }
         Some(v) => return Err(ApiError::invalid("stream_options", format!("must be an object, got {}", kind(v)))),
     };
     let generation = Generation {
@@ -159,7 +163,10 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         // OpenAI's newer name for system instructions; templates know "system".
         "developer" => "system",
         "tool" | "function" => {
-            return Err(ApiError::invalid(&at("role"), format!("{role:?} messages are not supported (kiln has no tool calling)")))
+            return Err(ApiError::invalid(
+                &at("role"),
+                format!("{role:?} messages are not supported (kiln has no tool calling)"),
+            ))
         }
         other => {
             return Err(ApiError::invalid(
@@ -192,7 +199,10 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             text
         }
         Some(v) => {
-            return Err(ApiError::invalid(&at("content"), format!("must be a string or an array of parts, got {}", kind(v))))
+            return Err(ApiError::invalid(
+                &at("content"),
+                format!("must be a string or an array of parts, got {}", kind(v)),
+            ))
         }
     };
     Ok(Message::new(role, &content))
@@ -210,7 +220,9 @@ fn parse_prompt(v: Option<&Value>) -> Result<PromptInput, ApiError> {
         Some(Value::Array(a)) => match a.first() {
             None => Err(ApiError::invalid("prompt", "must not be empty")),
             Some(Value::String(s)) if a.len() == 1 => Ok(PromptInput::Text(s.clone())),
-            Some(Value::Number(_)) => Ok(PromptInput::Tokens(a.iter().enumerate().map(token).collect::<Result<_, _>>()?)),
+            Some(Value::Number(_)) => {
+                Ok(PromptInput::Tokens(a.iter().enumerate().map(token).collect::<Result<_, _>>()?))
+            }
             Some(Value::Array(ids)) if a.len() == 1 => {
                 Ok(PromptInput::Tokens(ids.iter().enumerate().map(token).collect::<Result<_, _>>()?))
             }
@@ -219,7 +231,9 @@ fn parse_prompt(v: Option<&Value>) -> Result<PromptInput, ApiError> {
             }
             Some(v) => Err(ApiError::invalid("prompt[0]", format!("must be a string or a token id, got {}", kind(v)))),
         },
-        Some(v) => Err(ApiError::invalid("prompt", format!("must be a string, or an array of token ids, got {}", kind(v)))),
+        Some(v) => {
+            Err(ApiError::invalid("prompt", format!("must be a string, or an array of token ids, got {}", kind(v))))
+        }
     }
 }
 
@@ -235,13 +249,18 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
                 v => Err(ApiError::invalid(&format!("stop[{i}]"), format!("must be a string, got {}", kind(v)))),
             })
             .collect::<Result<_, _>>()?,
-        Some(v) => return Err(ApiError::invalid("stop", format!("must be a string or an array of strings, got {}", kind(v)))),
+        Some(v) => {
+            return Err(ApiError::invalid("stop", format!("must be a string or an array of strings, got {}", kind(v))))
+        }
     };
     if stops.len() > MAX_STOP_STRINGS {
         return Err(ApiError::invalid("stop", format!("at most {MAX_STOP_STRINGS} stop strings, got {}", stops.len())));
     }
     if let Some(long) = stops.iter().find(|s| s.len() > MAX_STOP_LEN) {
-        return Err(ApiError::invalid("stop", format!("a stop string is {} bytes; at most {MAX_STOP_LEN}", long.len())));
+        return Err(ApiError::invalid(
+            "stop",
+            format!("a stop string is {} bytes; at most {MAX_STOP_LEN}", long.len()),
+        ));
     }
     Ok(stops)
 }
@@ -250,10 +269,8 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
 fn random_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
@@ -392,7 +409,10 @@ mod tests {
         assert_eq!(param(chat(r#"{"messages":"hi"}"#)), "messages");
         assert_eq!(param(chat(r#"{}"#)), "messages");
         assert_eq!(param(chat(r#"{"messages":[{"role":"wizard","content":"x"}]}"#)), "messages[0].role");
-        assert_eq!(param(chat(r#"{"messages":[{"role":"user","content":"a"},{"role":"tool","content":"x"}]}"#)), "messages[1].role");
+        assert_eq!(
+            param(chat(r#"{"messages":[{"role":"user","content":"a"},{"role":"tool","content":"x"}]}"#)),
+            "messages[1].role"
+        );
         assert_eq!(param(chat(r#"{"messages":[{"role":"user"}]}"#)), "messages[0].content");
         assert_eq!(param(chat(r#"{"messages":[{"role":"user","content":5}]}"#)), "messages[0].content");
         assert_eq!(

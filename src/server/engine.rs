@@ -177,10 +177,16 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         self.drop_cancelled();
         self.admit();
         self.retire();
-        self.prefill();
+        let first_tokens = self.prefill();
         self.retire();
-        let generated = self.decode();
+        let generated = first_tokens + self.decode();
         self.retire();
+        if self.metrics.gpu_fault.get().is_none() {
+            if let Some(fault) = self.slots.fault() {
+                tracing::error!("{fault}: this server can no longer generate; /health answers 503");
+                let _ = self.metrics.gpu_fault.set(fault);
+            }
+        }
         use std::sync::atomic::Ordering::Relaxed;
         self.metrics.record_step(generated);
         self.metrics.slots_busy.store(self.running.len() as u64, Relaxed);
@@ -205,13 +211,19 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
     fn admit(&mut self) {
         while !self.waiting.is_empty() {
             let Some(job) = self.waiting.front() else { break };
-            // The free slot whose cache shares the longest prefix with the prompt (the
-            // least recently used among equals).
-            let best = (0..self.busy.len())
-                .filter(|&s| !self.busy[s])
-                .map(|s| (common_prefix(&self.cached[s], &job.prompt), std::cmp::Reverse(self.released[s]), s))
-                .max();
-            let Some((common, _, slot)) = best else { break };
+            // The free slot whose cache holds at least half of the prompt, the longest such
+            // prefix (as llama-server's slot similarity); else the least recently used one,
+            // so that a shared BOS alone does not evict a conversation worth keeping.
+            use std::cmp::Reverse;
+            let free = (0..self.busy.len()).filter(|&s| !self.busy[s]);
+            let reuse = free
+                .clone()
+                .map(|s| (common_prefix(&self.cached[s], &job.prompt), Reverse(s)))
+                .filter(|&(common, _)| common > 1 && 2 * common >= job.prompt.len())
+                .max()
+                .map(|(_, Reverse(s))| s);
+            let Some(slot) = reuse.or_else(|| free.min_by_key(|&s| (self.released[s], s))) else { break };
+            let common = common_prefix(&self.cached[slot], &job.prompt);
             let Some(job) = self.waiting.pop_front() else { break };
             self.metrics.queue_depth.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.start(job, slot, common);
@@ -269,9 +281,11 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         self.running.push(running);
     }
 
-    /// Feeds prompt chunks, oldest request first, up to the tick's budget.
-    fn prefill(&mut self) {
+    /// Feeds prompt chunks, oldest request first, up to the tick's budget; returns the
+    /// tokens generated (the first of each prompt whose last chunk went in).
+    fn prefill(&mut self) -> u64 {
         let mut budget = PREFILL_BUDGET;
+        let mut generated = 0;
         let n_ctx = self.slots.n_ctx() as usize;
         for r in self.running.iter_mut() {
             if budget == 0 {
@@ -292,7 +306,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                         let ttft = r.job.received.elapsed().as_secs_f64();
                         self.metrics.time_to_first_token.observe(ttft);
                         let room = self.cached[r.slot].len() < n_ctx;
-                        r.end = accept(r, token, self.tok, room);
+                        r.end = accept(r, token, self.tok, room, &mut generated);
                     }
                 }
                 Err(e) => {
@@ -301,6 +315,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 }
             }
         }
+        generated
     }
 
     /// One decode step for every slot with a token to feed; returns the tokens generated.
@@ -319,9 +334,8 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             match results.next() {
                 Some(Ok(token)) => {
                     self.cached[slot].push(fed);
-                    generated += 1;
                     let room = self.cached[slot].len() < n_ctx;
-                    r.end = accept(r, token, self.tok, room);
+                    r.end = accept(r, token, self.tok, room, &mut generated);
                 }
                 Some(Err(e)) => {
                     self.cached[slot].clear();
@@ -365,12 +379,14 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
 }
 
 /// Takes a newly picked token: end of generation, text out (held back where it could begin
-/// a stop string), limits. Returns how the request ends, if it does.
-fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool) -> Option<End> {
+/// a stop string), limits; `generated` counts the tokens of text. Returns how the request
+/// ends, if it does.
+fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool, generated: &mut u64) -> Option<End> {
     if tok.is_eog(token) && !r.job.generation.ignore_eos {
         return Some(End::EndOfGeneration);
     }
     r.generated += 1;
+    *generated += 1;
     let piece = match r.decoder.push(token) {
         Ok(p) => p,
         Err(e) => return Some(End::Failed(format!("detokenizing: {e}"))),
@@ -406,12 +422,8 @@ fn finish(r: &mut Running, mut reason: FinishReason, flush: bool) -> Outcome {
     if !text.is_empty() {
         let _ = r.job.events.send(Event::Text(text));
     }
-    let done = Finish {
-        reason,
-        prompt_tokens: r.job.prompt.len(),
-        cached_tokens: r.reused,
-        completion_tokens: r.generated,
-    };
+    let done =
+        Finish { reason, prompt_tokens: r.job.prompt.len(), cached_tokens: r.reused, completion_tokens: r.generated };
     let _ = r.job.events.send(Event::Done(done));
     match reason {
         FinishReason::Stop => Outcome::Stop,

@@ -81,7 +81,12 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 }
 
 /// Tokenizes, checks the sizes, queues the job and answers (streamed or whole).
-async fn generate(st: &Arc<AppState>, req: GenRequest, endpoint: Endpoint, received: Instant) -> Result<Response, ApiError> {
+async fn generate(
+    st: &Arc<AppState>,
+    req: GenRequest,
+    endpoint: Endpoint,
+    received: Instant,
+) -> Result<Response, ApiError> {
     let ready = st.ready()?;
     let prompt = tokenize(ready, req.prompt).await?;
     check_fits(prompt.len(), req.generation.max_tokens, ready.n_ctx as usize, endpoint)?;
@@ -218,7 +223,11 @@ async fn next_data(s: &mut StreamState) -> Option<String> {
                     return Some(chunk(s, s.head.chunk(false, None, Some(&finish))));
                 }
                 Some(Event::Failed(message)) => return Some(ApiError::internal(message).body().to_string()),
-                None => return Some(ApiError::internal("the engine stopped before the request finished").body().to_string()),
+                None => {
+                    return Some(
+                        ApiError::internal("the engine stopped before the request finished").body().to_string(),
+                    )
+                }
             },
             Phase::Usage(finish) => {
                 s.phase = Phase::Done;

@@ -89,6 +89,8 @@ pub struct Metrics {
     pub time_to_first_token: Histogram,
     /// Tokens generated per engine step over the last `RATE_WINDOW`.
     recent: Mutex<VecDeque<(Instant, u64)>>,
+    /// The GPU fault that stopped generation (a lost device), once one happened.
+    pub gpu_fault: std::sync::OnceLock<String>,
 }
 
 impl Metrics {
@@ -106,7 +108,10 @@ impl Metrics {
 
     /// Responses counted so far for `route` with `status`.
     pub fn http_count(&self, route: &str, status: u16) -> u64 {
-        self.http.lock().map(|m| m.iter().filter(|((r, s), _)| *r == route && *s == status).map(|e| e.1).sum()).unwrap_or(0)
+        self.http
+            .lock()
+            .map(|m| m.iter().filter(|((r, s), _)| *r == route && *s == status).map(|e| e.1).sum())
+            .unwrap_or(0)
     }
 
     /// Records the tokens an engine step generated (for the rate gauge).
@@ -151,7 +156,12 @@ impl Metrics {
         let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         };
-        metric("kiln_prompt_tokens_total", "counter", "Prompt tokens of the requests taken.", get(&self.prompt_tokens) as f64);
+        metric(
+            "kiln_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the requests taken.",
+            get(&self.prompt_tokens) as f64,
+        );
         metric(
             "kiln_prompt_tokens_cached_total",
             "counter",
@@ -174,6 +184,12 @@ impl Metrics {
             "gauge",
             "Tokens generated per second over the last 10 seconds, all slots together.",
             self.tokens_per_second(),
+        );
+        metric(
+            "kiln_gpu_fault",
+            "gauge",
+            "1 once the GPU failed so that this server cannot generate (restart it).",
+            self.gpu_fault.get().is_some() as u8 as f64,
         );
         self.time_to_first_token.render(
             &mut out,

@@ -86,14 +86,20 @@ impl AppState {
             "ok" => self.ready.get().ok_or_else(|| ApiError::unavailable("the model is loading")),
             "loading model" => Err(ApiError::unavailable("the model is loading; retry when /health says ok")),
             "shutting down" => Err(ApiError::unavailable("the server is shutting down")),
+            "gpu fault" => Err(ApiError::unavailable(format!(
+                "this server cannot generate after a GPU fault ({}); restart it",
+                self.metrics.gpu_fault.get().map_or("", String::as_str)
+            ))),
             _ => Err(ApiError::unavailable("the engine has stopped; this server cannot generate")),
         }
     }
 
-    /// "ok", "loading model", "shutting down" or "engine stopped".
+    /// "ok", "loading model", "shutting down", "gpu fault" or "engine stopped".
     pub fn status(&self) -> &'static str {
         if self.engine_down.load(Ordering::Relaxed) {
             "engine stopped"
+        } else if self.metrics.gpu_fault.get().is_some() {
+            "gpu fault"
         } else if self.draining.load(Ordering::Relaxed) {
             "shutting down"
         } else if self.ready.get().is_none() {

@@ -31,7 +31,12 @@ impl ApiError {
     pub fn invalid(param: &str, message: impl std::fmt::Display) -> Self {
         ApiError {
             param: Some(param.to_string()),
-            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("invalid_value"), format!("{param}: {message}"))
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("invalid_value"),
+                format!("{param}: {message}"),
+            )
         }
     }
 
@@ -46,7 +51,10 @@ impl ApiError {
 
     /// 400: the prompt and the tokens asked for exceed a slot's context.
     pub fn context_exceeded(message: String) -> Self {
-        ApiError { param: Some("messages".into()), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"), message) }
+        ApiError {
+            param: Some("messages".into()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"), message)
+        }
     }
 
     pub fn unauthorized() -> Self {
@@ -75,7 +83,9 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("server_busy"),
-                format!("the server is busy: all slots are generating and {capacity} requests are in hand; retry later"),
+                format!(
+                    "the server is busy: all slots are generating and {capacity} requests are in hand; retry later"
+                ),
             )
         }
     }
@@ -89,7 +99,12 @@ impl ApiError {
     }
 
     pub fn timeout() -> Self {
-        Self::new(StatusCode::REQUEST_TIMEOUT, "server_error", Some("timeout"), "the request took longer than the server's --timeout")
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "server_error",
+            Some("timeout"),
+            "the request took longer than the server's --timeout",
+        )
     }
 
     pub fn not_found(path: &str) -> Self {
@@ -97,7 +112,12 @@ impl ApiError {
     }
 
     pub fn method_not_allowed() -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), "method not allowed")
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            Some("method_not_allowed"),
+            "method not allowed",
+        )
     }
 
     /// 500: the server failed (a GPU fault); the message says what failed.

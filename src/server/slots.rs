@@ -32,6 +32,10 @@ pub trait Slots {
     fn gpu_memory_bytes(&self) -> u64 {
         0
     }
+    /// A fault that leaves the slots unusable (a lost device), once one happened.
+    fn fault(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One session per slot.
@@ -44,6 +48,25 @@ impl SessionSlots {
     pub fn open(model: &Model, opts: SessionOptions, count: usize) -> Result<SessionSlots> {
         let sessions = (0..count).map(|_| model.session(opts)).collect::<Result<Vec<_>>>()?;
         Ok(SessionSlots { sessions })
+    }
+
+    /// Runs a prefill and a decode step on the first slot and forgets them, so that every
+    /// pipeline the engine uses is compiled before the first request (seconds on a CPU
+    /// adapter, where the first request would otherwise wait for it).
+    pub fn warm_up(&mut self) -> Result<()> {
+        let Some(s) = self.sessions.first_mut() else { return Ok(()) };
+        let n_vocab = s.cfg.n_vocab;
+        let ids = |n: u32| (0..n).map(|i| i % n_vocab).collect::<Vec<u32>>();
+        let sampler = Sampler::new(crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
+        s.set_sampling(&sampler, &[]);
+        // A GEMM-sized chunk, a few-token chunk and a decode step (the planner's three kinds).
+        for n in [s.opts.ubatch.min(16), 4, 1] {
+            if s.position() + n <= s.opts.n_ctx {
+                s.forward(&ids(n), Output::Sampled)?;
+            }
+        }
+        s.reset();
+        Ok(())
     }
 
     fn session(&mut self, slot: SlotId) -> Result<&mut Session> {
@@ -87,6 +110,10 @@ impl Slots for SessionSlots {
 
     fn gpu_memory_bytes(&self) -> u64 {
         self.sessions.first().map_or(0, |s| s.context().buffers_alive().bytes)
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.sessions.first().and_then(|s| s.context().check_fault("serving").err()).map(|e| e.to_string())
     }
 }
 
