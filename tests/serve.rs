@@ -746,3 +746,45 @@ fn a_gpu_fault_fails_the_requests_in_flight_with_an_error_and_health_turns_503()
     assert_eq!(s.metric("kiln_gpu_fault"), 1.0);
     assert_eq!(s.metric("kiln_requests_total{outcome=\"error\"}"), 1.0);
 }
+
+#[test]
+fn bench_serve_reports_throughput_and_latencies_per_concurrency() {
+    let s = Server::start(&["--parallel", "2", "-c", "512"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "bench-serve",
+            &s.url(""),
+            "--concurrency",
+            "1,2",
+            "-n",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "5",
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let records: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 2);
+    for (r, c) in records.iter().zip([1, 2]) {
+        assert_eq!(r["concurrency"], c);
+        assert_eq!((r["requests"].as_u64(), r["failed"].as_u64()), (Some(2), Some(0)), "{r}");
+        assert_eq!((r["input_tokens"].as_u64(), r["output_tokens"].as_u64()), (Some(16), Some(10)), "{r}");
+        let (ttft, itl, e2e) = (&r["ttft_ms"], &r["itl_ms"], &r["e2e_ms"]);
+        assert!(ttft["p50"].as_f64().unwrap() > 0.0 && ttft["p99"].as_f64() >= ttft["p50"].as_f64(), "{r}");
+        assert!(itl["p50"].as_f64().unwrap() > 0.0 && e2e["p50"].as_f64() > ttft["p50"].as_f64(), "{r}");
+        let rate = r["output_tok_s"].as_f64().unwrap();
+        let expected = 10.0 / r["duration_s"].as_f64().unwrap();
+        assert!((rate - expected).abs() < 1e-6 * expected, "{r}");
+    }
+    // The server saw the warm-up request and the four measured ones, each with 8 prompt tokens
+    // (the warm-up's too) and the tokens asked for.
+    assert_eq!(s.metric("kiln_http_requests_total{route=\"/v1/completions\",status=\"200\"}"), 5.0);
+    assert_eq!(s.metric("kiln_generated_tokens_total"), 24.0);
+}

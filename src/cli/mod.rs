@@ -1,6 +1,7 @@
 //! The command line: argument parsing, terminal output, exit codes.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod eval;
 pub mod info;
@@ -79,6 +80,9 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Serve the model over HTTP with OpenAI's API (chat and text completions, streaming).
     Serve(serve::ServeArgs),
+    /// Load-test an OpenAI-compatible server: N streaming requests at a time; output tokens/s,
+    /// time to first token and inter-token latency (as vLLM's serving benchmark).
+    BenchServe(bench_serve::BenchServeArgs),
     /// Download a GGUF model from a Hugging Face repository into the cache (REPO[:QUANT]).
     Pull(pull::PullArgs),
 }
@@ -97,5 +101,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(&a),
         Command::Pull(a) => pull::run(&a),
         Command::Serve(a) => serve::run(&a),
+        Command::BenchServe(a) => bench_serve::run(&a),
     }
 }
