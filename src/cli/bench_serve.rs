@@ -94,7 +94,7 @@ pub fn run(args: &BenchServeArgs) -> Result<()> {
     if args.output != "md" && args.output != "json" {
         return Err(KilnError::invalid("-o", format!("{:?} (expected md or json)", args.output)));
     }
-    if args.concurrency.iter().any(|&c| c == 0) || args.output_len == 0 || args.input_len == 0 {
+    if args.concurrency.contains(&0) || args.output_len == 0 || args.input_len == 0 {
         return Err(KilnError::invalid("bench-serve", "concurrency, --input-len and --output-len must be at least 1"));
     }
     let base = args.url.trim_end_matches('/').to_string();

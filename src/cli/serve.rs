@@ -88,6 +88,9 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
         "f32" => false,
         other => return Err(KilnError::invalid("--kv-type", format!("{other:?} (expected f16 or f32)"))),
     };
+    if margs.profile || crate::profile::profile_env() {
+        eprintln!("kiln serve: --profile (PROFILE=1) is not supported by the server; use kiln run or kiln bench to profile");
+    }
     let (model, tokenizer) = load_model(&mut margs)?;
     let bos = tokenizer.bos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();
     let eos = tokenizer.eos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();

@@ -80,7 +80,7 @@ pub enum Event {
 
 /// How a running request ends.
 #[derive(Debug)]
-enum End {
+enum Ending {
     /// The model ended its text (an end-of-generation token).
     EndOfGeneration,
     /// A stop string appeared: what the filter holds is part of it and is never shown.
@@ -104,7 +104,7 @@ struct Running<'t> {
     generated: usize,
     decoder: StreamDecoder<'t>,
     stops: StopFilter,
-    end: Option<End>,
+    end: Option<Ending>,
 }
 
 /// The engine's state between ticks.
@@ -203,7 +203,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             self.metrics.count_outcome(Outcome::Cancelled);
         }
         for r in self.running.iter_mut().filter(|r| r.end.is_none() && r.job.events.is_closed()) {
-            r.end = Some(End::Cancelled);
+            r.end = Some(Ending::Cancelled);
         }
         self.retire();
     }
@@ -248,7 +248,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         let needed = prompt_len + running.job.generation.max_tokens.unwrap_or(1);
         if prompt_len == 0 || needed > n_ctx {
             // The HTTP side refuses these; a request that slips through still ends cleanly.
-            running.end = Some(End::Failed(format!(
+            running.end = Some(Ending::Failed(format!(
                 "the prompt ({prompt_len} tokens) and the tokens to generate do not fit a slot's context of {n_ctx}"
             )));
             self.running.push(running);
@@ -257,7 +257,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         let mut sampler = Sampler::new(running.job.generation.sampling);
         if running.job.generation.ignore_eos {
             if let Err(e) = sampler.ban(self.tok.eog_ids()) {
-                running.end = Some(End::Failed(e.to_string()));
+                running.end = Some(Ending::Failed(e.to_string()));
                 self.running.push(running);
                 return;
             }
@@ -275,7 +275,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             }
             Err(e) => {
                 self.cached[slot].clear();
-                running.end = Some(End::Failed(format!("starting a request: {e}")));
+                running.end = Some(Ending::Failed(format!("starting a request: {e}")));
             }
         }
         self.running.push(running);
@@ -311,7 +311,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 }
                 Err(e) => {
                     self.cached[r.slot].clear();
-                    r.end = Some(End::Failed(format!("GPU error while prefilling: {e}")));
+                    r.end = Some(Ending::Failed(format!("GPU error while prefilling: {e}")));
                 }
             }
         }
@@ -339,11 +339,11 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 }
                 Some(Err(e)) => {
                     self.cached[slot].clear();
-                    r.end = Some(End::Failed(format!("GPU error in a decode step: {e}")));
+                    r.end = Some(Ending::Failed(format!("GPU error in a decode step: {e}")));
                 }
                 None => {
                     self.cached[slot].clear();
-                    r.end = Some(End::Failed("the decode step returned no token for this slot".into()));
+                    r.end = Some(Ending::Failed("the decode step returned no token for this slot".into()));
                 }
             }
         }
@@ -361,15 +361,15 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             }
             let mut r = self.running.remove(i);
             let outcome = match r.end.take() {
-                Some(End::EndOfGeneration) => finish(&mut r, FinishReason::Stop, true),
-                Some(End::Length) => finish(&mut r, FinishReason::Length, true),
-                Some(End::StopString) => finish(&mut r, FinishReason::Stop, false),
-                Some(End::Failed(message)) => {
+                Some(Ending::EndOfGeneration) => finish(&mut r, FinishReason::Stop, true),
+                Some(Ending::Length) => finish(&mut r, FinishReason::Length, true),
+                Some(Ending::StopString) => finish(&mut r, FinishReason::Stop, false),
+                Some(Ending::Failed(message)) => {
                     tracing::error!("request failed in slot {}: {message}", r.slot);
                     let _ = r.job.events.send(Event::Failed(message));
                     Outcome::Error
                 }
-                Some(End::Cancelled) | None => Outcome::Cancelled,
+                Some(Ending::Cancelled) | None => Outcome::Cancelled,
             };
             self.metrics.count_outcome(outcome);
             self.busy[r.slot] = false;
@@ -381,25 +381,25 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
 /// Takes a newly picked token: end of generation, text out (held back where it could begin
 /// a stop string), limits; `generated` counts the tokens of text. Returns how the request
 /// ends, if it does.
-fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool, generated: &mut u64) -> Option<End> {
+fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool, generated: &mut u64) -> Option<Ending> {
     if tok.is_eog(token) && !r.job.generation.ignore_eos {
-        return Some(End::EndOfGeneration);
+        return Some(Ending::EndOfGeneration);
     }
     r.generated += 1;
     *generated += 1;
     let piece = match r.decoder.push(token) {
         Ok(p) => p,
-        Err(e) => return Some(End::Failed(format!("detokenizing: {e}"))),
+        Err(e) => return Some(Ending::Failed(format!("detokenizing: {e}"))),
     };
     let (text, hit) = r.stops.push(&piece);
     if !text.is_empty() && r.job.events.send(Event::Text(text)).is_err() {
-        return Some(End::Cancelled);
+        return Some(Ending::Cancelled);
     }
     if hit {
-        return Some(End::StopString);
+        return Some(Ending::StopString);
     }
     if r.job.generation.max_tokens.is_some_and(|m| r.generated >= m) || !room {
-        return Some(End::Length);
+        return Some(Ending::Length);
     }
     r.next = Some(token);
     None
