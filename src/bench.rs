@@ -190,6 +190,21 @@ pub struct BenchRecord {
     /// Seconds from the model file (or the synthetic image in memory) to weights on the GPU.
     #[serde(default)]
     pub load_secs: Option<f64>,
+    /// Host time per step of the timed repetitions (no timestamps): recording, submitting,
+    /// and waiting for the GPU, in microseconds.
+    #[serde(default)]
+    pub host_us_per_step: Option<HostUs>,
+    /// How generation tests pick tokens: "greedy", or the sampler's settings.
+    #[serde(default)]
+    pub sampling: Option<String>,
+}
+
+/// Host microseconds per step.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostUs {
+    pub encode: f64,
+    pub submit: f64,
+    pub wait: f64,
 }
 
 /// Mean and sample standard deviation.
@@ -276,6 +291,8 @@ pub struct BenchOptions {
     pub warmup: bool,
     pub profile: bool,
     pub peak: Option<Peak>,
+    /// Generation tests sample with these settings (on the GPU) instead of greedy picks.
+    pub sampling: Option<crate::sample::SamplerConfig>,
 }
 
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
@@ -319,7 +336,13 @@ pub fn bench_model(
                         s.forward(&prompt[d..d + n as usize], Output::Argmax)?;
                         n as usize
                     }
-                    Test::Gen(n) => s.generate_greedy_chained(prompt[d], n as usize, &mut |_| true)?.len(),
+                    Test::Gen(n) => match &opts.sampling {
+                        Some(cfg) => {
+                            s.set_sampling(&crate::sample::Sampler::new(*cfg), &prompt[..=d]);
+                            s.generate_chained(prompt[d], n as usize, &mut |_| true)?.len()
+                        }
+                        None => s.generate_greedy_chained(prompt[d], n as usize, &mut |_| true)?.len(),
+                    },
                     Test::PromptGen(p, g) => {
                         let first = s.forward(&prompt[d..d + p as usize], Output::Argmax)?[0] as u32;
                         p as usize + s.generate_greedy_chained(first, g as usize, &mut |_| true)?.len()
@@ -332,10 +355,18 @@ pub fn bench_model(
                 run(&mut s)?;
             }
             let mut samples = Vec::new();
+            s.take_host_times();
             for r in 0..opts.repetitions {
                 progress(&name, Some(r));
                 samples.push(run(&mut s)?);
             }
+            let host = s.take_host_times();
+            let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
+            let host_us_per_step = (host.steps > 0).then(|| HostUs {
+                encode: per(host.encode),
+                submit: per(host.submit),
+                wait: per(host.wait),
+            });
             // The profile comes from runs of their own, so the timed figures carry no timestamps.
             let (mut profile, mut profiled_ts) = (None, None);
             if opts.profile {
@@ -373,6 +404,15 @@ pub fn bench_model(
                 profiled_ts,
                 gpu_memory: Some(gpu_memory),
                 load_secs,
+                host_us_per_step,
+                sampling: match (&opts.sampling, test) {
+                    (_, Test::Prompt(_)) => None,
+                    (None, _) => Some("greedy".into()),
+                    (Some(c), _) => Some(format!(
+                        "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
+                        c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
+                    )),
+                },
             })?;
         }
     }

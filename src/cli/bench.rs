@@ -87,6 +87,10 @@ pub struct BenchArgs {
     /// Per-stage GPU profile of every test (also PROFILE=1).
     #[arg(long)]
     pub profile: bool,
+    /// Generation tests sample on the GPU at this temperature, with llama.cpp's default
+    /// top-k 40, top-p 0.95, min-p 0.05 (0, the default: greedy, as llama-bench).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temp: f32,
     #[command(flatten)]
     pub gpu: GpuArgs,
 }
@@ -285,6 +289,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 warmup,
                 profile,
                 peak,
+                sampling: (args.temp > 0.0).then(|| crate::sample::SamplerConfig {
+                    temperature: args.temp,
+                    seed: 1,
+                    ..Default::default()
+                }),
             };
             let mut progress = |test: &str, rep: Option<u32>| {
                 let what = match rep {
@@ -316,6 +325,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             )?;
         }
         for r in &records {
+            if let Some(h) = &r.host_us_per_step {
+                writeln!(
+                    o,
+                    "{} {}: host per step (no timestamps) record {:.1} µs, submit {:.1} µs, wait {:.1} µs",
+                    r.model.name, r.test, h.encode, h.submit, h.wait
+                )?;
+            }
             if let Some(p) = &r.profile {
                 write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;
                 if let Some(pts) = r.profiled_ts {

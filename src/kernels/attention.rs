@@ -47,6 +47,11 @@ impl AttnShape {
     /// divisor of the group that keeps their queries within the kernel's workgroup memory.
     pub fn decode_block(&self) -> u32 {
         let most = (ATTN_DECODE_QB / self.head_dim.max(1)).clamp(1, ATTN_DECODE_MAX_BLOCK);
+        if let Some(b) =
+            crate::config::decode_block_from_env().filter(|&b| b >= 1 && b <= most && self.group() % b == 0)
+        {
+            return b;
+        }
         (1..=most).rev().find(|b| self.group() % b == 0).unwrap_or(1)
     }
     /// Context positions per decode workgroup (a split): its scores fit workgroup memory,
@@ -229,7 +234,9 @@ pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape,
         head_dim: shape.head_dim,
         n_head: shape.n_head,
         group: shape.group(),
-        kv_len,
+        // The kernels read the step's length from the step state: the parameters stay
+        // the same from step to step, so nothing is rewritten per step.
+        kv_len: 0,
         kv_stride: shape.kv_stride(),
         n_splits: shape.decode_splits(shape.n_ctx),
         q_stride: shape.head_dim,
@@ -259,13 +266,15 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let pipe = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.decode");
     let dst = if l.combine.is_some() { a.partial } else { a.out };
-    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst]);
+    let state = crate::kernels::matmul::StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, _pad: 0 };
+    let step = ctx.upload(bytemuck::bytes_of(&state), "step state")?;
+    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step]);
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
         let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
         let ub = ctx.uniform(&l.params, "attention.combine");
-        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
+        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step]);
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });
     }
     Ok(v)

@@ -299,18 +299,23 @@ impl Session {
                     "attention",
                     &[&scores, &vc, &attn],
                 )?,
-                attn_decode: Bound::new::<AttnDecodeParams>(&ctx, &decode_key, "attention", &[q_src, &kc, &vc, &attn])?,
+                attn_decode: Bound::new::<AttnDecodeParams>(
+                    &ctx,
+                    &decode_key,
+                    "attention",
+                    &[q_src, &kc, &vc, &attn, &step_state],
+                )?,
                 attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
                     &decode_key,
                     "attention",
-                    &[q_src, &kc, &vc, &partial],
+                    &[q_src, &kc, &vc, &partial, &step_state],
                 )?,
                 attn_combine: Bound::new::<AttnDecodeParams>(
                     &ctx,
                     &KernelKey::AttnCombine,
                     "attention",
-                    &[&partial, &attn],
+                    &[&partial, &attn, &step_state],
                 )?,
                 wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
                 ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
@@ -393,6 +398,7 @@ impl Session {
             _rope_shape: rope_shape,
             _buffers: keep,
             timing: StepTiming::default(),
+            host: Default::default(),
             prof: None,
         };
         session.set_sampling(

@@ -45,6 +45,19 @@ pub struct StepTiming {
     pub gpu: f64,
 }
 
+/// Host time spent on steps since the last `take_host_times`, unprofiled: what the CPU costs
+/// per token beside the GPU (seconds, summed over `steps`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostTimes {
+    pub steps: u64,
+    /// Recording command buffers.
+    pub encode: f64,
+    /// queue.submit.
+    pub submit: f64,
+    /// Waiting for results (the GPU's time the host could not hide).
+    pub wait: f64,
+}
+
 /// What a step returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
@@ -155,6 +168,8 @@ pub struct Session {
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
     pub timing: StepTiming,
+    /// Host time of every step since `take_host_times`.
+    host: HostTimes,
     /// Per-stage timestamps and totals when profiling.
     prof: Option<Profiler>,
 }
@@ -269,6 +284,11 @@ impl Session {
             }
         }
         Ok(all)
+    }
+
+    /// The host time of the steps since the last call, and a fresh count.
+    pub fn take_host_times(&mut self) -> HostTimes {
+        std::mem::take(&mut self.host)
     }
 
     /// Configures the GPU sampler for the next `Output::Sampled` steps and chained decoding

@@ -99,6 +99,10 @@ impl Session {
             wait: (t3 - t2).as_secs_f64(),
             gpu,
         };
+        self.host.steps += 1;
+        self.host.encode += self.timing.encode;
+        self.host.submit += self.timing.submit;
+        self.host.wait += self.timing.wait;
         if !read {
             return Ok(Vec::new());
         }
@@ -189,9 +193,13 @@ impl Session {
             };
             let t1 = std::time::Instant::now();
             let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
+            let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+            s.host.steps += 1;
+            s.host.encode += encode;
+            s.host.submit += submit;
             if let Some(p) = prof.as_mut() {
-                p.profile.decode.cpu.encode += (t1 - t0).as_secs_f64();
-                p.profile.decode.cpu.submit += t1.elapsed().as_secs_f64();
+                p.profile.decode.cpu.encode += encode;
+                p.profile.decode.cpu.submit += submit;
                 p.profile.decode.submits += 1;
             }
             s.prof = prof;
@@ -232,6 +240,7 @@ impl Session {
                 u32::from_le_bytes([view[0], view[1], view[2], view[3]])
             };
             slot.unmap();
+            self.host.wait += t_wait.elapsed().as_secs_f64();
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
                 p.profile.decode.readbacks += 1;
