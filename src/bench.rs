@@ -12,7 +12,7 @@ use crate::engine::Model;
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::model::{Output, SessionOptions};
-use crate::profile::{Peak, PhaseProfile};
+use crate::profile::{Peak, PhaseProfile, Stage};
 
 /// The adapter a record was measured on.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -197,7 +197,30 @@ pub struct BenchRecord {
     /// How generation tests pick tokens: "greedy", or the sampler's settings.
     #[serde(default)]
     pub sampling: Option<String>,
+    /// Generation tests with `--ablate`: what each stage costs the step.
+    #[serde(default)]
+    pub ablation: Option<Vec<StageCost>>,
 }
+
+/// What one stage costs a decode step, measured by leaving it out (`--ablate`): the step's
+/// time with it minus without it, so its launch, its barrier and the wait it causes count.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StageCost {
+    pub stage: String,
+    pub us_per_token: f64,
+}
+
+/// The decode stages `--ablate` leaves out one at a time, in step order.
+pub const ABLATE_STAGES: [Stage; 8] = [
+    Stage::Embed,
+    Stage::AttnNormQkv,
+    Stage::Attention,
+    Stage::AttnOut,
+    Stage::FfnNormGateUp,
+    Stage::FfnDown,
+    Stage::OutputNormLmHead,
+    Stage::Sample,
+];
 
 /// Host microseconds per step.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -293,6 +316,8 @@ pub struct BenchOptions {
     pub peak: Option<Peak>,
     /// Generation tests sample with these settings (on the GPU) instead of greedy picks.
     pub sampling: Option<crate::sample::SamplerConfig>,
+    /// Generation tests also run once without each decode stage (`ABLATE_STAGES`).
+    pub ablate: bool,
 }
 
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
@@ -381,6 +406,22 @@ pub fn bench_model(
                 s.disable_profiling();
             }
             let (avg, sd) = mean_sd(&samples);
+            let mut ablation = None;
+            if opts.ablate && matches!(test, Test::Gen(_)) {
+                let mut costs = Vec::new();
+                for stage in ABLATE_STAGES {
+                    s.skip_stage(Some(stage));
+                    progress(&format!("{name} without {}", stage.name()), None);
+                    let without = (0..2).map(|_| run(&mut s)).collect::<Result<Vec<_>>>();
+                    s.skip_stage(None);
+                    let without = mean_sd(&without?).0;
+                    costs.push(StageCost {
+                        stage: stage.name().into(),
+                        us_per_token: (1.0 / avg - 1.0 / without) * 1e6,
+                    });
+                }
+                ablation = Some(costs);
+            }
             let (n_prompt, n_gen) = test.sizes();
             on_record(BenchRecord {
                 kiln_version: env!("CARGO_PKG_VERSION").into(),
@@ -405,6 +446,7 @@ pub fn bench_model(
                 gpu_memory: Some(gpu_memory),
                 load_secs,
                 host_us_per_step,
+                ablation,
                 sampling: match (&opts.sampling, test) {
                     (_, Test::Prompt(_)) => None,
                     (None, _) => Some("greedy".into()),

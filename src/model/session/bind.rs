@@ -75,7 +75,7 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
-        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block() as u8 };
+        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block(opts.n_ctx) as u8 };
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -399,6 +399,7 @@ impl Session {
             _buffers: keep,
             timing: StepTiming::default(),
             host: Default::default(),
+            skip: None,
             prof: None,
         };
         session.set_sampling(

@@ -170,6 +170,8 @@ pub struct Session {
     pub timing: StepTiming,
     /// Host time of every step since `take_host_times`.
     host: HostTimes,
+    /// A stage the GPU leaves out of every step (`kiln bench --ablate`).
+    skip: Option<crate::profile::Stage>,
     /// Per-stage timestamps and totals when profiling.
     prof: Option<Profiler>,
 }
@@ -284,6 +286,12 @@ impl Session {
             }
         }
         Ok(all)
+    }
+
+    /// Leaves `stage` out of every step from now on (None: the whole step again). What it
+    /// computes is wrong without it; what the step costs without it is the measurement.
+    pub fn skip_stage(&mut self, stage: Option<crate::profile::Stage>) {
+        self.skip = stage;
     }
 
     /// The host time of the steps since the last call, and a fresh count.

@@ -34,6 +34,9 @@ impl Session {
         let read_bytes;
         {
             let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
+            if let Some(stage) = self.skip {
+                rec.skip_stage(&ctx.device, stage);
+            }
             let recorded = (|| -> Result<u64> {
                 self.record_step(&mut rec, m, false)?;
                 if out == Output::AllLogits {
@@ -182,6 +185,9 @@ impl Session {
             let mut prof = s.prof.take();
             let recorded = {
                 let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
+                if let Some(stage) = s.skip {
+                    rec.skip_stage(&ctx.device, stage);
+                }
                 let r = s
                     .record_step(&mut rec, 1, true)
                     .and_then(|_| s.record_head(&mut rec, &s.lm_head_x, Output::Sampled));
