@@ -147,6 +147,7 @@ impl Session {
             "rope shape",
         );
         let step_state = st(16, "step state")?;
+        let unused = st(16, "unused output")?;
         let rope_neox = c.rope_mode == RopeMode::Neox;
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
@@ -156,10 +157,17 @@ impl Session {
             let (qkv, q_src) = match &w.qkv {
                 Qkv::Stacked { parts, bias } => {
                     // Decode reads the residual stream with the RMSNorm fused, prefill the normed copy.
+                    // Each part binds only the outputs its rows reach (a placeholder for the
+                    // others): parts that write disjoint buffers share no read-write binding,
+                    // so the GPU may run them side by side, with no barrier between.
+                    let reaches = |p: usize, from: u32, to: u32| {
+                        let (a, b) = (parts[p].row_base, parts[p].row_base + parts[p].w.rows);
+                        a < to && b > from
+                    };
                     let part = |p: usize, norm: bool| Matmul {
                         w: &parts[p].w,
                         x: if norm { &x } else { &xn },
-                        y: &qb,
+                        y: if reaches(p, 0, q) { &qb } else { &unused },
                         bias: bias.as_ref(),
                         m: 0,
                         x_stride: se,
@@ -168,8 +176,8 @@ impl Session {
                         norm: norm.then_some((&w.attn_norm, c.rms_eps)),
                         glu: None,
                         epi: Epilogue::Qkv {
-                            k_cache: &kc,
-                            v_cache: &vc,
+                            k_cache: if reaches(p, q, q + kvd) { &kc } else { &unused },
+                            v_cache: if reaches(p, q + kvd, q + 2 * kvd) { &vc } else { &unused },
                             kv,
                             neox: rope_neox,
                             rope: &rope_shape,
@@ -396,6 +404,7 @@ impl Session {
             sample_state,
             step_state,
             _rope_shape: rope_shape,
+            _unused: unused,
             _buffers: keep,
             timing: StepTiming::default(),
             host: Default::default(),

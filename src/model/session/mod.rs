@@ -164,6 +164,8 @@ pub struct Session {
     /// The step's tokens and position (`matmul::StepState`), read by the fused QKV epilogue.
     step_state: wgpu::Buffer,
     _rope_shape: wgpu::Buffer,
+    /// Bound where a matmul part writes nothing (see bind.rs).
+    _unused: wgpu::Buffer,
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
