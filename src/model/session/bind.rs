@@ -147,7 +147,8 @@ impl Session {
             "rope shape",
         );
         let step_state = st(16, "step state")?;
-        let unused = st(16, "unused output")?;
+        // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
+        let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
@@ -167,7 +168,7 @@ impl Session {
                     let part = |p: usize, norm: bool| Matmul {
                         w: &parts[p].w,
                         x: if norm { &x } else { &xn },
-                        y: if reaches(p, 0, q) { &qb } else { &unused },
+                        y: if reaches(p, 0, q) { &qb } else { &unused[p] },
                         bias: bias.as_ref(),
                         m: 0,
                         x_stride: se,
@@ -176,8 +177,8 @@ impl Session {
                         norm: norm.then_some((&w.attn_norm, c.rms_eps)),
                         glu: None,
                         epi: Epilogue::Qkv {
-                            k_cache: if reaches(p, q, q + kvd) { &kc } else { &unused },
-                            v_cache: if reaches(p, q + kvd, q + 2 * kvd) { &vc } else { &unused },
+                            k_cache: if reaches(p, q, q + kvd) { &kc } else { &unused[p] },
+                            v_cache: if reaches(p, q + kvd, q + 2 * kvd) { &vc } else { &unused[p] },
                             kv,
                             neox: rope_neox,
                             rope: &rope_shape,

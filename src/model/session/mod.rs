@@ -165,7 +165,7 @@ pub struct Session {
     step_state: wgpu::Buffer,
     _rope_shape: wgpu::Buffer,
     /// Bound where a matmul part writes nothing (see bind.rs).
-    _unused: wgpu::Buffer,
+    _unused: [wgpu::Buffer; 3],
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
