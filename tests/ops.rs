@@ -299,7 +299,8 @@ fn decode_attention_blocks_and_splits() {
         for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (16, 8, 128), (14, 2, 64), (4, 2, 256), (16, 1, 32)] {
             let n_ctx = 600;
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
-            let chunk = shape.decode_chunk();
+            // Long contexts: the GQA block's split size (short ones take one head a workgroup).
+            let chunk = shape.decode_chunk(n_ctx);
             let kv = KvKind::for_cache(true, &g.ctx.caps);
             let mut r = rng((nh * hd + nkv) as u64);
             let kvn = (n_ctx * nkv * hd) as usize;
@@ -316,13 +317,13 @@ fn decode_attention_blocks_and_splits() {
                 let da =
                     DecodeArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, partial: &partial, out: &out, kv_len };
                 let ds = attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap();
-                assert_eq!(ds.len(), if kv_len > chunk { 2 } else { 1 }, "one dispatch unless split");
+                assert_eq!(ds.len(), shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
                 run(&g.ctx, &ds);
                 let got = g.ctx.read_f32(&out, want.len()).unwrap();
                 let what = format!(
                     "[{}] decode nh={nh} kv={nkv} hd={hd} block={} chunk={chunk} kv_len={kv_len}",
                     g.name,
-                    shape.decode_block()
+                    shape.decode_block(kv_len)
                 );
                 assert_close(&what, &got, &want, 1e-4);
             }
