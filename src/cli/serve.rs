@@ -89,7 +89,9 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
         other => return Err(KilnError::invalid("--kv-type", format!("{other:?} (expected f16 or f32)"))),
     };
     if margs.profile || crate::profile::profile_env() {
-        eprintln!("kiln serve: --profile (PROFILE=1) is not supported by the server; use kiln run or kiln bench to profile");
+        eprintln!(
+            "kiln serve: --profile (PROFILE=1) is not supported by the server; use kiln run or kiln bench to profile"
+        );
     }
     let (model, tokenizer) = load_model(&mut margs)?;
     let bos = tokenizer.bos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();
@@ -107,8 +109,12 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     slots.warm_up()?;
     tracing::info!("warm-up (compiling the kernels) took {:.2} s", t.elapsed().as_secs_f64());
     eprintln!(
-        "kiln serve: {} ({} template), {} slots of {} tokens; ready",
-        model.cfg.name, template.source, plan.count, plan.opts.n_ctx
+        "kiln serve: {} ({} template), {} slot{} of {} tokens; ready",
+        model.cfg.name,
+        template.source,
+        plan.count,
+        if plan.count == 1 { "" } else { "s" },
+        plan.opts.n_ctx
     );
     Ok(Loaded { slots: Box::new(slots), tokenizer, template, n_ctx_train: model.cfg.n_ctx_train })
 }

@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 use crate::server::api::{self, GenRequest, PromptInput};
 use crate::server::engine::{Event, Finish, Job};
@@ -51,7 +51,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(CatchPanicLayer::custom(|_| ApiError::internal("the request handler panicked").into_response()))
         .layer(middleware::map_response(move |r: Response| async move { openai_error(r, limit) }))
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
-        .layer(TraceLayer::new_for_http())
+        // 5xx answers are expected (503 while loading or full); failures that matter are
+        // logged where they happen (the engine logs GPU faults), not once more per response.
+        .layer(TraceLayer::new_for_http().on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)))
         .with_state(state)
 }
 
@@ -135,8 +137,8 @@ async fn tokenize(ready: &Ready, prompt: PromptInput) -> Result<Vec<u32>, ApiErr
 /// 400 when the prompt and `max_tokens` do not fit one slot's context.
 fn check_fits(prompt: usize, max_tokens: Option<usize>, n_ctx: usize, endpoint: Endpoint) -> Result<(), ApiError> {
     let what = match endpoint {
-        Endpoint::Chat => "the messages",
-        Endpoint::Completions => "the prompt",
+        Endpoint::Chat => "the messages take",
+        Endpoint::Completions => "the prompt takes",
     };
     let err = |m: String| {
         let mut e = ApiError::context_exceeded(m);
@@ -147,11 +149,11 @@ fn check_fits(prompt: usize, max_tokens: Option<usize>, n_ctx: usize, endpoint: 
     };
     match max_tokens {
         Some(m) if prompt.saturating_add(m) > n_ctx => Err(err(format!(
-            "{what} take {prompt} tokens and max_tokens asks for {m}: {} tokens, more than a slot's context of {n_ctx} tokens; shorten the prompt or lower max_tokens",
+            "{what} {prompt} tokens and max_tokens asks for {m}: {} tokens, more than a slot's context of {n_ctx} tokens; shorten the prompt or lower max_tokens",
             prompt.saturating_add(m)
         ))),
         None if prompt >= n_ctx => Err(err(format!(
-            "{what} take {prompt} tokens, and a slot's context holds {n_ctx} (with room for at least one generated token); shorten the prompt"
+            "{what} {prompt} tokens, and a slot's context holds {n_ctx} (with room for at least one generated token); shorten the prompt"
         ))),
         _ => Ok(()),
     }
