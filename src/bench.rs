@@ -200,6 +200,11 @@ pub struct BenchRecord {
     /// Generation tests with `--ablate`: what each stage costs the step.
     #[serde(default)]
     pub ablation: Option<Vec<StageCost>>,
+    /// Generation tests on adapters with timestamps: decode steps recorded back to back in
+    /// one command buffer, timed by two timestamps around them (the GPU's own pace, no host
+    /// waits), and the host's record and submit time per step for them.
+    #[serde(default)]
+    pub back_to_back: Option<crate::model::BackToBack>,
 }
 
 /// What one stage costs a decode step, measured by leaving it out (`--ablate`): the step's
@@ -208,6 +213,9 @@ pub struct BenchRecord {
 pub struct StageCost {
     pub stage: String,
     pub us_per_token: f64,
+    /// The same, from steps recorded back to back (GPU time only; no host waits hide it).
+    #[serde(default)]
+    pub gpu_us_per_token: Option<f64>,
 }
 
 /// The decode stages `--ablate` leaves out one at a time, in step order.
@@ -406,6 +414,25 @@ pub fn bench_model(
                 s.disable_profiling();
             }
             let (avg, sd) = mean_sd(&samples);
+            // The GPU's pace: 64 steps back to back at the test's depth, best of three.
+            let back_to_back = |s: &mut crate::model::Session| -> Result<crate::model::BackToBack> {
+                s.reset();
+                if d > 0 {
+                    s.forward(&prompt[..d], Output::Argmax)?;
+                }
+                let greedy = crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() };
+                s.set_sampling(&crate::sample::Sampler::new(opts.sampling.unwrap_or(greedy)), &prompt[..=d]);
+                let mut best: Option<crate::model::BackToBack> = None;
+                for _ in 0..3 {
+                    let b = s.time_back_to_back(64)?;
+                    if best.is_none_or(|x| b.gpu_us < x.gpu_us) {
+                        best = Some(b);
+                    }
+                }
+                Ok(best.expect("three measurements"))
+            };
+            let timed_gen = matches!(test, Test::Gen(_)) && ctx.caps.timestamps;
+            let b2b = if timed_gen { Some(back_to_back(&mut s)?) } else { None };
             let mut ablation = None;
             if opts.ablate && matches!(test, Test::Gen(_)) {
                 let mut costs = Vec::new();
@@ -413,11 +440,14 @@ pub fn bench_model(
                     s.skip_stage(Some(stage));
                     progress(&format!("{name} without {}", stage.name()), None);
                     let without = (0..2).map(|_| run(&mut s)).collect::<Result<Vec<_>>>();
+                    let gpu_without = if timed_gen { Some(back_to_back(&mut s)) } else { None };
                     s.skip_stage(None);
                     let without = mean_sd(&without?).0;
+                    let gpu_without = gpu_without.transpose()?;
                     costs.push(StageCost {
                         stage: stage.name().into(),
                         us_per_token: (1.0 / avg - 1.0 / without) * 1e6,
+                        gpu_us_per_token: b2b.zip(gpu_without).map(|(with, without)| with.gpu_us - without.gpu_us),
                     });
                 }
                 ablation = Some(costs);
@@ -447,6 +477,7 @@ pub fn bench_model(
                 load_secs,
                 host_us_per_step,
                 ablation,
+                back_to_back: b2b,
                 sampling: match (&opts.sampling, test) {
                     (_, Test::Prompt(_)) => None,
                     (None, _) => Some("greedy".into()),

@@ -7,6 +7,7 @@ mod bind;
 mod forward;
 mod score;
 mod submit;
+pub use submit::BackToBack;
 
 use std::sync::Arc;
 

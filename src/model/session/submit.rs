@@ -265,3 +265,88 @@ impl Session {
         Ok(out)
     }
 }
+
+/// What decode steps cost when the host never waits between them (`time_back_to_back`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackToBack {
+    /// GPU microseconds per step: the span between a timestamp before the first step and
+    /// one after the last, with none in between to slow the steps down.
+    pub gpu_us: f64,
+    /// Host microseconds per step to record the steps and to submit them (one submit).
+    pub record_us: f64,
+    pub submit_us: f64,
+}
+
+impl Session {
+    /// Records `n` decode steps back to back into one command buffer and measures them
+    /// (`BackToBack`). Every step runs at the session's position (their K/V rows overwrite
+    /// one another) and reads the token the step before sampled, as in `generate_chained`
+    /// with the sampling `set_sampling` configured; the session's position is left as it was.
+    /// Needs TIMESTAMP_QUERY.
+    pub fn time_back_to_back(&mut self, n: usize) -> Result<BackToBack> {
+        let ctx = self.ctx.clone();
+        if !ctx.caps.timestamps {
+            return Err(KilnError::AdapterUnusable {
+                adapter: ctx.info.name.clone(),
+                reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
+            });
+        }
+        if self.pos >= self.opts.n_ctx || n == 0 {
+            return Err(KilnError::invalid("back-to-back steps", "no room for a decode step in the context"));
+        }
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("back-to-back timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("back-to-back resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let t0 = std::time::Instant::now();
+        self.write_step_state(1);
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("back to back") });
+        // Empty passes carry the two timestamps, so no step is timed differently from another.
+        let mark = |enc: &mut wgpu::CommandEncoder, begin: Option<u32>, end: Option<u32>| {
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timestamp"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: begin,
+                    end_of_pass_write_index: end,
+                }),
+            });
+        };
+        mark(&mut enc, Some(0), None);
+        let mut recorded = Ok(());
+        for _ in 0..n {
+            let mut rec = Recorder::new(&mut enc, "back to back", None);
+            if let Some(stage) = self.skip {
+                rec.skip_stage(&ctx.device, stage);
+            }
+            recorded = self
+                .record_step(&mut rec, 1, true)
+                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, Output::Sampled));
+            rec.finish();
+            if recorded.is_err() {
+                break;
+            }
+        }
+        recorded?;
+        mark(&mut enc, None, Some(1));
+        enc.resolve_query_set(&set, 0..2, &resolve, 0);
+        let t1 = std::time::Instant::now();
+        ctx.queue.submit([enc.finish()]);
+        let t2 = std::time::Instant::now();
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&resolve, 0, 16)?);
+        let span_ns = ticks[1].saturating_sub(ticks[0]) as f64 * ctx.queue.get_timestamp_period() as f64;
+        let per = |secs: f64| secs * 1e6 / n as f64;
+        Ok(BackToBack {
+            gpu_us: span_ns * 1e-3 / n as f64,
+            record_us: per((t1 - t0).as_secs_f64()),
+            submit_us: per((t2 - t1).as_secs_f64()),
+        })
+    }
+}
