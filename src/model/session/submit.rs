@@ -11,7 +11,7 @@ use crate::profile::{Recorder, Stage, StageWork};
 
 use crate::kernels::matmul::StepState;
 
-use super::{Output, Session, StepTiming};
+use super::{Output, Session, StepTiming, CHAIN_MAX};
 
 impl Session {
     /// The next step's tokens and position, for the kernels that read them from the GPU.
@@ -157,10 +157,12 @@ impl Session {
     }
 
     /// Decoding with the steps chained on the GPU, each token picked by the GPU sampler as
-    /// `set_sampling` configured it: step k+1 reads the token step k sampled straight from GPU
-    /// memory and is submitted before the host reads token k, so the GPU never waits for the
-    /// host. `first` is the token to feed; `on_token` gets each new token and returns false
-    /// to stop. Returns the tokens generated (at most `max_new`).
+    /// `set_sampling` configured it: a step reads the token the step before sampled straight
+    /// from GPU memory, so steps are recorded in groups of `steps_per_submit` per command
+    /// buffer (one submit each), and the next group is submitted before the host reads the
+    /// last one's tokens: the GPU never waits for the host. `first` is the token to feed;
+    /// `on_token` gets each new token and returns false to stop (the steps already queued
+    /// past it are dropped from the cache). Returns the tokens generated (at most `max_new`).
     pub fn generate_chained(
         &mut self,
         first: u32,
@@ -174,59 +176,33 @@ impl Session {
         if max_new == 0 {
             return Ok(out);
         }
+        // One step per submit while profiling: the profiler times one step per slot.
+        let per = if self.prof.is_some() { 1 } else { self.steps_per_submit };
         ctx.queue.write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
-        // Submission indices of the (at most two) steps in flight, by k % 2.
-        let mut submitted: [Option<wgpu::SubmissionIndex>; 2] = [None, None];
-        let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
-            let t0 = std::time::Instant::now();
-            s.write_step_state(1);
-            let mut enc =
-                ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
-            let mut prof = s.prof.take();
-            let recorded = {
-                let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
-                if let Some(stage) = s.skip {
-                    rec.skip_stage(&ctx.device, stage);
-                }
-                let r = s
-                    .record_step(&mut rec, 1, true)
-                    .and_then(|_| s.record_head(&mut rec, &s.lm_head_x, Output::Sampled));
-                if r.is_ok() {
-                    rec.encoder().copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
-                }
-                rec.finish();
-                r
-            };
-            let t1 = std::time::Instant::now();
-            let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
-            let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
-            s.host.steps += 1;
-            s.host.encode += encode;
-            s.host.submit += submit;
-            if let Some(p) = prof.as_mut() {
-                p.profile.decode.cpu.encode += encode;
-                p.profile.decode.cpu.submit += submit;
-                p.profile.decode.submits += 1;
+        // Groups in flight: submission, readback slot, steps.
+        let mut in_flight: std::collections::VecDeque<(wgpu::SubmissionIndex, usize, usize)> = Default::default();
+        let mut submitted = 0usize;
+        let mut group = 0usize;
+        loop {
+            // Keep two groups in flight: the next is recorded while the GPU runs the last.
+            while in_flight.len() < 2 && submitted < max_new {
+                let n = per.min(max_new - submitted);
+                let idx = self.submit_steps(group % 2, n, submitted)?;
+                in_flight.push_back((idx, group % 2, n));
+                submitted += n;
+                group += 1;
             }
-            s.prof = prof;
-            s.pos += 1;
-            idx
-        };
-        submitted[0] = Some(submit(self, 0)?);
-        for k in 0..max_new {
-            if k + 1 < max_new {
-                submitted[(k + 1) % 2] = Some(submit(self, k + 1)?);
-            }
+            let Some((index, slot, n)) = in_flight.pop_front() else { break };
             let t_wait = std::time::Instant::now();
-            let slot = &self.chain_stage[k % 2];
+            let slot = &self.chain_stage[slot];
+            let bytes = n as u64 * 4;
             let (tx, rx) = std::sync::mpsc::channel();
-            slot.map_async(wgpu::MapMode::Read, 0..4, move |r| {
+            slot.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
                 let _ = tx.send(r);
             });
-            let index = submitted[k % 2].take();
             let polled = ctx
                 .device
-                .poll(wgpu::PollType::Wait { submission_index: index.clone(), timeout: Some(ctx.poll_timeout) });
+                .poll(wgpu::PollType::Wait { submission_index: Some(index.clone()), timeout: Some(ctx.poll_timeout) });
             // A lost device or failed submission explains a failed poll best.
             ctx.check_fault("a decode step")?;
             polled.map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
@@ -239,30 +215,95 @@ impl Session {
                     })
                 }
             }
-            let tok = {
+            let tokens: Vec<u32> = {
                 let view = slot
-                    .get_mapped_range(0..4)
+                    .get_mapped_range(0..bytes)
                     .map_err(|e| KilnError::Gpu { context: "reading a token".into(), message: e.to_string() })?;
-                u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+                bytemuck::pod_collect_to_vec(&view)
             };
             slot.unmap();
             self.host.wait += t_wait.elapsed().as_secs_f64();
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
                 p.profile.decode.readbacks += 1;
-                self.timing.gpu = p.collect(&ctx, k, index)?;
+                self.timing.gpu = p.collect(&ctx, submitted - in_flight.iter().map(|g| g.2).sum::<usize>() - n, Some(index))?;
             }
-            out.push(tok);
-            if !on_token(tok) {
-                // The step already queued after this one ran on a token we do not want.
-                if k + 1 < max_new {
-                    ctx.wait_idle("a decode step")?;
-                    self.pos -= 1;
+            for (i, &tok) in tokens.iter().enumerate() {
+                out.push(tok);
+                if !on_token(tok) {
+                    // The steps queued after this one ran on tokens we do not want.
+                    let wasted = (n - i - 1) + in_flight.iter().map(|g| g.2).sum::<usize>();
+                    if wasted > 0 {
+                        ctx.wait_idle("a decode step")?;
+                        self.pos -= wasted as u32;
+                    }
+                    return Ok(out);
                 }
-                break;
             }
         }
         Ok(out)
+    }
+
+    /// Records `n` chained decode steps (steps `k0..k0 + n` of a generation) into one command
+    /// buffer and submits it; the steps leave their sampled tokens in `chain_stage[slot]`.
+    fn submit_steps(&mut self, slot: usize, n: usize, k0: usize) -> Result<wgpu::SubmissionIndex> {
+        let ctx = self.ctx.clone();
+        let t0 = std::time::Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
+        let mut prof = self.prof.take();
+        let recorded = self.record_steps(&mut enc, &mut prof, Some(slot), n, k0);
+        let t1 = std::time::Instant::now();
+        let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
+        let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        self.host.steps += n as u64;
+        self.host.encode += encode;
+        self.host.submit += submit;
+        if let Some(p) = prof.as_mut() {
+            p.profile.decode.cpu.encode += encode;
+            p.profile.decode.cpu.submit += submit;
+            p.profile.decode.submits += 1;
+        }
+        self.prof = prof;
+        self.pos += n as u32;
+        idx
+    }
+
+    /// Records `n` decode steps from the session's position on: each step first copies its
+    /// position from `step_states` (written here, once for all of them) into the step state
+    /// the kernels read, then runs the layers, the head and the sampler, whose token the next
+    /// step's embedding gather reads; with `slot`, each token is also copied to
+    /// `chain_stage[slot]` for the host. Does not move the session's position.
+    fn record_steps(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        prof: &mut Option<crate::profile::Profiler>,
+        slot: Option<usize>,
+        n: usize,
+        k0: usize,
+    ) -> Result<()> {
+        let ctx = &self.ctx;
+        debug_assert!(n <= CHAIN_MAX && self.pos as usize + n <= self.opts.n_ctx as usize);
+        let states: Vec<StepState> = (0..n as u32)
+            .map(|j| StepState { n_tokens: 1, pos0: self.pos + j, kv_len: self.pos + j + 1, _pad: 0 })
+            .collect();
+        ctx.queue.write_buffer(&self.step_states, 0, bytemuck::cast_slice(&states));
+        let size = std::mem::size_of::<StepState>() as u64;
+        for j in 0..n {
+            enc.copy_buffer_to_buffer(&self.step_states, j as u64 * size, &self.step_state, 0, size);
+            let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1)));
+            if let Some(stage) = self.skip {
+                rec.skip_stage(&ctx.device, stage);
+            }
+            let recorded = self
+                .record_step(&mut rec, 1, true)
+                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, Output::Sampled));
+            if let (Ok(()), Some(slot)) = (&recorded, slot) {
+                rec.encoder().copy_buffer_to_buffer(&self.out_id, 0, &self.chain_stage[slot], j as u64 * 4, 4);
+            }
+            rec.finish();
+            recorded?;
+        }
+        Ok(())
     }
 }
 
@@ -278,10 +319,10 @@ pub struct BackToBack {
 }
 
 impl Session {
-    /// Records `n` decode steps back to back into one command buffer and measures them
-    /// (`BackToBack`). Every step runs at the session's position (their K/V rows overwrite
-    /// one another) and reads the token the step before sampled, as in `generate_chained`
-    /// with the sampling `set_sampling` configured; the session's position is left as it was.
+    /// Records `n` decode steps (at most `CHAIN_MAX`, and the context's room) back to back into
+    /// one command buffer and measures them (`BackToBack`). The steps are those
+    /// `generate_chained` would run from here with the sampling `set_sampling` configured; the
+    /// session's position is left as it was (their K/V rows are overwritten later).
     /// Needs TIMESTAMP_QUERY.
     pub fn time_back_to_back(&mut self, n: usize) -> Result<BackToBack> {
         let ctx = self.ctx.clone();
@@ -291,7 +332,8 @@ impl Session {
                 reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
             });
         }
-        if self.pos >= self.opts.n_ctx || n == 0 {
+        let n = n.min(CHAIN_MAX).min((self.opts.n_ctx - self.pos) as usize);
+        if n == 0 {
             return Err(KilnError::invalid("back-to-back steps", "no room for a decode step in the context"));
         }
         let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -306,7 +348,6 @@ impl Session {
             mapped_at_creation: false,
         });
         let t0 = std::time::Instant::now();
-        self.write_step_state(1);
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("back to back") });
         // Empty passes carry the two timestamps, so no step is timed differently from another.
         let mark = |enc: &mut wgpu::CommandEncoder, begin: Option<u32>, end: Option<u32>| {
@@ -320,21 +361,7 @@ impl Session {
             });
         };
         mark(&mut enc, Some(0), None);
-        let mut recorded = Ok(());
-        for _ in 0..n {
-            let mut rec = Recorder::new(&mut enc, "back to back", None);
-            if let Some(stage) = self.skip {
-                rec.skip_stage(&ctx.device, stage);
-            }
-            recorded = self
-                .record_step(&mut rec, 1, true)
-                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, Output::Sampled));
-            rec.finish();
-            if recorded.is_err() {
-                break;
-            }
-        }
-        recorded?;
+        self.record_steps(&mut enc, &mut None, None, n, 0)?;
         mark(&mut enc, None, Some(1));
         enc.resolve_query_set(&set, 0..2, &resolve, 0);
         let t1 = std::time::Instant::now();
