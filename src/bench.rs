@@ -205,6 +205,19 @@ pub struct BenchRecord {
     /// waits), and the host's record and submit time per step for them.
     #[serde(default)]
     pub back_to_back: Option<crate::model::BackToBack>,
+    /// Time to first token of a short prompt on an empty cache, pipelines built (as
+    /// `kiln run` after loading): submit of the prompt to its token on the host.
+    #[serde(default)]
+    pub ttft: Option<Ttft>,
+}
+
+/// Time to first token (`BenchRecord::ttft`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Ttft {
+    pub prompt_tokens: u32,
+    /// The first prompt after the session opened, and the best of three.
+    pub first_ms: f64,
+    pub best_ms: f64,
 }
 
 /// What one stage costs a decode step, measured by leaving it out (`--ablate`): the step's
@@ -345,6 +358,7 @@ pub fn bench_model(
     let before = ctx.buffers_alive().bytes;
     let mut s = model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false })?;
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+    s.build_pipelines()?;
     let kv_cache = n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
     let gpu_memory =
         GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
@@ -353,6 +367,19 @@ pub fn bench_model(
     let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
     let adapter = AdapterRecord::of(ctx);
     let model_rec = ModelRecord::of(model, synthetic);
+    // Time to first token: a 20-token prompt on an empty cache, three times.
+    let ttft = {
+        let n = 20.min(n_ctx as usize);
+        let mut ms = Vec::new();
+        for _ in 0..3 {
+            s.reset();
+            let t = Instant::now();
+            s.forward(&prompt[..n], Output::Argmax)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        s.reset();
+        Ttft { prompt_tokens: n as u32, first_ms: ms[0], best_ms: ms.iter().copied().fold(f64::MAX, f64::min) }
+    };
     for &depth in depths {
         for &test in &opts.tests {
             let name = test.name(depth);
@@ -478,6 +505,7 @@ pub fn bench_model(
                 host_us_per_step,
                 ablation,
                 back_to_back: b2b,
+                ttft: Some(ttft),
                 sampling: match (&opts.sampling, test) {
                     (_, Test::Prompt(_)) => None,
                     (None, _) => Some("greedy".into()),

@@ -337,6 +337,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     r.model.name, r.test, h.encode, h.submit, h.wait
                 )?;
             }
+            if let Some(t) = &r.ttft {
+                if r.test == records.iter().find(|x| x.model.path == r.model.path).map_or("", |x| x.test.as_str()) {
+                    writeln!(
+                        o,
+                        "{}: time to first token of a {}-token prompt {:.1} ms (best of three {:.1} ms){}",
+                        r.model.name,
+                        t.prompt_tokens,
+                        t.first_ms,
+                        t.best_ms,
+                        r.load_secs.map(|l| format!("; loaded in {l:.2} s")).unwrap_or_default()
+                    )?;
+                }
+            }
             if let Some(b) = &r.back_to_back {
                 writeln!(
                     o,

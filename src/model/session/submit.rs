@@ -25,9 +25,7 @@ impl Session {
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
-        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
         let mut prof = self.prof.take();
-        let se = pad4(n_embd);
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         self.write_step_state(m);
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
@@ -37,42 +35,7 @@ impl Session {
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
-            let recorded = (|| -> Result<u64> {
-                self.record_step(&mut rec, m, false)?;
-                if out == Output::AllLogits {
-                    rec.stage(Stage::OutputNorm, || {
-                        StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
-                    });
-                    self.out_norm_all
-                        .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
-                    self.out_norm_all.record_with(
-                        rec.pass(),
-                        &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                        grid(m),
-                    );
-                    rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
-                    self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
-                    let n = m as u64 * v as u64 * 4;
-                    if read {
-                        rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
-                    }
-                    return Ok(n);
-                }
-                if m > 1 {
-                    // Only the last position goes through the output norm and the LM head.
-                    let last = (m - 1) as u64 * se as u64 * 4;
-                    rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
-                }
-                // One token: x is the last position and the head reads it in the same pass.
-                let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
-                self.record_head(&mut rec, head, out)?;
-                let (src, n) = match out {
-                    Output::Argmax | Output::Sampled => (&self.out_id, 4),
-                    _ => (&self.logits, v as u64 * 4),
-                };
-                rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
-                Ok(n)
-            })();
+            let recorded = self.record_forward(&mut rec, m, out, read);
             rec.finish();
             read_bytes = recorded?;
         }
@@ -114,6 +77,80 @@ impl Session {
             return Ok(vec![id as f32]);
         }
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Records one forward step of `m` tokens (their ids and the step state already written)
+    /// up to its output: all logits, the last position's logits, or a picked token, copied to
+    /// the readback buffer when `read`. Returns the bytes to read back.
+    fn record_forward(&self, rec: &mut Recorder<'_>, m: u32, out: Output, read: bool) -> Result<u64> {
+        let ctx = &self.ctx;
+        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
+        let se = pad4(n_embd);
+        self.record_step(rec, m, false)?;
+        if out == Output::AllLogits {
+            rec.stage(Stage::OutputNorm, || {
+                StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
+            });
+            self.out_norm_all
+                .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
+            self.out_norm_all.record_with(
+                rec.pass(),
+                &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
+                grid(m),
+            );
+            rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
+            self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
+            let n = m as u64 * v as u64 * 4;
+            if read {
+                rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
+            }
+            return Ok(n);
+        }
+        if m > 1 {
+            // Only the last position goes through the output norm and the LM head.
+            let last = (m - 1) as u64 * se as u64 * 4;
+            rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
+        }
+        // One token: x is the last position and the head reads it in the same pass.
+        let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
+        self.record_head(rec, head, out)?;
+        let (src, n) = match out {
+            Output::Argmax | Output::Sampled => (&self.out_id, 4),
+            _ => (&self.logits, v as u64 * 4),
+        };
+        rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
+        Ok(n)
+    }
+
+    /// Builds the pipelines this session's steps use before the first step needs them, by
+    /// recording (never submitting) prompt steps at the sizes the planner treats differently
+    /// (each GEMV width up to 8 tokens, 16 for up to 63, a full batch) and a chained decode
+    /// step: a prompt's first token then costs its computation, not shader compilation. With
+    /// a pipeline cache on disk, a second start compiles from it. The CLI calls this after
+    /// opening a session. Not on CPU adapters: llvmpipe compiles a shader at its first
+    /// dispatch, whatever was built before.
+    pub fn build_pipelines(&mut self) -> Result<()> {
+        let ctx = self.ctx.clone();
+        if ctx.caps.cpu_adapter {
+            return Ok(());
+        }
+        let room = self.opts.n_ctx - self.pos;
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
+        let mut sizes: Vec<u32> = (2..=8).chain([16, self.opts.ubatch]).collect();
+        sizes.retain(|&m| m <= room.min(self.opts.ubatch));
+        sizes.dedup();
+        for m in sizes {
+            let mut rec = Recorder::new(&mut enc, "warm-up", None);
+            let r = self.record_forward(&mut rec, m, Output::Sampled, false);
+            rec.finish();
+            r?;
+        }
+        if room > 0 {
+            self.record_steps(&mut enc, &mut None, None, 1, 0)?;
+        }
+        drop(enc);
+        ctx.save_pipeline_cache();
+        Ok(())
     }
 
     pub(super) fn read(&self, n: u64) -> Result<Vec<u8>> {
