@@ -50,11 +50,15 @@ impl SessionSlots {
         Ok(SessionSlots { sessions })
     }
 
-    /// Runs a prefill and a decode step on the first slot and forgets them, so that every
-    /// pipeline the engine uses is compiled before the first request (seconds on a CPU
-    /// adapter, where the first request would otherwise wait for it).
+    /// Builds every pipeline the engine uses before the first request: the session's own
+    /// `build_pipelines` (every size class the planner distinguishes, recorded but never
+    /// submitted; kept on disk where the adapter caches pipelines), then a prefill and a
+    /// decode step run on the first slot and forgotten, which is what compiles them on a CPU
+    /// adapter (seconds, that the first request would otherwise wait for). The slots share
+    /// the device's pipelines, so one slot is enough.
     pub fn warm_up(&mut self) -> Result<()> {
         let Some(s) = self.sessions.first_mut() else { return Ok(()) };
+        s.build_pipelines()?;
         let n_vocab = s.cfg.n_vocab;
         let ids = |n: u32| (0..n).map(|i| i % n_vocab).collect::<Vec<u32>>();
         let sampler = Sampler::new(crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
