@@ -86,6 +86,12 @@ pub fn hf_token_from_env() -> Option<String> {
     std::env::var("HF_TOKEN").ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
 }
 
+/// `KILN_DOCTOR_PERTURB=<check>`: `kiln doctor` makes the CPU reference of the checks whose
+/// name contains this text deliberately wrong, so a test can see it fail (never set otherwise).
+pub fn doctor_perturb_from_env() -> Option<String> {
+    std::env::var("KILN_DOCTOR_PERTURB").ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
 /// "1234", "512K", "300M", "2G" (binary multiples).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod doctor;
 pub mod eval;
 pub mod info;
 pub mod inspect;
@@ -58,6 +59,8 @@ impl GpuArgs {
 pub enum Command {
     /// Benchmark prompt processing and generation speed (llama-bench's flags and tables).
     Bench(bench::BenchArgs),
+    /// Check every kernel kiln runs on this GPU against its CPU reference; write a JSON report.
+    Doctor(doctor::DoctorArgs),
     /// List GPU adapters, their features and limits, and which one kiln would use.
     Info(info::InfoArgs),
     /// Show a GGUF file's metadata, architecture, tensors and format mix.
@@ -83,6 +86,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench(a) => bench::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
         Command::Info(a) => info::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Eval(a) => eval::run(&a),
