@@ -49,7 +49,8 @@ pub fn check_line(r: &CheckRecord) -> String {
     };
     let err = match (r.max_abs_err, r.tolerance_used) {
         _ if r.cases.is_empty() => r.detail.clone(),
-        (e, Some(t)) => format!("max |Δ| {:<8} {:>5.0}% of tolerance", sci(e), t * 100.0),
+        (e, Some(t)) if t <= 9.99 => format!("max |Δ| {:<8} {:>4.0}% of tolerance", sci(e), t * 100.0),
+        (e, Some(t)) => format!("max |Δ| {:<8} {t:.1e} x tolerance", sci(e)),
         (e, None) => format!("max |Δ| {}", sci(e)),
     };
     let mut line = format!("{head}  {kernels}  {err}  {:.2} s", r.secs);
@@ -112,14 +113,19 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     writeln!(out, "{}", summary(&report))?;
     eprintln!("kiln: wrote {}", path.display());
     if !report.passed {
-        let failed: Vec<&str> = report.failed().map(|c| c.name.as_str()).collect();
-        return Err(KilnError::ChecksFailed { adapter: native.describe(), failed: failed.join(", "), report: path });
+        let failed: Vec<String> = report.failed().map(|c| format!("{}: {}", c.caps, c.name)).collect();
+        return Err(KilnError::ChecksFailed {
+            count: failed.len(),
+            adapter: native.describe(),
+            failed: failed.join(", "),
+            report: path,
+        });
     }
     Ok(())
 }
 
 fn summary(r: &DoctorReport) -> String {
-    let failed: Vec<String> = r.failed().map(|c| format!("{} ({})", c.name, c.caps)).collect();
+    let failed: Vec<String> = r.failed().map(|c| format!("{}: {}", c.caps, c.name)).collect();
     let failed =
         if failed.is_empty() { "0 failed".into() } else { format!("{} failed: {}", failed.len(), failed.join(", ")) };
     format!(

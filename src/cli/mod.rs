@@ -77,7 +77,8 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// Perplexity of a text file, as llama-perplexity computes it (-c: the chunk size, default 512).
     Perplexity(perplexity::PerplexityArgs),
-    /// Merge bench JSON files from several machines into a markdown table and SVG charts.
+    /// Merge bench JSON files from several machines into a markdown table and SVG charts (and
+    /// kiln doctor reports into a table beside them).
     Report(report::ReportArgs),
     /// Download a GGUF model from a Hugging Face repository into the cache (REPO[:QUANT]).
     Pull(pull::PullArgs),
