@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use kiln::doctor::checks::sampler_configs;
 use kiln::doctor::data::model_logits;
 use kiln::doctor::ops::{cpu_tokens, gpu_tokens};
 use kiln::gpu::run_dispatches;
@@ -14,39 +15,7 @@ use kiln::sample::{Sampler, SamplerConfig};
 
 #[test]
 fn gpu_sampler_picks_the_reference_tokens() {
-    let configs = [
-        ("greedy", SamplerConfig { temperature: 0.0, ..Default::default() }),
-        (
-            "greedy+penalties",
-            SamplerConfig {
-                temperature: 0.0,
-                repeat_penalty: 1.3,
-                frequency_penalty: 0.5,
-                presence_penalty: 0.4,
-                ..Default::default()
-            },
-        ),
-        ("defaults", SamplerConfig::default()),
-        ("top-k 5, hot", SamplerConfig { top_k: 5, temperature: 1.5, top_p: 1.0, min_p: 0.0, ..Default::default() }),
-        (
-            "top-k off, top-p 0.9",
-            SamplerConfig { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 1.0, ..Default::default() },
-        ),
-        (
-            "min-p 0.2, cold",
-            SamplerConfig { top_k: 100, top_p: 1.0, min_p: 0.2, temperature: 0.5, ..Default::default() },
-        ),
-        (
-            "penalties",
-            SamplerConfig {
-                repeat_penalty: 1.2,
-                repeat_last_n: 16,
-                frequency_penalty: 0.3,
-                presence_penalty: 0.2,
-                ..Default::default()
-            },
-        ),
-    ];
+    let configs = sampler_configs();
     for g in gpus() {
         // spread 0: a shuffled ramp 1e-5 apart, every logit in the histogram's first bin (the
         // exact radix select runs).

@@ -461,28 +461,44 @@ fn nll_rows(ck: &mut Checker) -> Result<()> {
     Ok(())
 }
 
-/// The GPU sampler picks the CPU reference's tokens: greedy, penalties, top-k, top-p, min-p
-/// and temperature, on model-like and flat logits (the exact-select path).
-fn sampler(ck: &mut Checker) -> Result<()> {
-    let configs = [
+/// Sampler settings that take every path of the sampler: greedy with and without the
+/// penalties, llama.cpp's defaults, top-k, top-p and min-p each with a temperature, the
+/// penalties while sampling.
+pub fn sampler_configs() -> Vec<(&'static str, SamplerConfig)> {
+    let greedy = SamplerConfig { temperature: 0.0, ..Default::default() };
+    vec![
+        ("greedy", greedy),
         (
             "greedy+penalties",
-            SamplerConfig {
-                temperature: 0.0,
-                repeat_penalty: 1.3,
-                frequency_penalty: 0.5,
-                presence_penalty: 0.4,
-                ..Default::default()
-            },
+            SamplerConfig { repeat_penalty: 1.3, frequency_penalty: 0.5, presence_penalty: 0.4, ..greedy },
         ),
         ("defaults", SamplerConfig::default()),
         ("top-k 5, hot", SamplerConfig { top_k: 5, temperature: 1.5, top_p: 1.0, min_p: 0.0, ..Default::default() }),
-        ("top-p 0.9", SamplerConfig { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 1.0, ..Default::default() }),
+        (
+            "top-k off, top-p 0.9",
+            SamplerConfig { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 1.0, ..Default::default() },
+        ),
         (
             "min-p 0.2, cold",
             SamplerConfig { top_k: 100, top_p: 1.0, min_p: 0.2, temperature: 0.5, ..Default::default() },
         ),
-    ];
+        (
+            "penalties",
+            SamplerConfig {
+                repeat_penalty: 1.2,
+                repeat_last_n: 16,
+                frequency_penalty: 0.3,
+                presence_penalty: 0.2,
+                ..Default::default()
+            },
+        ),
+    ]
+}
+
+/// The GPU sampler picks the CPU reference's tokens: greedy, penalties, top-k, top-p, min-p
+/// and temperature, on model-like and flat logits (the exact-select path).
+fn sampler(ck: &mut Checker) -> Result<()> {
+    let configs = sampler_configs();
     for (vocab, spread) in [(32000usize, 14.0f32), (1000, 0.5)] {
         let mut r = Rng::new(vocab as u64);
         let logits = model_logits(&mut r, vocab, spread);
