@@ -12,7 +12,7 @@ use crate::engine::Model;
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::model::{Output, SessionOptions};
-use crate::profile::{Peak, PhaseProfile};
+use crate::profile::{Peak, PhaseProfile, Stage};
 
 /// The adapter a record was measured on.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -190,6 +190,44 @@ pub struct BenchRecord {
     /// Seconds from the model file (or the synthetic image in memory) to weights on the GPU.
     #[serde(default)]
     pub load_secs: Option<f64>,
+    /// Host time per step of the timed repetitions (no timestamps): recording, submitting,
+    /// and waiting for the GPU, in microseconds.
+    #[serde(default)]
+    pub host_us_per_step: Option<HostUs>,
+    /// How generation tests pick tokens: "greedy", or the sampler's settings.
+    #[serde(default)]
+    pub sampling: Option<String>,
+    /// Generation tests with `--ablate`: what each stage costs the step.
+    #[serde(default)]
+    pub ablation: Option<Vec<StageCost>>,
+}
+
+/// What one stage costs a decode step, measured by leaving it out (`--ablate`): the step's
+/// time with it minus without it, so its launch, its barrier and the wait it causes count.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StageCost {
+    pub stage: String,
+    pub us_per_token: f64,
+}
+
+/// The decode stages `--ablate` leaves out one at a time, in step order.
+pub const ABLATE_STAGES: [Stage; 8] = [
+    Stage::Embed,
+    Stage::AttnNormQkv,
+    Stage::Attention,
+    Stage::AttnOut,
+    Stage::FfnNormGateUp,
+    Stage::FfnDown,
+    Stage::OutputNormLmHead,
+    Stage::Sample,
+];
+
+/// Host microseconds per step.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostUs {
+    pub encode: f64,
+    pub submit: f64,
+    pub wait: f64,
 }
 
 /// Mean and sample standard deviation.
@@ -276,6 +314,10 @@ pub struct BenchOptions {
     pub warmup: bool,
     pub profile: bool,
     pub peak: Option<Peak>,
+    /// Generation tests sample with these settings (on the GPU) instead of greedy picks.
+    pub sampling: Option<crate::sample::SamplerConfig>,
+    /// Generation tests also run once without each decode stage (`ABLATE_STAGES`).
+    pub ablate: bool,
 }
 
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
@@ -319,7 +361,13 @@ pub fn bench_model(
                         s.forward(&prompt[d..d + n as usize], Output::Argmax)?;
                         n as usize
                     }
-                    Test::Gen(n) => s.generate_greedy_chained(prompt[d], n as usize, &mut |_| true)?.len(),
+                    Test::Gen(n) => match &opts.sampling {
+                        Some(cfg) => {
+                            s.set_sampling(&crate::sample::Sampler::new(*cfg), &prompt[..=d]);
+                            s.generate_chained(prompt[d], n as usize, &mut |_| true)?.len()
+                        }
+                        None => s.generate_greedy_chained(prompt[d], n as usize, &mut |_| true)?.len(),
+                    },
                     Test::PromptGen(p, g) => {
                         let first = s.forward(&prompt[d..d + p as usize], Output::Argmax)?[0] as u32;
                         p as usize + s.generate_greedy_chained(first, g as usize, &mut |_| true)?.len()
@@ -332,10 +380,18 @@ pub fn bench_model(
                 run(&mut s)?;
             }
             let mut samples = Vec::new();
+            s.take_host_times();
             for r in 0..opts.repetitions {
                 progress(&name, Some(r));
                 samples.push(run(&mut s)?);
             }
+            let host = s.take_host_times();
+            let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
+            let host_us_per_step = (host.steps > 0).then(|| HostUs {
+                encode: per(host.encode),
+                submit: per(host.submit),
+                wait: per(host.wait),
+            });
             // The profile comes from runs of their own, so the timed figures carry no timestamps.
             let (mut profile, mut profiled_ts) = (None, None);
             if opts.profile {
@@ -350,6 +406,22 @@ pub fn bench_model(
                 s.disable_profiling();
             }
             let (avg, sd) = mean_sd(&samples);
+            let mut ablation = None;
+            if opts.ablate && matches!(test, Test::Gen(_)) {
+                let mut costs = Vec::new();
+                for stage in ABLATE_STAGES {
+                    s.skip_stage(Some(stage));
+                    progress(&format!("{name} without {}", stage.name()), None);
+                    let without = (0..2).map(|_| run(&mut s)).collect::<Result<Vec<_>>>();
+                    s.skip_stage(None);
+                    let without = mean_sd(&without?).0;
+                    costs.push(StageCost {
+                        stage: stage.name().into(),
+                        us_per_token: (1.0 / avg - 1.0 / without) * 1e6,
+                    });
+                }
+                ablation = Some(costs);
+            }
             let (n_prompt, n_gen) = test.sizes();
             on_record(BenchRecord {
                 kiln_version: env!("CARGO_PKG_VERSION").into(),
@@ -373,6 +445,16 @@ pub fn bench_model(
                 profiled_ts,
                 gpu_memory: Some(gpu_memory),
                 load_secs,
+                host_us_per_step,
+                ablation,
+                sampling: match (&opts.sampling, test) {
+                    (_, Test::Prompt(_)) => None,
+                    (None, _) => Some("greedy".into()),
+                    (Some(c), _) => Some(format!(
+                        "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
+                        c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
+                    )),
+                },
             })?;
         }
     }

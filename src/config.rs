@@ -127,3 +127,10 @@ mod tests {
         assert_eq!(parse_size("99999999999G"), None);
     }
 }
+
+/// `KILN_DECODE_BLOCK=<n>`: query heads per decode-attention workgroup, overriding the
+/// planner's choice (a tuning knob for measurements; n must divide the GQA group).
+pub fn decode_block_from_env() -> Option<u32> {
+    static BLOCK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *BLOCK.get_or_init(|| std::env::var("KILN_DECODE_BLOCK").ok().and_then(|v| v.trim().parse().ok()))
+}

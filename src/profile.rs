@@ -568,11 +568,21 @@ pub struct Recorder<'a> {
     pass: Option<wgpu::ComputePass<'static>>,
     prof: Option<&'a mut ProfSlot>,
     label: &'static str,
+    /// A stage left out of the step (`kiln bench --ablate`): its dispatches go to a pass of an
+    /// encoder that is never submitted, so the host still records them but the GPU skips them.
+    skip: Option<(Stage, wgpu::Device)>,
+    skipping: bool,
+    discard: Option<(wgpu::CommandEncoder, wgpu::ComputePass<'static>)>,
 }
 
 impl<'a> Recorder<'a> {
     pub fn new(enc: &'a mut wgpu::CommandEncoder, label: &'static str, prof: Option<&'a mut ProfSlot>) -> Self {
-        Recorder { enc, pass: None, prof, label }
+        Recorder { enc, pass: None, prof, label, skip: None, skipping: false, discard: None }
+    }
+
+    /// Leaves `stage` out of what the GPU runs (its results are wrong; its time is the point).
+    pub fn skip_stage(&mut self, device: &wgpu::Device, stage: Stage) {
+        self.skip = Some((stage, device.clone()));
     }
 
     fn open(&mut self, stage_timed: Option<(u32, u32)>) {
@@ -593,6 +603,17 @@ impl<'a> Recorder<'a> {
 
     /// The open pass (one is opened if none is).
     pub fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
+        if self.skipping {
+            if let Some((_, device)) = &self.skip {
+                let discard = self.discard.get_or_insert_with(|| {
+                    let mut enc =
+                        device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("left out") });
+                    let pass = enc.begin_compute_pass(&Default::default()).forget_lifetime();
+                    (enc, pass)
+                });
+                return &mut discard.1;
+            }
+        }
         if self.pass.is_none() {
             self.begin_inside_pass();
         }
@@ -616,6 +637,7 @@ impl<'a> Recorder<'a> {
 
     /// Starts `stage`; `work` describes it (evaluated only when profiling).
     pub fn stage(&mut self, stage: Stage, work: impl FnOnce() -> StageWork) {
+        self.skipping = self.skip.as_ref().is_some_and(|(s, _)| *s == stage);
         let Some(p) = self.prof.as_deref_mut() else {
             return;
         };

@@ -201,7 +201,8 @@ fn decode_attention_blocks_and_splits() {
         for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (16, 8, 128), (14, 2, 64), (4, 2, 256), (16, 1, 32)] {
             let n_ctx = 600;
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
-            let chunk = shape.decode_chunk();
+            // Long contexts: the GQA block's split size (short ones take one head a workgroup).
+            let chunk = shape.decode_chunk(n_ctx);
             let kv = KvKind::for_cache(true, &g.ctx.caps);
             let mut r = rng((nh * hd + nkv) as u64);
             let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
@@ -209,11 +210,11 @@ fn decode_attention_blocks_and_splits() {
                 let q = randn(&mut r, (nh * hd) as usize, 2.0);
                 let want = case.reference(&q, 1, kv_len as usize - 1);
                 let (got, dispatches) = case.decode(&g.ctx, &q, kv_len).unwrap();
-                assert_eq!(dispatches, if kv_len > chunk { 2 } else { 1 }, "one dispatch unless split");
+                assert_eq!(dispatches, shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
                 let what = format!(
                     "[{}] decode nh={nh} kv={nkv} hd={hd} block={} chunk={chunk} kv_len={kv_len}",
                     g.name,
-                    shape.decode_block()
+                    shape.decode_block(kv_len)
                 );
                 assert_close(&what, &got, &want, 1e-4);
             }

@@ -1,6 +1,6 @@
 //! GPU sampling (wgsl/sample.wgsl) against its CPU reference (`kiln::sample::Sampler`): the
-//! same tokens for the same seed, history and logits, through greedy, top-k (both the
-//! histogram threshold and the exact radix select for flat logits), top-p, min-p,
+//! same tokens for the same seed, history and logits, through greedy, top-k (the threshold
+//! search, every logit of a small vocabulary, and the exact radix select), top-p, min-p,
 //! temperature and the three penalties; and draws that follow the distribution.
 
 mod common;
@@ -17,8 +17,10 @@ use kiln::sample::{Sampler, SamplerConfig};
 fn gpu_sampler_picks_the_reference_tokens() {
     let configs = sampler_configs();
     for g in gpus() {
-        // spread 0: a shuffled ramp 1e-5 apart, every logit in the histogram's first bin (the
-        // exact radix select runs).
+        // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed
+        // over several (spread 0: a shuffled ramp 1e-5 apart), every logit (top-k off on 512
+        // and 1000), the exact radix select (top-k off on the larger vocabularies: no
+        // threshold holds exactly 1024).
         for (vocab, spread) in [(512usize, 12.0f32), (32000, 14.0), (1000, 0.5), (5000, 0.0), (151936, 14.0)] {
             let mut r = rng(vocab as u64);
             let logits = model_logits(&mut r, vocab, spread);

@@ -11,7 +11,7 @@ struct Params {
     head_dim: u32,
     n_head: u32,
     group: u32,      // query heads per KV head
-    kv_len: u32,     // positions 0 .. kv_len-1 are visible
+    kv_len: u32,     // unused: the step state's kv_len (written per step, advanced on the GPU)
     kv_stride: u32,  // elements between cache rows (n_kv_head * head_dim)
     n_splits: u32,   // splits the partials buffer has room for, per head
     q_stride: u32,   // elements between heads' queries (head_dim for a packed Q row)
@@ -28,6 +28,15 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v_cache: array<KvWord>;
 // The output [n_head * head_dim] with one split, else the partials [n_head, n_splits, head_dim + 2].
 @group(0) @binding(4) var<storage, read_write> part: array<f32>;
+// The step: positions 0 .. kv_len - 1 are visible.
+@group(0) @binding(5) var<storage, read> step: StepState;
+
+struct StepState {
+    n_tokens: u32,
+    pos0: u32,
+    kv_len: u32,
+    _pad: u32,
+}
 
 var<workgroup> qs: array<f32, MAX_QB>;       // [block][head_dim], pre-scaled
 var<workgroup> sc: array<f32, MAX_SC>;       // [block][chunk] scores, then exp(score - max)
@@ -49,7 +58,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h0 = kvh * p.group + (wid.x % blocks_per_kv) * NB;   // first query head of the block
     let split = wid.y;
     let j0 = split * p.chunk;
-    let j1 = min(j0 + p.chunk, p.kv_len);
+    let kv_len = step.kv_len;
+    let j1 = min(j0 + p.chunk, kv_len);
     let len = j1 - j0;
     let lid = lane.lid;
 
@@ -146,7 +156,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             var o = 0.0;
             for (var u = 0u; u < groups; u++) { o += red[(u * NB + g) * hd + dd]; }
             let h = h0 + g;
-            if (p.kv_len <= p.chunk) {
+            if (kv_len <= p.chunk) {
                 part[h * hd + d0 + dd] = o / stat[2u * g + 1u];
             } else {
                 part[(h * p.n_splits + split) * (hd + 2u) + d0 + dd] = o;
@@ -154,7 +164,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         }
         workgroupBarrier();
     }
-    if (p.kv_len > p.chunk && lid < NB) {
+    if (kv_len > p.chunk && lid < NB) {
         let b = ((h0 + lid) * p.n_splits + split) * (hd + 2u);
         part[b + hd] = stat[2u * lid];
         part[b + hd + 1u] = stat[2u * lid + 1u];

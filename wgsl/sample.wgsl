@@ -61,8 +61,32 @@ fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 // NaN logits never count.
 fn usable(v: f32) -> bool { return v == v; }
 
-// Which 1/16-nat bin below the maximum `v` falls in (255: 16 nats down or more).
-fn dist_bin(mx: f32, v: f32) -> u32 { return u32(clamp((mx - v) * 16.0, 0.0, 255.0)); }
+// How many logits of the row lie within each distance d[j] below the maximum (mx - v <=
+// d[j]): counted in registers, added up with one batched reduction (cand_v, unused yet, holds
+// the groups' sums). Uniform control flow.
+fn count_within(base: u32, n: u32, mx: f32, d: array<f32, 4>, lane: Lane) -> array<u32, 4> {
+    var c = vec4<u32>(0u);
+    let dv = vec4<f32>(d[0], d[1], d[2], d[3]);
+    for (var i = lane.lid; i < n; i += WG) {
+        let v = logits[base + i];
+        if (usable(v)) { c += vec4<u32>(vec4<f32>(mx - v) <= dv); }
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < 4u; j++) {
+        // Exact in f32: counts stay far below 2^24.
+        let s = group_sum(f32(c[j]), lane);
+        if (lane_is_leader(lane)) { cand_v[j * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+    }
+    workgroupBarrier();
+    var out: array<u32, 4>;
+    for (var j = 0u; j < 4u; j++) {
+        var t = 0.0;
+        for (var g = 0u; g < lane_groups(lane); g++) { t += cand_v[j * LANE_GROUPS_MAX + g]; }
+        out[j] = u32(t);
+    }
+    workgroupBarrier();
+    return out;
+}
 
 // A float as an unsigned key in the same order.
 fn sort_key(v: f32) -> u32 {
@@ -166,40 +190,50 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
 
     if (cfg.greedy == 0u) {
         // Candidates: the top_k largest logits (top-p and min-p act on their softmax below).
-        // A histogram of distance below the maximum (1/16-nat bins) finds a threshold that
-        // holds them without sorting the vocabulary; where too many logits crowd the bins
-        // (flat distributions), an exact radix select on the logits' bits does.
-        for (var b = lane.lid; b < 256u; b += WG) { atomicStore(&bins[b], 0u); }
-        workgroupBarrier();
-        for (var i = lane.lid; i < n; i += WG) {
-            let v = logits[base + i];
-            if (usable(v)) { atomicAdd(&bins[dist_bin(mx, v)], 1u); }
-        }
-        workgroupBarrier();
-        if (lane.lid == 0u) {
-            // The first bin whose running count reaches top_k.
-            var run = 0u;
-            var cut = 255u;
-            for (var b = 0u; b < 256u; b++) {
-                run += atomicLoad(&bins[b]);
-                if (run >= cfg.top_k) {
-                    cut = b;
-                    break;
-                }
+        // A search over distances below the maximum finds a threshold that holds at least
+        // top_k and at most CAP of them without sorting the vocabulary: each round counts the
+        // logits within four distances (in registers, then one batched reduction: no atomics,
+        // which crowd when logits bunch up), and narrows the interval where the count
+        // crosses top_k. Where the logits crowd one distance too tightly, an exact radix
+        // select on their bits does.
+        var lo = 0.0;            // a distance holding fewer than top_k
+        var hi = 3.4028235e38;   // a distance holding at least top_k (at first: everything)
+        var hi_count = 0xffffffffu;
+        var found = false;
+        for (var round = 0u; round < 4u && !found; round++) {
+            var d = array<f32, 4>(0.25, 1.0, 4.0, 3.4028235e38);
+            if (round > 0u) {
+                for (var j = 0u; j < 4u; j++) { d[j] = lo + (hi - lo) * f32(j + 1u) / 5.0; }
             }
-            // Too many to hold: fall back to the exact select (cut 256 says so).
-            picked = select(cut, 256u, run > CAP);
+            let c = count_within(base, n, mx, d, lane);
+            var j = 0u;
+            while (j < 4u && c[j] < cfg.top_k) { j++; }
+            if (j == 4u && round == 0u) {
+                // Fewer than top_k in all (a small vocabulary): they are the candidates.
+                hi = d[3];
+                hi_count = c[3];
+                found = true;
+            } else if (j == 4u) {
+                // The count crosses top_k between the last distance and hi.
+                lo = d[3];
+            } else {
+                hi = d[j];
+                hi_count = c[j];
+                if (j > 0u) { lo = d[j - 1u]; }
+                // Done once the interval's far end holds at most CAP.
+                found = hi_count <= CAP;
+            }
         }
-        let cut = workgroupUniformLoad(&picked);
         var min_key = 0u;
-        if (cut == 256u) {
+        let exact = !found;
+        if (exact) {
             min_key = kth_largest_key(base, n, cfg.top_k, lane);
         }
         if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
         workgroupBarrier();
         for (var i = lane.lid; i < n; i += WG) {
             let v = logits[base + i];
-            let keep = select(dist_bin(mx, v) <= cut, sort_key(v) >= min_key, cut == 256u);
+            let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
             if (usable(v) && keep) {
                 let slot = atomicAdd(&n_cand, 1u);
                 if (slot < CAP) {

@@ -87,6 +87,14 @@ pub struct BenchArgs {
     /// Per-stage GPU profile of every test (also PROFILE=1).
     #[arg(long)]
     pub profile: bool,
+    /// Also time every generation test without each decode stage in turn: what each stage
+    /// costs the step, its launch and barrier included (the results of those runs are wrong).
+    #[arg(long)]
+    pub ablate: bool,
+    /// Generation tests sample on the GPU at this temperature, with llama.cpp's default
+    /// top-k 40, top-p 0.95, min-p 0.05 (0, the default: greedy, as llama-bench).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temp: f32,
     #[command(flatten)]
     pub gpu: GpuArgs,
 }
@@ -285,6 +293,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 warmup,
                 profile,
                 peak,
+                ablate: args.ablate,
+                sampling: (args.temp > 0.0).then(|| crate::sample::SamplerConfig {
+                    temperature: args.temp,
+                    seed: 1,
+                    ..Default::default()
+                }),
             };
             let mut progress = |test: &str, rep: Option<u32>| {
                 let what = match rep {
@@ -316,6 +330,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             )?;
         }
         for r in &records {
+            if let Some(h) = &r.host_us_per_step {
+                writeln!(
+                    o,
+                    "{} {}: host per step (no timestamps) record {:.1} µs, submit {:.1} µs, wait {:.1} µs",
+                    r.model.name, r.test, h.encode, h.submit, h.wait
+                )?;
+            }
+            if let Some(costs) = &r.ablation {
+                writeln!(
+                    o,
+                    "\n{} {}: what each stage costs a step (the step without it is that much faster)\n",
+                    r.model.name, r.test
+                )?;
+                writeln!(o, "| stage | µs per token | share of the step |\n|---|---:|---:|")?;
+                let step = 1e6 / r.avg_ts;
+                for c in costs {
+                    writeln!(o, "| {} | {:.1} | {:.1}% |", c.stage, c.us_per_token, 100.0 * c.us_per_token / step)?;
+                }
+                let sum: f64 = costs.iter().map(|c| c.us_per_token).sum();
+                writeln!(o, "| (all stages) | {sum:.1} | {:.1}% of {step:.1} µs |", 100.0 * sum / step)?;
+            }
             if let Some(p) = &r.profile {
                 write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;
                 if let Some(pts) = r.profiled_ts {

@@ -20,8 +20,11 @@ use super::variants::{decode_attention_shapes, gemv_widths, planned_matmuls, Wid
 
 /// Float kernels: f32 accumulation of exactly decoded weights against an f64 reference.
 pub const MATMUL_TOL: f32 = 2e-5;
-/// Outputs of kernels that round activations on purpose (int8, f16 tiles) after an epilogue.
-pub const ROUNDED_TOL: f32 = 2e-2;
+/// Epilogue outputs of the int8 GEMV, which rounds activations to 8 bits on purpose.
+pub const Q8_EPILOGUE_TOL: f32 = 2e-2;
+/// Epilogue outputs of the cooperative-matrix GEMM, which rounds activations and weights to
+/// f16 (2^-11 each, summed over k = 256 products).
+pub const COOP_EPILOGUE_TOL: f32 = 4e-3;
 
 /// The capabilities a check's kernels are built with: the pass with the fallbacks forced
 /// reruns only the checks whose kernels change when these are off.
@@ -241,15 +244,21 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
     move |ck| {
         let k = 256;
         for (i, &kernel) in kernels.iter().enumerate() {
-            let (gemv, rounded) = match kernel {
-                MatmulKernel::Gemv { q8, .. } => (true, q8),
-                MatmulKernel::Gemm { tile } => (false, tile.is_coop()),
+            let (gemv, q8, coop) = match kernel {
+                MatmulKernel::Gemv { q8, .. } => (true, q8, false),
+                MatmulKernel::Gemm { tile } => (false, false, tile.is_coop()),
             };
             let m = match kernel {
                 MatmulKernel::Gemv { ncols, .. } => ncols as usize,
                 MatmulKernel::Gemm { .. } => 70,
             };
-            let tol = if rounded { ROUNDED_TOL } else { 4.0 * MATMUL_TOL };
+            let tol = if q8 {
+                Q8_EPILOGUE_TOL
+            } else if coop {
+                COOP_EPILOGUE_TOL
+            } else {
+                4.0 * MATMUL_TOL
+            };
             let mut r = Rng::new(m as u64 + 5);
             let norm = Input::Norm { gamma: r.normal(k, 1.0), eps: 1e-5 };
             let mut runs: Vec<(String, Input, Epi, usize)> = Vec::new();
@@ -274,7 +283,7 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
                 ck.ran(1);
                 for o in &out.outputs {
                     let what = format!("{kernel} m={m} {what} {}", o.what);
-                    if plain_epi && rounded {
+                    if plain_epi && q8 {
                         let bound = q8_bound(&c.w_ref, n, k, &out.input, m);
                         ck.within(what, &o.got, &o.want, &bound, MATMUL_TOL);
                     } else if plain_epi {
@@ -389,33 +398,37 @@ fn attention_prefill(ck: &mut Checker) -> Result<()> {
     Ok(())
 }
 
-/// Decode attention with each workgroup block it picks (GQA groups of 1 to 8) over an f16
-/// cache, and over an f32 one with the first and last block (the cache type is an include of
-/// its own, independent of the block), at context lengths of one split and of several
-/// (split, then combined).
+/// Decode attention in both of its launch shapes: one query head per workgroup for contexts
+/// of one split (up to its longest, and past it with GQA group 1), and each GQA block of 2 to
+/// 8 heads sharing their K and V reads (GQA groups of 1 to 8), which longer contexts take,
+/// split over the context and combined. Over an f16 cache with every block, an f32 one with
+/// the first and last (the cache type is an include of its own, independent of the block).
 fn attention_decode(ck: &mut Checker) -> Result<()> {
+    use crate::kernels::attention::AttnShape;
     let shapes = decode_attention_shapes(600);
+    // The longest context one head per workgroup takes (in one split).
+    let short = AttnShape::chunk_of(1);
     for (i, &shape) in shapes.iter().enumerate() {
-        let chunk = shape.decode_chunk();
-        // The default f16 cache with every block; an f32 one with the smallest and largest.
         let f32_too = i == 0 || i + 1 == shapes.len();
         for f16_cache in [true, false].into_iter().take(1 + f32_too as usize) {
             let kv = KvKind::for_cache(f16_cache, &ck.ctx.caps);
             let mut r = Rng::new((shape.n_head * 64 + f16_cache as u32) as u64);
             let case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
-            for kv_len in [5, chunk + 1, 2 * chunk + 17] {
+            for kv_len in [5, short, short + 1, shape.n_ctx] {
                 let q = r.normal((shape.n_head * shape.head_dim) as usize, 2.0);
                 let (got, dispatches) = case.decode(ck.ctx, &q, kv_len)?;
+                let splits = shape.decode_splits(kv_len);
                 let what = format!(
-                    "heads {} per KV head, block {}, {kv:?}, {kv_len} positions",
+                    "heads {} per KV head, block {}, {kv:?}, {kv_len} positions in {splits} split{}",
                     shape.group(),
-                    shape.decode_block()
+                    shape.decode_block(kv_len),
+                    if splits == 1 { "" } else { "s" }
                 );
-                let split = kv_len > chunk;
+                let want_dispatches = if splits > 1 { 2 } else { 1 };
                 ck.expect(
                     format!("{what}: dispatches"),
-                    dispatches == 1 + split as usize,
-                    format!("{dispatches} dispatches"),
+                    dispatches == want_dispatches,
+                    format!("{dispatches} dispatches, {want_dispatches} expected"),
                 );
                 ck.close(what, &got, &case.reference(&q, 1, kv_len as usize - 1), 1e-4);
             }
@@ -496,10 +509,13 @@ pub fn sampler_configs() -> Vec<(&'static str, SamplerConfig)> {
 }
 
 /// The GPU sampler picks the CPU reference's tokens: greedy, penalties, top-k, top-p, min-p
-/// and temperature, on model-like and flat logits (the exact-select path).
+/// and temperature, through each way it finds its candidates: the threshold search done in
+/// its first round (model-like logits), narrowed over several rounds (crowded logits),
+/// every logit of a small vocabulary (top-k off on 1000), and the exact radix select (top-k
+/// off on larger vocabularies).
 fn sampler(ck: &mut Checker) -> Result<()> {
     let configs = sampler_configs();
-    for (vocab, spread) in [(32000usize, 14.0f32), (1000, 0.5)] {
+    for (vocab, spread) in [(32000usize, 14.0f32), (1000, 0.5), (5000, 0.0)] {
         let mut r = Rng::new(vocab as u64);
         let logits = model_logits(&mut r, vocab, spread);
         let history: Vec<u32> = (0..40).map(|_| r.range(0, vocab as i64) as u32).collect();

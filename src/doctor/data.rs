@@ -102,8 +102,9 @@ pub fn q8_exact_x(m: usize, k: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Logits like a model's: a few likely tokens over a long tail `spread` nats wide; flat
-/// (spread 0.5: hundreds within a nat of the top, the sampler's exact-select path); or, for
-/// spread 0, a shuffled ramp 1e-5 apart (every logit in the sampler histogram's first bin).
+/// (spread 0.5: hundreds within a nat of the top); or, for spread 0, a shuffled ramp 1e-5
+/// apart (thousands within 0.25 of the top: the sampler's threshold search narrows over
+/// several rounds).
 pub fn model_logits(r: &mut Rng, n: usize, spread: f32) -> Vec<f32> {
     if spread <= 0.0 {
         return (0..n).map(|i| -((i * 7919 % n) as f32) * 1e-5).collect();

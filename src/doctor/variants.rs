@@ -84,9 +84,10 @@ pub fn gemv_widths(kernels: &[MatmulKernel], widths: Widths) -> Vec<MatmulKernel
     kernels.iter().copied().filter(|k| width(k).is_none_or(|(q8, n)| kept(q8, n))).collect()
 }
 
-/// Decode attention shapes that make it pick each of its workgroup blocks (1 to 8 query
-/// heads sharing a KV head's reads: GQA groups of 1 to 8, head size 64), with room for a
-/// context of `n_ctx` (several splits).
+/// Decode attention shapes that make it pick each of its workgroup blocks at long contexts
+/// (1 to 8 query heads sharing a KV head's reads: GQA groups of 1 to 8, head size 64), with
+/// room for a context of `n_ctx` (several splits). Short contexts take one head per
+/// workgroup whatever the group.
 pub fn decode_attention_shapes(n_ctx: u32) -> Vec<AttnShape> {
     (1..=ATTN_DECODE_MAX_BLOCK)
         .map(|group| AttnShape { n_head: 2 * group, n_kv_head: 2, head_dim: 64, n_ctx })
@@ -173,7 +174,14 @@ mod tests {
 
     #[test]
     fn decode_shapes_cover_every_block() {
-        let blocks: Vec<u32> = decode_attention_shapes(600).iter().map(|s| s.decode_block()).collect();
+        let shapes = decode_attention_shapes(600);
+        let long = AttnShape::chunk_of(1) + 1;
+        let blocks: Vec<u32> = shapes.iter().map(|s| s.decode_block(long)).collect();
         assert_eq!(blocks, (1..=ATTN_DECODE_MAX_BLOCK).collect::<Vec<_>>());
+        // Past one head's longest split every block splits; up to it, one head per workgroup
+        // takes the context in one split.
+        assert!(shapes.iter().all(|s| s.decode_splits(long) > 1));
+        let short = AttnShape::chunk_of(1);
+        assert!(shapes.iter().all(|s| s.decode_block(short) == 1 && s.decode_splits(short) == 1));
     }
 }

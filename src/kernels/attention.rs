@@ -43,25 +43,45 @@ impl AttnShape {
         }
         Ok(())
     }
-    /// Query heads one decode workgroup takes (they share its K and V reads): the largest
-    /// divisor of the group that keeps their queries within the kernel's workgroup memory.
-    pub fn decode_block(&self) -> u32 {
+    /// Query heads one decode workgroup takes at a context of `kv_len`. A short context (one
+    /// split of a single head) gets one head per workgroup: the most workgroups, each with
+    /// the least to do. A longer one shares each K and V row among the largest divisor of the
+    /// GQA group whose queries fit the kernel's workgroup memory (`KILN_DECODE_BLOCK`
+    /// overrides both).
+    pub fn decode_block(&self, kv_len: u32) -> u32 {
         let most = (ATTN_DECODE_QB / self.head_dim.max(1)).clamp(1, ATTN_DECODE_MAX_BLOCK);
+        if let Some(b) =
+            crate::config::decode_block_from_env().filter(|&b| b >= 1 && b <= most && self.group() % b == 0)
+        {
+            return b;
+        }
+        if kv_len <= Self::chunk_of(1) {
+            return 1;
+        }
         (1..=most).rev().find(|b| self.group() % b == 0).unwrap_or(1)
     }
-    /// Context positions per decode workgroup (a split): its scores fit workgroup memory,
-    /// and at most `ATTN_DECODE_MAX_CHUNK` so long contexts spread over many workgroups.
-    pub fn decode_chunk(&self) -> u32 {
+    /// Context positions per decode workgroup (a split) for blocks of `block` heads: their
+    /// scores fit workgroup memory, and at most `ATTN_DECODE_MAX_CHUNK` so long contexts
+    /// spread over many workgroups.
+    pub fn chunk_of(block: u32) -> u32 {
         let per_pass = ATTN_WG_DECODE / ATTN_DECODE_TPP;
-        ((ATTN_DECODE_SC / self.decode_block()) / per_pass * per_pass).clamp(per_pass, ATTN_DECODE_MAX_CHUNK)
+        ((ATTN_DECODE_SC / block.max(1)) / per_pass * per_pass).clamp(per_pass, ATTN_DECODE_MAX_CHUNK)
+    }
+    /// Positions per split at a context of `kv_len`.
+    pub fn decode_chunk(&self, kv_len: u32) -> u32 {
+        Self::chunk_of(self.decode_block(kv_len))
     }
     /// Splits of a context of `kv_len` positions (1: the kernel writes the output itself).
     pub fn decode_splits(&self, kv_len: u32) -> u32 {
-        kv_len.div_ceil(self.decode_chunk()).max(1)
+        kv_len.div_ceil(self.decode_chunk(kv_len)).max(1)
+    }
+    /// Splits the partials buffer has room for: the most any context length can need.
+    fn max_splits(&self) -> u32 {
+        (1..=ATTN_DECODE_MAX_BLOCK).map(|b| self.n_ctx.div_ceil(Self::chunk_of(b))).max().unwrap_or(1).max(1)
     }
     /// Scratch floats the decode kernel needs for its partial results.
     pub fn decode_scratch_len(&self) -> u32 {
-        self.n_head * self.decode_splits(self.n_ctx) * (self.head_dim + 2)
+        self.n_head * self.max_splits() * (self.head_dim + 2)
     }
 }
 
@@ -223,18 +243,20 @@ pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape,
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
-    let block = shape.decode_block();
+    let block = shape.decode_block(kv_len);
     let splits = shape.decode_splits(kv_len);
     let params = AttnDecodeParams {
         head_dim: shape.head_dim,
         n_head: shape.n_head,
         group: shape.group(),
-        kv_len,
+        // The kernels read the step's length from the step state: the parameters stay
+        // the same from step to step, so nothing is rewritten per step.
+        kv_len: 0,
         kv_stride: shape.kv_stride(),
-        n_splits: shape.decode_splits(shape.n_ctx),
+        n_splits: shape.max_splits(),
         q_stride: shape.head_dim,
         scale: 1.0 / (shape.head_dim as f32).sqrt(),
-        chunk: shape.decode_chunk(),
+        chunk: shape.decode_chunk(kv_len),
         _pad: [0; 3],
     };
     let key = KernelKey::AttnDecode { kv, subgroups: ctx_caps.subgroups, block: block as u8 };
@@ -259,13 +281,15 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let pipe = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.decode");
     let dst = if l.combine.is_some() { a.partial } else { a.out };
-    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst]);
+    let state = crate::kernels::matmul::StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, _pad: 0 };
+    let step = ctx.upload(bytemuck::bytes_of(&state), "step state")?;
+    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step]);
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
         let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
         let ub = ctx.uniform(&l.params, "attention.combine");
-        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out]);
+        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step]);
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });
     }
     Ok(v)

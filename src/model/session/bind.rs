@@ -75,7 +75,7 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
-        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block() as u8 };
+        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block(opts.n_ctx) as u8 };
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -147,6 +147,8 @@ impl Session {
             "rope shape",
         );
         let step_state = st(16, "step state")?;
+        // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
+        let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
@@ -156,10 +158,17 @@ impl Session {
             let (qkv, q_src) = match &w.qkv {
                 Qkv::Stacked { parts, bias } => {
                     // Decode reads the residual stream with the RMSNorm fused, prefill the normed copy.
+                    // Each part binds only the outputs its rows reach (a placeholder for the
+                    // others): parts that write disjoint buffers share no read-write binding,
+                    // so the GPU may run them side by side, with no barrier between.
+                    let reaches = |p: usize, from: u32, to: u32| {
+                        let (a, b) = (parts[p].row_base, parts[p].row_base + parts[p].w.rows);
+                        a < to && b > from
+                    };
                     let part = |p: usize, norm: bool| Matmul {
                         w: &parts[p].w,
                         x: if norm { &x } else { &xn },
-                        y: &qb,
+                        y: if reaches(p, 0, q) { &qb } else { &unused[p] },
                         bias: bias.as_ref(),
                         m: 0,
                         x_stride: se,
@@ -168,8 +177,8 @@ impl Session {
                         norm: norm.then_some((&w.attn_norm, c.rms_eps)),
                         glu: None,
                         epi: Epilogue::Qkv {
-                            k_cache: &kc,
-                            v_cache: &vc,
+                            k_cache: if reaches(p, q, q + kvd) { &kc } else { &unused[p] },
+                            v_cache: if reaches(p, q + kvd, q + 2 * kvd) { &vc } else { &unused[p] },
                             kv,
                             neox: rope_neox,
                             rope: &rope_shape,
@@ -299,18 +308,23 @@ impl Session {
                     "attention",
                     &[&scores, &vc, &attn],
                 )?,
-                attn_decode: Bound::new::<AttnDecodeParams>(&ctx, &decode_key, "attention", &[q_src, &kc, &vc, &attn])?,
+                attn_decode: Bound::new::<AttnDecodeParams>(
+                    &ctx,
+                    &decode_key,
+                    "attention",
+                    &[q_src, &kc, &vc, &attn, &step_state],
+                )?,
                 attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
                     &decode_key,
                     "attention",
-                    &[q_src, &kc, &vc, &partial],
+                    &[q_src, &kc, &vc, &partial, &step_state],
                 )?,
                 attn_combine: Bound::new::<AttnDecodeParams>(
                     &ctx,
                     &KernelKey::AttnCombine,
                     "attention",
-                    &[&partial, &attn],
+                    &[&partial, &attn, &step_state],
                 )?,
                 wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
                 ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
@@ -391,8 +405,11 @@ impl Session {
             sample_state,
             step_state,
             _rope_shape: rope_shape,
+            _unused: unused,
             _buffers: keep,
             timing: StepTiming::default(),
+            host: Default::default(),
+            skip: None,
             prof: None,
         };
         session.set_sampling(

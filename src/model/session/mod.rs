@@ -45,6 +45,19 @@ pub struct StepTiming {
     pub gpu: f64,
 }
 
+/// Host time spent on steps since the last `take_host_times`, unprofiled: what the CPU costs
+/// per token beside the GPU (seconds, summed over `steps`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostTimes {
+    pub steps: u64,
+    /// Recording command buffers.
+    pub encode: f64,
+    /// queue.submit.
+    pub submit: f64,
+    /// Waiting for results (the GPU's time the host could not hide).
+    pub wait: f64,
+}
+
 /// What a step returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
@@ -151,10 +164,16 @@ pub struct Session {
     /// The step's tokens and position (`matmul::StepState`), read by the fused QKV epilogue.
     step_state: wgpu::Buffer,
     _rope_shape: wgpu::Buffer,
+    /// Bound where a matmul part writes nothing (see bind.rs).
+    _unused: [wgpu::Buffer; 3],
     // Kept alive for the bind groups that use them.
     _buffers: Vec<wgpu::Buffer>,
     /// Timing of the last step.
     pub timing: StepTiming,
+    /// Host time of every step since `take_host_times`.
+    host: HostTimes,
+    /// A stage the GPU leaves out of every step (`kiln bench --ablate`).
+    skip: Option<crate::profile::Stage>,
     /// Per-stage timestamps and totals when profiling.
     prof: Option<Profiler>,
 }
@@ -269,6 +288,17 @@ impl Session {
             }
         }
         Ok(all)
+    }
+
+    /// Leaves `stage` out of every step from now on (None: the whole step again). What it
+    /// computes is wrong without it; what the step costs without it is the measurement.
+    pub fn skip_stage(&mut self, stage: Option<crate::profile::Stage>) {
+        self.skip = stage;
+    }
+
+    /// The host time of the steps since the last call, and a fresh count.
+    pub fn take_host_times(&mut self) -> HostTimes {
+        std::mem::take(&mut self.host)
     }
 
     /// Configures the GPU sampler for the next `Output::Sampled` steps and chained decoding

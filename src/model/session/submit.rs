@@ -34,6 +34,9 @@ impl Session {
         let read_bytes;
         {
             let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
+            if let Some(stage) = self.skip {
+                rec.skip_stage(&ctx.device, stage);
+            }
             let recorded = (|| -> Result<u64> {
                 self.record_step(&mut rec, m, false)?;
                 if out == Output::AllLogits {
@@ -99,6 +102,10 @@ impl Session {
             wait: (t3 - t2).as_secs_f64(),
             gpu,
         };
+        self.host.steps += 1;
+        self.host.encode += self.timing.encode;
+        self.host.submit += self.timing.submit;
+        self.host.wait += self.timing.wait;
         if !read {
             return Ok(Vec::new());
         }
@@ -178,6 +185,9 @@ impl Session {
             let mut prof = s.prof.take();
             let recorded = {
                 let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
+                if let Some(stage) = s.skip {
+                    rec.skip_stage(&ctx.device, stage);
+                }
                 let r = s
                     .record_step(&mut rec, 1, true)
                     .and_then(|_| s.record_head(&mut rec, &s.lm_head_x, Output::Sampled));
@@ -189,9 +199,13 @@ impl Session {
             };
             let t1 = std::time::Instant::now();
             let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
+            let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+            s.host.steps += 1;
+            s.host.encode += encode;
+            s.host.submit += submit;
             if let Some(p) = prof.as_mut() {
-                p.profile.decode.cpu.encode += (t1 - t0).as_secs_f64();
-                p.profile.decode.cpu.submit += t1.elapsed().as_secs_f64();
+                p.profile.decode.cpu.encode += encode;
+                p.profile.decode.cpu.submit += submit;
                 p.profile.decode.submits += 1;
             }
             s.prof = prof;
@@ -232,6 +246,7 @@ impl Session {
                 u32::from_le_bytes([view[0], view[1], view[2], view[3]])
             };
             slot.unmap();
+            self.host.wait += t_wait.elapsed().as_secs_f64();
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
                 p.profile.decode.readbacks += 1;
