@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use kiln::doctor::checks::{qkv_shapes, COOP_EPILOGUE_TOL, Q8_EPILOGUE_TOL};
+use kiln::doctor::checks::{qkv_shapes, qkv_v_part_shape, COOP_EPILOGUE_TOL, Q8_EPILOGUE_TOL};
 use kiln::doctor::data::{k_for, q8_exact_x, MatmulCase};
 use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
@@ -270,7 +270,8 @@ fn gemv_q8_fused_and_split() {
 /// them (float GEMV, int8 GEMV, register GEMM, cooperative GEMM where the adapter has it):
 /// SwiGLU over interleaved gate/up rows, and the stacked Q/K/V projection (biases, NeoX row
 /// order, partial rotation) whose epilogue rotates Q into Y and K into the cache and copies V
-/// there, for tokens at positions 5.. of an f32 and an f16 cache.
+/// there, for tokens at positions 5.. of an f32 and an f16 cache; and for Q4_K, the
+/// projection in two parts as Q4_K_M files give it (V's rows in Q6_K).
 #[test]
 fn fused_epilogues_match_reference() {
     let k = 256;
@@ -310,6 +311,11 @@ fn fused_epilogues_match_reference() {
                 };
                 let mut epis = vec![(Epi::SwiGlu, 66)];
                 epis.extend(qkv_shapes(g.ctx.caps.f16).into_iter().map(|s| (Epi::Qkv(s), s.rows())));
+                if format == WeightFormat::Q4K {
+                    // Q4_K_M's layout: V's rows in Q6_K, a second part of the projection.
+                    let s = qkv_v_part_shape(g.ctx.caps.f16);
+                    epis.push((Epi::Qkv(s), s.rows()));
+                }
                 for (epi, n) in epis {
                     let c = case(format, n, k, m, (m * 13 + n) as u64);
                     let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi };

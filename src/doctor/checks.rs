@@ -217,7 +217,7 @@ fn coop_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mu
 
 /// The Q/K/V epilogues a device runs: adjacent-pair RoPE into an f32 and an f16 cache
 /// (partial rotation), and NeoX into an f16 cache where the adapter has f16 shaders (without
-/// them, NeoX models keep separate projections).
+/// them, NeoX models keep separate projections). The last is the default (an f16 cache).
 pub fn qkv_shapes(f16_shaders: bool) -> Vec<QkvShape> {
     let s = |neox, n_rot, kv| QkvShape {
         n_head: 4,
@@ -229,6 +229,7 @@ pub fn qkv_shapes(f16_shaders: bool) -> Vec<QkvShape> {
         pos0: 5,
         freq_base: 10000.0,
         freq_scale: 0.5,
+        v_format: None,
     };
     let f16_cache = if f16_shaders { KvKind::F16Native } else { KvKind::F16Packed };
     let mut v = vec![s(false, 48, KvKind::F32), s(false, 64, f16_cache)];
@@ -236,6 +237,14 @@ pub fn qkv_shapes(f16_shaders: bool) -> Vec<QkvShape> {
         v.push(s(true, 32, f16_cache));
     }
     v
+}
+
+/// Q4_K_M's Q/K/V as Llama models decode it: Q and K rows in Q4_K, V's in Q6_K, two parts
+/// of the stacked projection (the second from row q + kv), into the default cache.
+pub fn qkv_v_part_shape(f16_shaders: bool) -> QkvShape {
+    let mut s = qkv_shapes(f16_shaders)[1];
+    s.v_format = Some(WeightFormat::Q6K);
+    s
 }
 
 /// Fused inputs (GEMV: RMSNorm, SiLU·up) and epilogues (SwiGLU; Q/K/V with RoPE and the
@@ -272,8 +281,14 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             // through the others.
             let shapes = qkv_shapes(f16);
             let n_shapes = if i == 0 { shapes.len() } else { 1 };
-            for s in shapes.into_iter().rev().take(n_shapes) {
-                let what = format!("qkv neox={} n_rot={} {:?}", s.neox, s.n_rot, s.kv);
+            let mut shapes: Vec<QkvShape> = shapes.into_iter().rev().take(n_shapes).collect();
+            // Q4_K weights: V in Q6_K, a part of its own, through every kernel too.
+            if format == WeightFormat::Q4K {
+                shapes.push(qkv_v_part_shape(f16));
+            }
+            for s in shapes {
+                let part = s.v_format.map(|f| format!(" +V part {f}")).unwrap_or_default();
+                let what = format!("qkv neox={} n_rot={} {:?}{part}", s.neox, s.n_rot, s.kv);
                 runs.push((what, input.clone(), Epi::Qkv(s), s.rows()));
             }
             for (what, input, epi, n) in runs {

@@ -10,6 +10,7 @@ use crate::kernels::elementwise::{self, EltOp};
 use crate::kernels::matmul::{self, Epilogue, Matmul, RopeShape, StepState};
 use crate::kernels::{norm, KvKind};
 use crate::plan::MatmulKernel;
+use crate::quant::{dequantize, quantize, WeightFormat};
 
 use super::data::{cache_values, pad_rows, MatmulCase};
 
@@ -40,6 +41,10 @@ pub struct QkvShape {
     pub pos0: usize,
     pub freq_base: f32,
     pub freq_scale: f32,
+    /// V's rows in a format of their own (Q4_K_M files store V in Q6_K): two matmuls as the
+    /// engine runs them, the Q and K rows from row 0, the V rows from row q + kv, each
+    /// binding a placeholder for the outputs its rows do not reach.
+    pub v_format: Option<WeightFormat>,
 }
 
 impl QkvShape {
@@ -120,7 +125,7 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
         _ => None,
     };
     let bias_values = if run.bias { Some(&c.bias[..]) } else { None };
-    let plain = matmul::reference(&c.w_ref, n, k, &input, m, bias_values, None);
+    let plain = || matmul::reference(&c.w_ref, n, k, &input, m, bias_values, None);
     let mut outputs = Vec::new();
     match run.epi {
         Epi::Plain => {
@@ -137,8 +142,8 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
             };
             dispatch(ctx, &mm, run.kernel)?;
             let want = match run.accumulate {
-                true => plain.iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
-                false => plain,
+                true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
+                false => plain(),
             };
             outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
         }
@@ -157,9 +162,9 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
             };
             dispatch(ctx, &mm, run.kernel)?;
             let got = ctx.read_f32(&y, m * n / 2)?;
-            outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain, m, n), f16: false });
+            outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain(), m, n), f16: false });
         }
-        Epi::Qkv(s) => outputs = run_qkv(ctx, c, run, &s, &x, xs, norm, up.as_ref(), &plain)?,
+        Epi::Qkv(s) => outputs = run_qkv(ctx, c, &s, &x, xs, norm, up.as_ref(), &input, bias_values, run)?,
     }
     Ok(Outcome { outputs, input })
 }
@@ -170,19 +175,21 @@ fn dispatch(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel) -> Result<()> {
 }
 
 /// The Q/K/V epilogue: the case's rows stacked as the engine stacks them (NeoX heads in the
-/// order that puts rotated pairs side by side), Q read back from Y, K and V from their
-/// caches at rows pos0..pos0 + m.
+/// order that puts rotated pairs side by side; V's rows requantized into a part of their own
+/// where `s.v_format` says so), Q read back from Y, K and V from their caches at rows
+/// pos0..pos0 + m. `input`: the activations the matmul multiplies (after its fused input).
 #[allow(clippy::too_many_arguments)]
 fn run_qkv(
     ctx: &GpuContext,
     c: &MatmulCase,
-    run: &Run,
     s: &QkvShape,
     x: &wgpu::Buffer,
     xs: usize,
     norm: Option<(&wgpu::Buffer, f32)>,
     up: Option<&wgpu::Buffer>,
-    plain: &[f32],
+    input: &[f32],
+    bias_values: Option<&[f32]>,
+    run: &Run,
 ) -> Result<Vec<Output>> {
     let (n, k, m) = (c.n, c.k, c.m);
     let (qd, kvd, hd) = (s.q_dim(), s.kv_dim(), s.head_dim);
@@ -217,29 +224,47 @@ fn run_qkv(
         }
     };
     let rb = c.format.row_bytes(k).unwrap_or(0);
-    let stacked: Vec<u8> = (0..n).flat_map(|r| c.weights[src(r) * rb..(src(r) + 1) * rb].iter().copied()).collect();
     let bias: Vec<f32> = (0..n).map(|r| c.bias[src(r)]).collect();
-    let w = WeightTensor::upload(ctx, "qkv", c.format, n, k, &stacked)?;
     let b = ctx.upload_f32(&bias, "bias")?;
-    let mm = Matmul {
-        bias: run.bias.then_some(&b),
-        x_stride: xs as u32,
-        y_stride: qd as u32,
-        norm,
-        glu: up,
-        epi: Epilogue::Qkv {
-            k_cache: &kc,
-            v_cache: &vc,
-            kv: s.kv,
-            neox: s.neox,
-            rope: &rope,
-            step: &step,
-            row_base: 0,
-        },
-        ..Matmul::dense(&w, x, &q, m as u32)
-    };
-    dispatch(ctx, &mm, run.kernel)?;
-    let (want_q, want_k, want_v) = qkv_reference(plain, m, s);
+    // The parts (first row, format, weights in it) and the weights' values in plain row order.
+    let mut w_ref = c.w_ref.clone();
+    let mut parts: Vec<(usize, WeightFormat, Vec<u8>)> = Vec::new();
+    let qk_rows = if s.v_format.is_some() { qd + kvd } else { n };
+    let rows = |a: usize, b: usize| (a..b).flat_map(|r| c.weights[src(r) * rb..(src(r) + 1) * rb].iter().copied());
+    parts.push((0, c.format, rows(0, qk_rows).collect()));
+    if let Some(vf) = s.v_format {
+        let bad = |e: crate::quant::QuantError| crate::KilnError::invalid("check data", format!("V in {vf}: {e}"));
+        let v_bytes = quantize(vf, &c.w_ref[qk_rows * k..]).map_err(bad)?;
+        dequantize(vf, &v_bytes, (n - qk_rows) * k, &mut w_ref[qk_rows * k..]).map_err(bad)?;
+        parts.push((qk_rows, vf, v_bytes));
+    }
+    for (row_base, format, bytes) in &parts {
+        let part_rows = bytes.len() / format.row_bytes(k).unwrap_or(1).max(1);
+        let w = WeightTensor::upload(ctx, "qkv part", *format, part_rows, k, bytes)?;
+        // Outputs the part's rows do not reach get a placeholder (as the engine binds them).
+        let unused = ctx.storage(16, "unused output")?;
+        let reaches = |from: usize, to: usize| *row_base < to && row_base + part_rows > from;
+        let mm = Matmul {
+            bias: run.bias.then_some(&b),
+            x_stride: xs as u32,
+            y_stride: qd as u32,
+            norm,
+            glu: up,
+            epi: Epilogue::Qkv {
+                k_cache: if reaches(qd, qd + kvd) { &kc } else { &unused },
+                v_cache: if reaches(qd + kvd, n) { &vc } else { &unused },
+                kv: s.kv,
+                neox: s.neox,
+                rope: &rope,
+                step: &step,
+                row_base: *row_base as u32,
+            },
+            ..Matmul::dense(&w, x, if reaches(0, qd) { &q } else { &unused }, m as u32)
+        };
+        dispatch(ctx, &mm, run.kernel)?;
+    }
+    let plain = matmul::reference(&w_ref, n, k, input, m, bias_values, None);
+    let (want_q, want_k, want_v) = qkv_reference(&plain, m, s);
     let cache_rows = |buf: &wgpu::Buffer| -> Result<Vec<f32>> {
         let bytes = ctx.read_bytes(buf, (s.pos0 * kvd * elt) as u64, (m * kvd * elt) as u64)?;
         Ok(cache_values(&bytes, s.kv))
