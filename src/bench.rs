@@ -200,6 +200,24 @@ pub struct BenchRecord {
     /// Generation tests with `--ablate`: what each stage costs the step.
     #[serde(default)]
     pub ablation: Option<Vec<StageCost>>,
+    /// Generation tests on adapters with timestamps: decode steps recorded back to back in
+    /// one command buffer, timed by two timestamps around them (the GPU's own pace, no host
+    /// waits), and the host's record and submit time per step for them.
+    #[serde(default)]
+    pub back_to_back: Option<crate::model::BackToBack>,
+    /// Time to first token of a short prompt on an empty cache, pipelines built (as
+    /// `kiln run` after loading): submit of the prompt to its token on the host.
+    #[serde(default)]
+    pub ttft: Option<Ttft>,
+}
+
+/// Time to first token (`BenchRecord::ttft`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Ttft {
+    pub prompt_tokens: u32,
+    /// The first prompt after the session opened, and the best of three.
+    pub first_ms: f64,
+    pub best_ms: f64,
 }
 
 /// What one stage costs a decode step, measured by leaving it out (`--ablate`): the step's
@@ -208,6 +226,9 @@ pub struct BenchRecord {
 pub struct StageCost {
     pub stage: String,
     pub us_per_token: f64,
+    /// The same, from steps recorded back to back (GPU time only; no host waits hide it).
+    #[serde(default)]
+    pub gpu_us_per_token: Option<f64>,
 }
 
 /// The decode stages `--ablate` leaves out one at a time, in step order.
@@ -337,6 +358,7 @@ pub fn bench_model(
     let before = ctx.buffers_alive().bytes;
     let mut s = model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false })?;
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+    s.build_pipelines()?;
     let kv_cache = n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
     let gpu_memory =
         GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
@@ -345,6 +367,19 @@ pub fn bench_model(
     let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
     let adapter = AdapterRecord::of(ctx);
     let model_rec = ModelRecord::of(model, synthetic);
+    // Time to first token: a 20-token prompt on an empty cache, three times.
+    let ttft = {
+        let n = 20.min(n_ctx as usize);
+        let mut ms = Vec::new();
+        for _ in 0..3 {
+            s.reset();
+            let t = Instant::now();
+            s.forward(&prompt[..n], Output::Argmax)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        s.reset();
+        Ttft { prompt_tokens: n as u32, first_ms: ms[0], best_ms: ms.iter().copied().fold(f64::MAX, f64::min) }
+    };
     for &depth in depths {
         for &test in &opts.tests {
             let name = test.name(depth);
@@ -406,6 +441,25 @@ pub fn bench_model(
                 s.disable_profiling();
             }
             let (avg, sd) = mean_sd(&samples);
+            // The GPU's pace: 64 steps back to back at the test's depth, best of three.
+            let back_to_back = |s: &mut crate::model::Session| -> Result<crate::model::BackToBack> {
+                s.reset();
+                if d > 0 {
+                    s.forward(&prompt[..d], Output::Argmax)?;
+                }
+                let greedy = crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() };
+                s.set_sampling(&crate::sample::Sampler::new(opts.sampling.unwrap_or(greedy)), &prompt[..=d]);
+                let mut best: Option<crate::model::BackToBack> = None;
+                for _ in 0..3 {
+                    let b = s.time_back_to_back(64)?;
+                    if best.is_none_or(|x| b.gpu_us < x.gpu_us) {
+                        best = Some(b);
+                    }
+                }
+                Ok(best.expect("three measurements"))
+            };
+            let timed_gen = matches!(test, Test::Gen(_)) && ctx.caps.timestamps;
+            let b2b = if timed_gen { Some(back_to_back(&mut s)?) } else { None };
             let mut ablation = None;
             if opts.ablate && matches!(test, Test::Gen(_)) {
                 let mut costs = Vec::new();
@@ -413,11 +467,14 @@ pub fn bench_model(
                     s.skip_stage(Some(stage));
                     progress(&format!("{name} without {}", stage.name()), None);
                     let without = (0..2).map(|_| run(&mut s)).collect::<Result<Vec<_>>>();
+                    let gpu_without = if timed_gen { Some(back_to_back(&mut s)) } else { None };
                     s.skip_stage(None);
                     let without = mean_sd(&without?).0;
+                    let gpu_without = gpu_without.transpose()?;
                     costs.push(StageCost {
                         stage: stage.name().into(),
                         us_per_token: (1.0 / avg - 1.0 / without) * 1e6,
+                        gpu_us_per_token: b2b.zip(gpu_without).map(|(with, without)| with.gpu_us - without.gpu_us),
                     });
                 }
                 ablation = Some(costs);
@@ -447,6 +504,8 @@ pub fn bench_model(
                 load_secs,
                 host_us_per_step,
                 ablation,
+                back_to_back: b2b,
+                ttft: Some(ttft),
                 sampling: match (&opts.sampling, test) {
                     (_, Test::Prompt(_)) => None,
                     (None, _) => Some("greedy".into()),

@@ -73,6 +73,16 @@ pub fn cache_dir_from_env() -> Option<std::path::PathBuf> {
     }
 }
 
+/// Where compiled pipelines are kept between runs: `KILN_PIPELINE_CACHE` (a directory, or
+/// `off`), else `pipelines/` in the cache directory.
+pub fn pipeline_cache_from_env() -> Option<std::path::PathBuf> {
+    match std::env::var_os("KILN_PIPELINE_CACHE") {
+        Some(v) if v == "off" || v == "0" => None,
+        Some(d) if !d.is_empty() => Some(d.into()),
+        _ => cache_dir_from_env().map(|d| d.join("pipelines")),
+    }
+}
+
 /// The Hugging Face endpoint: `HF_ENDPOINT` (a mirror, or a test server), else the hub.
 pub fn hf_endpoint_from_env() -> String {
     match std::env::var("HF_ENDPOINT") {

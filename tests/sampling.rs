@@ -109,11 +109,14 @@ fn stories260k_sampled_generation_matches_the_cpu_sampler() {
     for g in gpus() {
         let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
         let opts = SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: false, all_logits: false };
-        for cfg in &configs {
+        // Each config with its own count of steps per submit (groups that do and do not
+        // divide the generation).
+        for (cfg, per) in configs.iter().zip([1, 3, 64]) {
             let prompt = [1u32, 403, 407];
             let n = 40;
             // GPU: the prompt's token, then chained steps.
             let mut s = model.session(opts).unwrap();
+            s.set_steps_per_submit(per);
             s.set_sampling(&Sampler::new(*cfg), &prompt);
             let first = s.forward(&prompt, Output::Sampled).unwrap()[0] as u32;
             let mut got = vec![first];
@@ -130,8 +133,51 @@ fn stories260k_sampled_generation_matches_the_cpu_sampler() {
                 history.push(t);
                 logits = r.forward(&[t], Output::LastLogits).unwrap();
             }
-            assert_eq!(got, want, "[{}] {cfg:?}", g.name);
+            assert_eq!(got, want, "[{}] {cfg:?}, {per} steps per submit", g.name);
             assert!(want.iter().collect::<std::collections::HashSet<_>>().len() > 10, "too few distinct tokens");
+        }
+    }
+}
+
+/// Generation stopped in the middle of a group of chained steps drops the steps queued past
+/// the stop: continued from there (the sampler given the true history, as chat does), it
+/// gives the tokens of a generation never stopped.
+#[test]
+fn chained_generation_stopped_mid_group_continues_exactly() {
+    use kiln::engine::Model;
+    use kiln::model::{Output, SessionOptions};
+    let cfg = SamplerConfig { temperature: 0.0, repeat_penalty: 1.3, repeat_last_n: 64, ..Default::default() };
+    for g in gpus() {
+        let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
+        let opts = SessionOptions { n_ctx: 128, ubatch: 64, f16_kv: true, all_logits: false };
+        let prompt = [1u32, 403, 407];
+        let run = |per: usize, stop_after: Option<usize>| {
+            let mut s = model.session(opts).unwrap();
+            s.set_steps_per_submit(per);
+            s.set_sampling(&Sampler::new(cfg), &prompt);
+            let first = s.forward(&prompt, Output::Sampled).unwrap()[0] as u32;
+            let mut got = vec![first];
+            let mut seen = 0;
+            got.extend(
+                s.generate_chained(first, 30, &mut |_| {
+                    seen += 1;
+                    stop_after != Some(seen)
+                })
+                .unwrap(),
+            );
+            if stop_after.is_some() {
+                let history: Vec<u32> = prompt.iter().chain(&got).copied().collect();
+                s.set_sampling(&Sampler::new(cfg), &history);
+                let last = *got.last().unwrap();
+                let more = 31 - got.len();
+                got.extend(s.generate_chained(last, more, &mut |_| true).unwrap());
+            }
+            got
+        };
+        let whole = run(1, None);
+        assert_eq!(whole.len(), 31);
+        for (per, stop) in [(5, 7), (4, 1), (64, 12)] {
+            assert_eq!(run(per, Some(stop)), whole, "[{}] {per} steps per submit, stopped after {stop}", g.name);
         }
     }
 }

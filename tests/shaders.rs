@@ -71,3 +71,51 @@ fn every_variant_validates_and_translates() {
     }
     assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
 }
+
+/// Compiled pipelines are kept on disk between runs where the adapter offers PIPELINE_CACHE
+/// (Vulkan): the file appears when a context that compiled pipelines is dropped, the next
+/// context starts from it, and a file the driver does not accept (corrupt, another driver's)
+/// is replaced rather than failing the start.
+#[test]
+fn pipeline_cache_is_kept_on_disk() {
+    use kiln::gpu::{ContextOptions, GpuContext};
+    let dir = std::env::temp_dir().join(format!("kiln-pipeline-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts =
+        ContextOptions { backend: Some(wgpu::Backend::Vulkan), pipeline_cache: Some(dir.clone()), ..Default::default() };
+    let key = KernelKey::RmsNorm { subgroups: false };
+    let file = {
+        let ctx = GpuContext::new(&opts).expect("a Vulkan adapter");
+        assert!(
+            ctx.device.features().contains(wgpu::Features::PIPELINE_CACHE),
+            "Vulkan adapters offer PIPELINE_CACHE in wgpu"
+        );
+        let file = ctx.pipeline_cache_file().expect("a cache file for a Vulkan adapter").to_path_buf();
+        assert!(!file.exists(), "nothing is written before a pipeline is compiled");
+        ctx.pipeline(&key).expect("compile");
+        file
+    };
+    let saved = std::fs::read(&file).expect("the cache was written when the context was dropped");
+    assert!(!saved.is_empty());
+    {
+        let ctx = GpuContext::new(&opts).expect("reopen");
+        ctx.pipeline(&key).expect("compile from the cache");
+    }
+    // A corrupt file: the start succeeds and the file is replaced by the driver's own data.
+    let garbage = vec![0xA5u8; 64];
+    std::fs::write(&file, &garbage).unwrap();
+    {
+        let ctx = GpuContext::new(&opts).expect("a corrupt cache file must not stop the start");
+        ctx.pipeline(&key).expect("compile past a corrupt cache");
+    }
+    let replaced = std::fs::read(&file).unwrap();
+    assert_ne!(replaced, garbage, "the corrupt file is replaced");
+    // Off: no file is written.
+    let _ = std::fs::remove_dir_all(&dir);
+    {
+        let ctx = GpuContext::new(&ContextOptions { pipeline_cache: None, ..opts.clone() }).unwrap();
+        assert!(ctx.pipeline_cache_file().is_none());
+        ctx.pipeline(&key).unwrap();
+    }
+    assert!(!dir.exists());
+}

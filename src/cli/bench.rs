@@ -337,19 +337,57 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     r.model.name, r.test, h.encode, h.submit, h.wait
                 )?;
             }
+            if let Some(t) = &r.ttft {
+                if r.test == records.iter().find(|x| x.model.path == r.model.path).map_or("", |x| x.test.as_str()) {
+                    writeln!(
+                        o,
+                        "{}: time to first token of a {}-token prompt {:.1} ms (best of three {:.1} ms){}",
+                        r.model.name,
+                        t.prompt_tokens,
+                        t.first_ms,
+                        t.best_ms,
+                        r.load_secs.map(|l| format!("; loaded in {l:.2} s")).unwrap_or_default()
+                    )?;
+                }
+            }
+            if let Some(b) = &r.back_to_back {
+                writeln!(
+                    o,
+                    "{} {}: steps back to back in one submit: GPU {:.1} µs per step ({:.0} t/s at the GPU's pace); host record {:.1} µs, submit {:.1} µs per step",
+                    r.model.name, r.test, b.gpu_us, 1e6 / b.gpu_us.max(1e-9), b.record_us, b.submit_us
+                )?;
+            }
             if let Some(costs) = &r.ablation {
                 writeln!(
                     o,
                     "\n{} {}: what each stage costs a step (the step without it is that much faster)\n",
                     r.model.name, r.test
                 )?;
-                writeln!(o, "| stage | µs per token | share of the step |\n|---|---:|---:|")?;
+                writeln!(
+                    o,
+                    "| stage | µs per token | share of the step | GPU µs per token (back to back) |\n|---|---:|---:|---:|"
+                )?;
                 let step = 1e6 / r.avg_ts;
+                let gpu = |v: Option<f64>| v.map(|g| format!("{g:.1}")).unwrap_or_else(|| "-".into());
                 for c in costs {
-                    writeln!(o, "| {} | {:.1} | {:.1}% |", c.stage, c.us_per_token, 100.0 * c.us_per_token / step)?;
+                    writeln!(
+                        o,
+                        "| {} | {:.1} | {:.1}% | {} |",
+                        c.stage,
+                        c.us_per_token,
+                        100.0 * c.us_per_token / step,
+                        gpu(c.gpu_us_per_token)
+                    )?;
                 }
                 let sum: f64 = costs.iter().map(|c| c.us_per_token).sum();
-                writeln!(o, "| (all stages) | {sum:.1} | {:.1}% of {step:.1} µs |", 100.0 * sum / step)?;
+                let gsum = costs.iter().map(|c| c.gpu_us_per_token).sum::<Option<f64>>();
+                writeln!(
+                    o,
+                    "| (all stages) | {sum:.1} | {:.1}% of {step:.1} µs | {} of {} |",
+                    100.0 * sum / step,
+                    gpu(gsum),
+                    gpu(r.back_to_back.map(|b| b.gpu_us))
+                )?;
             }
             if let Some(p) = &r.profile {
                 write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;

@@ -135,6 +135,9 @@ pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: b
             None => String::new(),
         }
     );
+    let t = std::time::Instant::now();
+    session.build_pipelines()?;
+    tracing::info!("pipelines built in {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
     if args.profile || crate::profile::profile_env() {
         session.enable_profiling()?;
     }

@@ -67,6 +67,9 @@ pub struct ContextOptions {
     /// Open the device with these limits instead of the adapter's (tests that stand in for
     /// small adapters, e.g. `wgpu::Limits::default()`: WebGPU's 128 MiB binding).
     pub limits: Option<wgpu::Limits>,
+    /// Directory for the driver's compiled pipelines between runs (`KILN_PIPELINE_CACHE`),
+    /// used where the adapter offers PIPELINE_CACHE; None keeps them in memory only.
+    pub pipeline_cache: Option<std::path::PathBuf>,
 }
 
 impl ContextOptions {
@@ -77,6 +80,7 @@ impl ContextOptions {
             disable,
             max_binding_override: crate::config::max_binding_from_env(),
             memory_override: crate::config::gpu_memory_from_env(),
+            pipeline_cache: crate::config::pipeline_cache_from_env(),
             ..Default::default()
         })
     }
@@ -226,6 +230,8 @@ pub struct GpuContext {
     pub device_memory: Option<u64>,
     /// Queue writes not yet submitted (bounded staging, gpu/upload.rs).
     pub(crate) uploads: crate::gpu::upload::UploadQueue,
+    /// The driver's pipeline cache, loaded from and saved to disk (gpu/pipelines.rs).
+    pub(crate) disk_cache: Option<crate::gpu::pipelines::DiskCache>,
 }
 
 /// GPU buffers alive on a device, from wgpu's internal counters.
@@ -348,6 +354,9 @@ impl GpuContext {
         if !opts.disable.coopmat {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
+        if opts.pipeline_cache.is_some() {
+            wanted |= wgpu::Features::PIPELINE_CACHE;
+        }
         let features = wanted & offered;
         let limits = opts.limits.clone().unwrap_or_else(|| adapter.limits());
         let desc = wgpu::DeviceDescriptor {
@@ -410,7 +419,13 @@ impl GpuContext {
                 f.get_or_insert_with(|| format!("the GPU device was lost ({reason:?}{detail})"));
             }
         });
-        let ctx = Arc::new(GpuContext {
+        let disk_cache = match &opts.pipeline_cache {
+            Some(dir) if features.contains(wgpu::Features::PIPELINE_CACHE) => {
+                crate::gpu::pipelines::DiskCache::open(&device, &info, dir)
+            }
+            _ => None,
+        };
+        let mut ctx = GpuContext {
             device,
             queue,
             info,
@@ -418,11 +433,14 @@ impl GpuContext {
             limits,
             max_binding,
             pipelines: PipelineCache::default(),
+            disk_cache: None,
             poll_timeout: Duration::from_secs(120),
             device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
             fault,
             uploads: Default::default(),
-        });
+        };
+        ctx.disk_cache = disk_cache;
+        let ctx = Arc::new(ctx);
         // Some GL drivers accept compute pipelines but never run them (NVIDIA's EGL gives a
         // GL 3.3 context): check one dispatch before trusting the adapter.
         // The dispatch runs in an error scope: a driver that cannot compile compute shaders

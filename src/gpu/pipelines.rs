@@ -22,7 +22,98 @@ impl PipelineCache {
     }
 }
 
+/// The driver's compiled pipelines, kept in a file per adapter between runs (wgpu's
+/// PIPELINE_CACHE, Vulkan only): a second start compiles from the cache instead of from
+/// scratch. The file is rewritten when pipelines were compiled that it did not hold.
+pub struct DiskCache {
+    pub(crate) cache: wgpu::PipelineCache,
+    path: std::path::PathBuf,
+    /// Pipelines compiled since the file was read or written.
+    compiled: std::sync::atomic::AtomicUsize,
+    /// The file's contents as last read or written (nothing to write while they match).
+    on_disk: std::sync::Mutex<Vec<u8>>,
+}
+
+impl DiskCache {
+    /// The cache for this adapter in `dir`, seeded from its file when there is one (a file
+    /// the driver does not accept, e.g. from an older driver, is ignored). None where wgpu
+    /// has no cache key for the backend.
+    pub fn open(device: &wgpu::Device, info: &wgpu::AdapterInfo, dir: &std::path::Path) -> Option<DiskCache> {
+        let path = dir.join(wgpu::util::pipeline_cache_key(info)?);
+        let data = std::fs::read(&path).ok();
+        // SAFETY: the data is only ever what `get_data` returned for this adapter key, and
+        // with `fallback` wgpu and the driver validate it (header, device, driver version)
+        // and start empty where it does not match.
+        let cache = unsafe {
+            device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                label: Some("kiln pipelines"),
+                data: data.as_deref(),
+                fallback: true,
+            })
+        };
+        tracing::debug!(
+            "pipeline cache {}: {}",
+            path.display(),
+            data.as_ref().map(|d| format!("{} bytes read", d.len())).unwrap_or_else(|| "new".into())
+        );
+        Some(DiskCache { cache, path, compiled: Default::default(), on_disk: std::sync::Mutex::new(data.unwrap_or_default()) })
+    }
+
+    /// Writes the cache to its file if pipelines were compiled since it was read (through a
+    /// temporary file and a rename, so concurrent runs never see half a file). Failing to
+    /// write costs only the next start's time, so it is logged, not returned.
+    pub fn save(&self) {
+        use std::sync::atomic::Ordering;
+        if self.compiled.swap(0, Ordering::AcqRel) == 0 {
+            return;
+        }
+        let Some(data) = self.cache.get_data() else { return };
+        let mut on_disk = match self.on_disk.lock() {
+            Ok(d) => d,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if *on_disk == data {
+            return;
+        }
+        let tmp = self.path.with_extension(format!("tmp{}", std::process::id()));
+        let written = self
+            .path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| std::fs::write(&tmp, &data))
+            .and_then(|_| std::fs::rename(&tmp, &self.path));
+        match written {
+            Ok(()) => {
+                tracing::debug!("pipeline cache {}: {} bytes written", self.path.display(), data.len());
+                *on_disk = data;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::debug!("pipeline cache {} not written: {e}", self.path.display());
+            }
+        }
+    }
+
+    /// The file the cache is kept in.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 impl GpuContext {
+    /// Saves the driver's pipeline cache to disk where there is one and it grew (see
+    /// `DiskCache`); also done when the context is dropped.
+    pub fn save_pipeline_cache(&self) {
+        if let Some(d) = &self.disk_cache {
+            d.save();
+        }
+    }
+
+    /// The file compiled pipelines are kept in between runs, where there is one.
+    pub fn pipeline_cache_file(&self) -> Option<&std::path::Path> {
+        self.disk_cache.as_ref().map(|d| d.path())
+    }
+
     /// The pipeline for `key`, compiling it the first time it is asked for.
     pub fn pipeline(&self, key: &KernelKey) -> Result<Arc<wgpu::ComputePipeline>> {
         if let Some(p) = self.pipelines.map.lock().ok().and_then(|m| m.get(key).cloned()) {
@@ -54,8 +145,11 @@ impl GpuContext {
                 constants: &src.overrides,
                 zero_initialize_workgroup_memory: false,
             },
-            cache: None,
+            cache: self.disk_cache.as_ref().map(|d| &d.cache),
         });
+        if let Some(d) = &self.disk_cache {
+            d.compiled.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         let internal = pollster::block_on(internal.pop());
         if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
             return Err(KilnError::Shader { label: src.label, message: innermost_cause(&err) });
@@ -115,4 +209,10 @@ pub fn innermost_cause(e: &dyn std::error::Error) -> String {
         last = c;
     }
     last.to_string().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+impl Drop for GpuContext {
+    fn drop(&mut self) {
+        self.save_pipeline_cache();
+    }
 }

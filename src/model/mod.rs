@@ -7,6 +7,6 @@ pub mod sizes;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use session::{HostTimes, Output, Session, SessionOptions, StepTiming};
+pub use session::{BackToBack, HostTimes, Output, Session, SessionOptions, StepTiming};
 pub use sizes::{fit_session, SessionSizes};
 pub use weights::Weights;

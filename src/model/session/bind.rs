@@ -360,12 +360,23 @@ impl Session {
         let stage = |i: usize| {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(if i == 0 { "chain readback 0" } else { "chain readback 1" }),
-                size: 16,
+                size: super::CHAIN_MAX as u64 * 4,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
         };
         let chain_stage = [stage(0), stage(1)];
+        let step_states = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("chained step states"),
+            size: (super::CHAIN_MAX * std::mem::size_of::<crate::kernels::matmul::StepState>()) as u64,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let steps_per_submit = std::env::var("KILN_STEPS_PER_SUBMIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(super::STEPS_PER_SUBMIT)
+            .clamp(1, super::CHAIN_MAX);
         let scorer = super::score::Scorer::new(&ctx, &logits, &opts)?;
         // The GPU sampler's state: draws made, tokens appended and the penalties' history.
         let sample_state = st(crate::kernels::sample::STATE_WORDS as u64 * 4, "sampling state")?;
@@ -394,6 +405,8 @@ impl Session {
             embed,
             embed_fed_back,
             chain_stage,
+            step_states,
+            steps_per_submit,
             layers,
             out_norm_all,
             lm_head_x,

@@ -7,6 +7,13 @@ mod bind;
 mod forward;
 mod score;
 mod submit;
+pub use submit::BackToBack;
+
+/// Most decode steps recorded into one command buffer.
+pub const CHAIN_MAX: usize = 64;
+
+/// Decode steps per submit unless `KILN_STEPS_PER_SUBMIT` says otherwise.
+pub const STEPS_PER_SUBMIT: usize = 4;
 
 use std::sync::Arc;
 
@@ -146,8 +153,14 @@ pub struct Session {
     readback: wgpu::Buffer,
     embed: Vec<(Bound, u32, u32)>,
     embed_fed_back: Vec<(Bound, u32, u32)>,
-    /// Two readback slots for chained decoding: one being read while the next is written.
+    /// Two readback slots for chained decoding (`CHAIN_MAX` tokens each): one group's tokens
+    /// being read while the next group writes the other.
     chain_stage: [wgpu::Buffer; 2],
+    /// The positions of up to `CHAIN_MAX` chained steps, each copied into `step_state` before
+    /// its step (so steps recorded together each see their own).
+    step_states: wgpu::Buffer,
+    /// Decode steps recorded per command buffer in `generate_chained`.
+    steps_per_submit: usize,
     layers: Vec<LayerOps>,
     out_norm_all: Bound,
     /// LM head on x itself (one-token steps), with the output norm fused.
@@ -292,6 +305,12 @@ impl Session {
 
     /// Leaves `stage` out of every step from now on (None: the whole step again). What it
     /// computes is wrong without it; what the step costs without it is the measurement.
+    /// Decode steps `generate_chained` records per command buffer (1 ..= `CHAIN_MAX`): more
+    /// spreads the host's submit cost over more tokens, fewer hands tokens out sooner.
+    pub fn set_steps_per_submit(&mut self, n: usize) {
+        self.steps_per_submit = n.clamp(1, CHAIN_MAX);
+    }
+
     pub fn skip_stage(&mut self, stage: Option<crate::profile::Stage>) {
         self.skip = stage;
     }

@@ -11,7 +11,7 @@ use crate::profile::{Recorder, Stage, StageWork};
 
 use crate::kernels::matmul::StepState;
 
-use super::{Output, Session, StepTiming};
+use super::{Output, Session, StepTiming, CHAIN_MAX};
 
 impl Session {
     /// The next step's tokens and position, for the kernels that read them from the GPU.
@@ -25,9 +25,7 @@ impl Session {
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
-        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
         let mut prof = self.prof.take();
-        let se = pad4(n_embd);
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         self.write_step_state(m);
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
@@ -37,42 +35,7 @@ impl Session {
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
-            let recorded = (|| -> Result<u64> {
-                self.record_step(&mut rec, m, false)?;
-                if out == Output::AllLogits {
-                    rec.stage(Stage::OutputNorm, || {
-                        StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
-                    });
-                    self.out_norm_all
-                        .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
-                    self.out_norm_all.record_with(
-                        rec.pass(),
-                        &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                        grid(m),
-                    );
-                    rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
-                    self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
-                    let n = m as u64 * v as u64 * 4;
-                    if read {
-                        rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
-                    }
-                    return Ok(n);
-                }
-                if m > 1 {
-                    // Only the last position goes through the output norm and the LM head.
-                    let last = (m - 1) as u64 * se as u64 * 4;
-                    rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
-                }
-                // One token: x is the last position and the head reads it in the same pass.
-                let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
-                self.record_head(&mut rec, head, out)?;
-                let (src, n) = match out {
-                    Output::Argmax | Output::Sampled => (&self.out_id, 4),
-                    _ => (&self.logits, v as u64 * 4),
-                };
-                rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
-                Ok(n)
-            })();
+            let recorded = self.record_forward(&mut rec, m, out, read);
             rec.finish();
             read_bytes = recorded?;
         }
@@ -116,6 +79,80 @@ impl Session {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
+    /// Records one forward step of `m` tokens (their ids and the step state already written)
+    /// up to its output: all logits, the last position's logits, or a picked token, copied to
+    /// the readback buffer when `read`. Returns the bytes to read back.
+    fn record_forward(&self, rec: &mut Recorder<'_>, m: u32, out: Output, read: bool) -> Result<u64> {
+        let ctx = &self.ctx;
+        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
+        let se = pad4(n_embd);
+        self.record_step(rec, m, false)?;
+        if out == Output::AllLogits {
+            rec.stage(Stage::OutputNorm, || {
+                StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
+            });
+            self.out_norm_all
+                .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
+            self.out_norm_all.record_with(
+                rec.pass(),
+                &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
+                grid(m),
+            );
+            rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
+            self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
+            let n = m as u64 * v as u64 * 4;
+            if read {
+                rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
+            }
+            return Ok(n);
+        }
+        if m > 1 {
+            // Only the last position goes through the output norm and the LM head.
+            let last = (m - 1) as u64 * se as u64 * 4;
+            rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
+        }
+        // One token: x is the last position and the head reads it in the same pass.
+        let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
+        self.record_head(rec, head, out)?;
+        let (src, n) = match out {
+            Output::Argmax | Output::Sampled => (&self.out_id, 4),
+            _ => (&self.logits, v as u64 * 4),
+        };
+        rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
+        Ok(n)
+    }
+
+    /// Builds the pipelines this session's steps use before the first step needs them, by
+    /// recording (never submitting) prompt steps at the sizes the planner treats differently
+    /// (each GEMV width up to 8 tokens, 16 for up to 63, a full batch) and a chained decode
+    /// step: a prompt's first token then costs its computation, not shader compilation. With
+    /// a pipeline cache on disk, a second start compiles from it. The CLI calls this after
+    /// opening a session. Not on CPU adapters: llvmpipe compiles a shader at its first
+    /// dispatch, whatever was built before.
+    pub fn build_pipelines(&mut self) -> Result<()> {
+        let ctx = self.ctx.clone();
+        if ctx.caps.cpu_adapter {
+            return Ok(());
+        }
+        let room = self.opts.n_ctx - self.pos;
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
+        let mut sizes: Vec<u32> = (2..=8).chain([16, self.opts.ubatch]).collect();
+        sizes.retain(|&m| m <= room.min(self.opts.ubatch));
+        sizes.dedup();
+        for m in sizes {
+            let mut rec = Recorder::new(&mut enc, "warm-up", None);
+            let r = self.record_forward(&mut rec, m, Output::Sampled, false);
+            rec.finish();
+            r?;
+        }
+        if room > 0 {
+            self.record_steps(&mut enc, &mut None, None, 1, 0)?;
+        }
+        drop(enc);
+        ctx.save_pipeline_cache();
+        Ok(())
+    }
+
     pub(super) fn read(&self, n: u64) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.readback.map_async(wgpu::MapMode::Read, 0..n.div_ceil(4) * 4, move |r| {
@@ -157,10 +194,12 @@ impl Session {
     }
 
     /// Decoding with the steps chained on the GPU, each token picked by the GPU sampler as
-    /// `set_sampling` configured it: step k+1 reads the token step k sampled straight from GPU
-    /// memory and is submitted before the host reads token k, so the GPU never waits for the
-    /// host. `first` is the token to feed; `on_token` gets each new token and returns false
-    /// to stop. Returns the tokens generated (at most `max_new`).
+    /// `set_sampling` configured it: a step reads the token the step before sampled straight
+    /// from GPU memory, so steps are recorded in groups of `steps_per_submit` per command
+    /// buffer (one submit each), and the next group is submitted before the host reads the
+    /// last one's tokens: the GPU never waits for the host. `first` is the token to feed;
+    /// `on_token` gets each new token and returns false to stop (the steps already queued
+    /// past it are dropped from the cache). Returns the tokens generated (at most `max_new`).
     pub fn generate_chained(
         &mut self,
         first: u32,
@@ -174,59 +213,33 @@ impl Session {
         if max_new == 0 {
             return Ok(out);
         }
+        // One step per submit while profiling: the profiler times one step per slot.
+        let per = if self.prof.is_some() { 1 } else { self.steps_per_submit };
         ctx.queue.write_buffer(&self.out_id, 0, bytemuck::bytes_of(&first));
-        // Submission indices of the (at most two) steps in flight, by k % 2.
-        let mut submitted: [Option<wgpu::SubmissionIndex>; 2] = [None, None];
-        let submit = |s: &mut Session, k: usize| -> Result<wgpu::SubmissionIndex> {
-            let t0 = std::time::Instant::now();
-            s.write_step_state(1);
-            let mut enc =
-                ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained step") });
-            let mut prof = s.prof.take();
-            let recorded = {
-                let mut rec = Recorder::new(&mut enc, "decode", prof.as_mut().map(|p| p.slot(k, 1)));
-                if let Some(stage) = s.skip {
-                    rec.skip_stage(&ctx.device, stage);
-                }
-                let r = s
-                    .record_step(&mut rec, 1, true)
-                    .and_then(|_| s.record_head(&mut rec, &s.lm_head_x, Output::Sampled));
-                if r.is_ok() {
-                    rec.encoder().copy_buffer_to_buffer(&s.out_id, 0, &s.chain_stage[k % 2], 0, 4);
-                }
-                rec.finish();
-                r
-            };
-            let t1 = std::time::Instant::now();
-            let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
-            let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
-            s.host.steps += 1;
-            s.host.encode += encode;
-            s.host.submit += submit;
-            if let Some(p) = prof.as_mut() {
-                p.profile.decode.cpu.encode += encode;
-                p.profile.decode.cpu.submit += submit;
-                p.profile.decode.submits += 1;
+        // Groups in flight: submission, readback slot, steps.
+        let mut in_flight: std::collections::VecDeque<(wgpu::SubmissionIndex, usize, usize)> = Default::default();
+        let mut submitted = 0usize;
+        let mut group = 0usize;
+        loop {
+            // Keep two groups in flight: the next is recorded while the GPU runs the last.
+            while in_flight.len() < 2 && submitted < max_new {
+                let n = per.min(max_new - submitted);
+                let idx = self.submit_steps(group % 2, n, submitted)?;
+                in_flight.push_back((idx, group % 2, n));
+                submitted += n;
+                group += 1;
             }
-            s.prof = prof;
-            s.pos += 1;
-            idx
-        };
-        submitted[0] = Some(submit(self, 0)?);
-        for k in 0..max_new {
-            if k + 1 < max_new {
-                submitted[(k + 1) % 2] = Some(submit(self, k + 1)?);
-            }
+            let Some((index, slot, n)) = in_flight.pop_front() else { break };
             let t_wait = std::time::Instant::now();
-            let slot = &self.chain_stage[k % 2];
+            let slot = &self.chain_stage[slot];
+            let bytes = n as u64 * 4;
             let (tx, rx) = std::sync::mpsc::channel();
-            slot.map_async(wgpu::MapMode::Read, 0..4, move |r| {
+            slot.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
                 let _ = tx.send(r);
             });
-            let index = submitted[k % 2].take();
             let polled = ctx
                 .device
-                .poll(wgpu::PollType::Wait { submission_index: index.clone(), timeout: Some(ctx.poll_timeout) });
+                .poll(wgpu::PollType::Wait { submission_index: Some(index.clone()), timeout: Some(ctx.poll_timeout) });
             // A lost device or failed submission explains a failed poll best.
             ctx.check_fault("a decode step")?;
             polled.map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
@@ -239,29 +252,165 @@ impl Session {
                     })
                 }
             }
-            let tok = {
+            let tokens: Vec<u32> = {
                 let view = slot
-                    .get_mapped_range(0..4)
+                    .get_mapped_range(0..bytes)
                     .map_err(|e| KilnError::Gpu { context: "reading a token".into(), message: e.to_string() })?;
-                u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+                bytemuck::pod_collect_to_vec(&view)
             };
             slot.unmap();
             self.host.wait += t_wait.elapsed().as_secs_f64();
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
                 p.profile.decode.readbacks += 1;
-                self.timing.gpu = p.collect(&ctx, k, index)?;
+                self.timing.gpu = p.collect(&ctx, submitted - in_flight.iter().map(|g| g.2).sum::<usize>() - n, Some(index))?;
             }
-            out.push(tok);
-            if !on_token(tok) {
-                // The step already queued after this one ran on a token we do not want.
-                if k + 1 < max_new {
-                    ctx.wait_idle("a decode step")?;
-                    self.pos -= 1;
+            for (i, &tok) in tokens.iter().enumerate() {
+                out.push(tok);
+                if !on_token(tok) {
+                    // The steps queued after this one ran on tokens we do not want.
+                    let wasted = (n - i - 1) + in_flight.iter().map(|g| g.2).sum::<usize>();
+                    if wasted > 0 {
+                        ctx.wait_idle("a decode step")?;
+                        self.pos -= wasted as u32;
+                    }
+                    return Ok(out);
                 }
-                break;
             }
         }
         Ok(out)
+    }
+
+    /// Records `n` chained decode steps (steps `k0..k0 + n` of a generation) into one command
+    /// buffer and submits it; the steps leave their sampled tokens in `chain_stage[slot]`.
+    fn submit_steps(&mut self, slot: usize, n: usize, k0: usize) -> Result<wgpu::SubmissionIndex> {
+        let ctx = self.ctx.clone();
+        let t0 = std::time::Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
+        let mut prof = self.prof.take();
+        let recorded = self.record_steps(&mut enc, &mut prof, Some(slot), n, k0);
+        let t1 = std::time::Instant::now();
+        let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
+        let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        self.host.steps += n as u64;
+        self.host.encode += encode;
+        self.host.submit += submit;
+        if let Some(p) = prof.as_mut() {
+            p.profile.decode.cpu.encode += encode;
+            p.profile.decode.cpu.submit += submit;
+            p.profile.decode.submits += 1;
+        }
+        self.prof = prof;
+        self.pos += n as u32;
+        idx
+    }
+
+    /// Records `n` decode steps from the session's position on: each step first copies its
+    /// position from `step_states` (written here, once for all of them) into the step state
+    /// the kernels read, then runs the layers, the head and the sampler, whose token the next
+    /// step's embedding gather reads; with `slot`, each token is also copied to
+    /// `chain_stage[slot]` for the host. Does not move the session's position.
+    fn record_steps(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        prof: &mut Option<crate::profile::Profiler>,
+        slot: Option<usize>,
+        n: usize,
+        k0: usize,
+    ) -> Result<()> {
+        let ctx = &self.ctx;
+        debug_assert!(n <= CHAIN_MAX && self.pos as usize + n <= self.opts.n_ctx as usize);
+        let states: Vec<StepState> = (0..n as u32)
+            .map(|j| StepState { n_tokens: 1, pos0: self.pos + j, kv_len: self.pos + j + 1, _pad: 0 })
+            .collect();
+        ctx.queue.write_buffer(&self.step_states, 0, bytemuck::cast_slice(&states));
+        let size = std::mem::size_of::<StepState>() as u64;
+        for j in 0..n {
+            enc.copy_buffer_to_buffer(&self.step_states, j as u64 * size, &self.step_state, 0, size);
+            let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1)));
+            if let Some(stage) = self.skip {
+                rec.skip_stage(&ctx.device, stage);
+            }
+            let recorded = self
+                .record_step(&mut rec, 1, true)
+                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, Output::Sampled));
+            if let (Ok(()), Some(slot)) = (&recorded, slot) {
+                rec.encoder().copy_buffer_to_buffer(&self.out_id, 0, &self.chain_stage[slot], j as u64 * 4, 4);
+            }
+            rec.finish();
+            recorded?;
+        }
+        Ok(())
+    }
+}
+
+/// What decode steps cost when the host never waits between them (`time_back_to_back`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackToBack {
+    /// GPU microseconds per step: the span between a timestamp before the first step and
+    /// one after the last, with none in between to slow the steps down.
+    pub gpu_us: f64,
+    /// Host microseconds per step to record the steps and to submit them (one submit).
+    pub record_us: f64,
+    pub submit_us: f64,
+}
+
+impl Session {
+    /// Records `n` decode steps (at most `CHAIN_MAX`, and the context's room) back to back into
+    /// one command buffer and measures them (`BackToBack`). The steps are those
+    /// `generate_chained` would run from here with the sampling `set_sampling` configured; the
+    /// session's position is left as it was (their K/V rows are overwritten later).
+    /// Needs TIMESTAMP_QUERY.
+    pub fn time_back_to_back(&mut self, n: usize) -> Result<BackToBack> {
+        let ctx = self.ctx.clone();
+        if !ctx.caps.timestamps {
+            return Err(KilnError::AdapterUnusable {
+                adapter: ctx.info.name.clone(),
+                reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
+            });
+        }
+        let n = n.min(CHAIN_MAX).min((self.opts.n_ctx - self.pos) as usize);
+        if n == 0 {
+            return Err(KilnError::invalid("back-to-back steps", "no room for a decode step in the context"));
+        }
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("back-to-back timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("back-to-back resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let t0 = std::time::Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("back to back") });
+        // Empty passes carry the two timestamps, so no step is timed differently from another.
+        let mark = |enc: &mut wgpu::CommandEncoder, begin: Option<u32>, end: Option<u32>| {
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timestamp"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: begin,
+                    end_of_pass_write_index: end,
+                }),
+            });
+        };
+        mark(&mut enc, Some(0), None);
+        self.record_steps(&mut enc, &mut None, None, n, 0)?;
+        mark(&mut enc, None, Some(1));
+        enc.resolve_query_set(&set, 0..2, &resolve, 0);
+        let t1 = std::time::Instant::now();
+        ctx.queue.submit([enc.finish()]);
+        let t2 = std::time::Instant::now();
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&resolve, 0, 16)?);
+        let span_ns = ticks[1].saturating_sub(ticks[0]) as f64 * ctx.queue.get_timestamp_period() as f64;
+        let per = |secs: f64| secs * 1e6 / n as f64;
+        Ok(BackToBack {
+            gpu_us: span_ns * 1e-3 / n as f64,
+            record_us: per((t1 - t0).as_secs_f64()),
+            submit_us: per((t2 - t1).as_secs_f64()),
+        })
     }
 }
