@@ -8,8 +8,12 @@ use std::process::{Command, Output};
 
 use kiln::doctor::{DoctorReport, Status};
 
+/// The binary, compiling its pipelines afresh (no disk cache: as CI's first run, and nothing
+/// written into the user's cache directory).
 fn kiln() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    c.env("KILN_PIPELINE_CACHE", "off");
+    c
 }
 
 fn tmp_dir(name: &str) -> PathBuf {

@@ -37,9 +37,14 @@ fn prompt(n_vocab: u32) -> Vec<u32> {
     (0..PROMPT).map(|i| 3 + (i as u32 * 7919) % (n_vocab - 3)).collect()
 }
 
-/// The prompt's greedy token, then greedy steps chained on the GPU (as generation runs).
-fn greedy(model: &Model) -> Result<Vec<u32>> {
+/// The prompt's greedy token, then greedy steps chained on the GPU (as generation runs),
+/// `per_submit` steps per command buffer where given (else the session's default, 4 or
+/// `KILN_STEPS_PER_SUBMIT`).
+fn greedy(model: &Model, per_submit: Option<usize>) -> Result<Vec<u32>> {
     let mut s = session(model, false)?;
+    if let Some(n) = per_submit {
+        s.set_steps_per_submit(n);
+    }
     let first = s.forward(&prompt(model.cfg.n_vocab), Output::Argmax)?[0] as u32;
     let mut tokens = vec![first];
     tokens.extend(s.generate_greedy_chained(first, GENERATED - 1, &mut |_| true)?);
@@ -86,12 +91,15 @@ fn tokens_up_to_a_tie(ck: &mut Checker, what: &str, got: &[u32], want: &[u32], l
     }
 }
 
-/// The check: `native` decodes twice and scores its tokens teacher-forced; `fallback` (the
+/// The check: `native` decodes twice (its steps grouped into command buffers differently)
+/// and scores its tokens teacher-forced; `fallback` (the
 /// same adapter with every fallback forced), where given, does the same to be compared.
 pub fn greedy_decoding(ck: &mut Checker, native: &Arc<GpuContext>, fallback: Option<&Arc<GpuContext>>) -> Result<()> {
     let model = load(native)?;
-    let want = greedy(&model)?;
-    ck.tokens("native: greedy tokens of a second run", &greedy(&model)?, &want);
+    let want = greedy(&model, None)?;
+    // The second run submits each step on its own: neither the run nor how its steps are
+    // grouped into command buffers may change a token.
+    ck.tokens("native: greedy tokens of a second run, one step per submit", &greedy(&model, Some(1))?, &want);
     let logits = logits_along(&model, &want)?;
     let prefill: Vec<u32> = logits.iter().map(|r| top_and_margin(r).0).collect();
     tokens_up_to_a_tie(ck, "native: teacher-forced argmax against the decoded tokens", &prefill, &want, &logits);
@@ -101,6 +109,6 @@ pub fn greedy_decoding(ck: &mut Checker, native: &Arc<GpuContext>, fallback: Opt
     let model = load(fallback)?;
     let fb_logits = logits_along(&model, &want)?;
     ck.close("fallback: teacher-forced logits", &fb_logits.concat(), &logits.concat(), LOGITS_TOL);
-    tokens_up_to_a_tie(ck, "fallback: greedy tokens", &greedy(&model)?, &want, &logits);
+    tokens_up_to_a_tie(ck, "fallback: greedy tokens", &greedy(&model, None)?, &want, &logits);
     Ok(())
 }
