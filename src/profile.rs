@@ -164,6 +164,9 @@ pub struct StageStat {
     pub total_ms: f64,
     pub bytes: f64,
     pub flops: f64,
+    /// Dispatches recorded in the stage, summed over its calls.
+    #[serde(default)]
+    pub dispatches: u64,
 }
 
 /// Host-side seconds spent per phase.
@@ -195,11 +198,11 @@ impl PhaseProfile {
         self.stages.iter().map(|s| s.total_ms).sum()
     }
 
-    fn add_step(&mut self, tokens: u32, span_ns: f64, stages: &[(Stage, StageWork, f64)]) {
+    fn add_step(&mut self, tokens: u32, span_ns: f64, stages: &[(Stage, StageWork, f64, u64)]) {
         self.steps += 1;
         self.tokens += tokens as u64;
         self.span_ms += span_ns * 1e-6;
-        for (stage, work, ns) in stages {
+        for (stage, work, ns, dispatches) in stages {
             let name = stage.name();
             let i = match self.stages.iter().position(|s| s.stage == name) {
                 Some(i) => i,
@@ -218,6 +221,7 @@ impl PhaseProfile {
             s.total_ms += ns * 1e-6;
             s.bytes += work.bytes;
             s.flops += work.flops;
+            s.dispatches += dispatches;
         }
     }
 
@@ -241,6 +245,7 @@ impl PhaseProfile {
                     x.total_ms += s.total_ms;
                     x.bytes += s.bytes;
                     x.flops += s.flops;
+                    x.dispatches += s.dispatches;
                 }
                 None => self.stages.push(s.clone()),
             }
@@ -267,9 +272,15 @@ impl PhaseProfile {
         );
         let _ = writeln!(
             o,
-            "| stage | kernel | shape | calls | total ms | µs/token | share | GB/s | GFLOP/s | of peak: bound by |"
+            "| stage | kernel | shape | calls | total ms | µs/token | share | GB/s | GFLOP/s | of peak: bound by | dispatches/token | floor µs/token | × floor |"
         );
-        let _ = writeln!(o, "|---|---|---|---:|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(o, "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|");
+        // A stage's floor: its bytes at the probe's read bandwidth, plus one dependent
+        // dispatch (the probe's) for each of its dispatches.
+        let floor_us = |bytes: f64, dispatches: f64| match peak {
+            Some(p) if p.read_gbs > 0.0 => Some(bytes / (p.read_gbs * 1e9) * 1e6 + dispatches * p.dispatch_us),
+            _ => None,
+        };
         for s in &self.stages {
             let secs = s.total_ms * 1e-3;
             let gbs = if secs > 0.0 { s.bytes / secs * 1e-9 } else { 0.0 };
@@ -300,21 +311,39 @@ impl PhaseProfile {
                 }
                 _ => "-".into(),
             };
+            let us = s.total_ms * 1e3 / tokens;
+            let floor = floor_us(s.bytes / tokens, s.dispatches as f64 / tokens);
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {:.3} | {:.1} | {:.1}% | {:.1} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {:.3} | {:.1} | {:.1}% | {:.1} | {:.1} | {} | {:.1} | {} | {} |",
                 s.stage,
                 s.kernel,
                 s.shape,
                 s.calls,
                 s.total_ms,
-                s.total_ms * 1e3 / tokens,
+                us,
                 100.0 * s.total_ms / step_ms.max(1e-12),
                 gbs,
                 gflops,
-                of_peak
+                of_peak,
+                s.dispatches as f64 / tokens,
+                floor.map_or("-".into(), |f| format!("{f:.1}")),
+                floor.map_or("-".into(), |f| format!("{:.1}", us / f.max(1e-9))),
             );
         }
+        // The step as a whole: what it reads, how many dispatches it takes, and its floor.
+        let dispatches: u64 = self.stages.iter().map(|s| s.dispatches).sum();
+        let bytes: f64 = self.stages.iter().map(|s| s.bytes).sum();
+        let floor = floor_us(bytes / tokens, dispatches as f64 / tokens);
+        let _ = writeln!(
+            o,
+            "\nper token: {:.1} dispatches, {:.2} MB read; floor {} (bytes at peak bandwidth + dependent dispatches at the probe's cost); GPU {:.1} µs{}",
+            dispatches as f64 / tokens,
+            bytes / tokens * 1e-6,
+            floor.map_or("-".into(), |f| format!("{f:.1} µs")),
+            self.span_ms * 1e3 / tokens,
+            floor.map_or(String::new(), |f| format!(" = {:.1}× the floor", self.span_ms * 1e3 / tokens / f.max(1e-9)))
+        );
         let c = &self.cpu;
         let per = |x: f64| x * 1e6 / tokens;
         let _ = writeln!(
@@ -382,6 +411,9 @@ struct Mark {
     work: StageWork,
     begin: u32,
     end: u32,
+    /// `dispatches_recorded()` when the stage began, then (once it ended) its dispatches.
+    dispatches: u64,
+    counted: bool,
 }
 
 /// One submission's timestamps: a query set, where it resolves, and where the host reads it.
@@ -534,7 +566,7 @@ impl Profiler {
             let start = prev_end.map(|p| p.min(b)).unwrap_or(b);
             lo = lo.min(b);
             hi = hi.max(e);
-            stages.push((m.stage, m.work, (e - start).max(0.0)));
+            stages.push((m.stage, m.work, (e - start).max(0.0), if m.counted { m.dispatches } else { 0 }));
             prev_end = Some(e);
         }
         let span = (hi - lo).max(0.0);
@@ -658,13 +690,29 @@ impl<'a> Recorder<'a> {
                     last.end = q;
                 }
             }
-            p.marks.push(Mark { stage, work: work(), begin: q, end: u32::MAX });
+            close_dispatch_count(&mut p.marks);
+            p.marks.push(Mark {
+                stage,
+                work: work(),
+                begin: q,
+                end: u32::MAX,
+                dispatches: crate::gpu::buffers::dispatches_recorded(),
+                counted: false,
+            });
         } else {
             self.pass = None;
             let (Some(b), Some(e)) = (p.next(), p.next()) else {
                 return;
             };
-            p.marks.push(Mark { stage, work: work(), begin: b, end: e });
+            close_dispatch_count(&mut p.marks);
+            p.marks.push(Mark {
+                stage,
+                work: work(),
+                begin: b,
+                end: e,
+                dispatches: crate::gpu::buffers::dispatches_recorded(),
+                counted: false,
+            });
             self.open(Some((b, e)));
         }
     }
@@ -692,8 +740,19 @@ impl<'a> Recorder<'a> {
     /// Ends the pass and records the timestamps' resolve.
     pub fn finish(mut self) {
         self.end_pass();
-        if let Some(p) = self.prof.as_deref() {
+        if let Some(p) = self.prof.as_deref_mut() {
+            close_dispatch_count(&mut p.marks);
             p.resolve(self.enc);
+        }
+    }
+}
+
+/// The last stage ended: its dispatches are those recorded since it began.
+fn close_dispatch_count(marks: &mut [Mark]) {
+    if let Some(last) = marks.last_mut() {
+        if !last.counted {
+            last.dispatches = crate::gpu::buffers::dispatches_recorded().saturating_sub(last.dispatches);
+            last.counted = true;
         }
     }
 }

@@ -74,6 +74,15 @@ fn llama_bench_flags_name_the_tests_and_records_carry_memory_and_load_time() {
         assert_eq!(r["n_ctx"], 24 + 16, "the largest test: pp16 @ d24");
         assert!(act > 0, "{r}");
         assert!(r["load_secs"].as_f64().unwrap() > 0.0);
+        // Time to first token: a 20-token prompt (n_ctx 40 holds it), first and best of three.
+        let t = &r["ttft"];
+        assert_eq!(t["prompt_tokens"], 20, "{r}");
+        let (first, best) = (t["first_ms"].as_f64().unwrap(), t["best_ms"].as_f64().unwrap());
+        assert!(best > 0.0 && best <= first, "{t}");
+        // Generation tests carry the GPU's pace from steps back to back (lavapipe has timestamps).
+        if r["n_gen"].as_u64().unwrap() > 0 && r["n_prompt"].as_u64().unwrap() == 0 {
+            assert!(r["back_to_back"]["gpu_us"].as_f64().unwrap() > 0.0, "{r}");
+        }
         assert_eq!(r["n_batch"], 2048);
         let depth = if r["test"].as_str().unwrap().ends_with("@ d24") { 24 } else { 0 };
         assert_eq!(r["n_depth"], depth);

@@ -36,6 +36,7 @@ fn check_phase(p: &PhaseProfile, what: &str, expect_stages: &[&str]) {
     for s in &p.stages {
         assert!(s.total_ms > 0.0, "{what}: stage {} took no time", s.stage);
         assert!(s.calls > 0 && !s.kernel.is_empty() && !s.shape.is_empty(), "{what}: {s:?}");
+        assert!(s.dispatches >= s.calls, "{what}: every call of a stage dispatches: {s:?}");
     }
     for name in expect_stages {
         assert!(p.stages.iter().any(|s| s.stage == *name), "{what}: no stage {name} in {:?}", p.stages);
@@ -102,6 +103,19 @@ fn stage_profile_adds_up_to_the_step() {
             }
             ran += 1;
         }
+        // A Llama-shaped model decodes in at most 6 dispatches per layer (fused Q/K/V with RoPE
+        // and the cache write, one attention, fused norms, gate/up and residual adds), plus the
+        // embedding, the head and the sampler.
+        let llama = tiny_model(&g.ctx, "tiny-test:q4_k_m");
+        let mut s = llama.session(SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false }).unwrap();
+        s.enable_profiling().unwrap();
+        let first = s.forward(&[5, 6, 7], Output::Argmax).unwrap()[0] as u32;
+        s.generate_greedy_chained(first, 4, &mut |_| true).unwrap();
+        let p = s.take_profile().unwrap();
+        let per_token = p.decode.stages.iter().map(|s| s.dispatches).sum::<u64>() as f64 / p.decode.tokens as f64;
+        let layers = llama.cfg.n_layer as f64;
+        assert!(per_token <= 6.0 * layers + 3.0, "[{}] {per_token} dispatches per decode token", g.name);
+        assert!(p.decode.table("decode", None).contains("dispatches/token"));
     }
     assert!(ran > 0, "no adapter with timestamp queries");
 }

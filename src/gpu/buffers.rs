@@ -280,6 +280,20 @@ impl WeightTensor {
     }
 }
 
+thread_local! {
+    /// Dispatches recorded on this thread (profiles count them per stage).
+    static DISPATCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Dispatches recorded on this thread so far, through `Bound` and `Dispatch`.
+pub fn dispatches_recorded() -> u64 {
+    DISPATCHES.with(|d| d.get())
+}
+
+fn count_dispatch() {
+    DISPATCHES.with(|d| d.set(d.get() + 1));
+}
+
 /// A kernel bound to its buffers once. Its parameter buffer is rewritten before each step
 /// that uses it (queue writes land before the step's commands), so a step creates nothing.
 pub struct Bound {
@@ -327,6 +341,7 @@ impl Bound {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        count_dispatch();
     }
 }
 
@@ -346,6 +361,7 @@ impl Dispatch {
         pass.set_bind_group(0, &self.bind_group, &[]);
         let [x, y, z] = self.workgroups;
         pass.dispatch_workgroups(x, y, z);
+        count_dispatch();
     }
 }
 
