@@ -92,8 +92,8 @@ fn tokens_up_to_a_tie(ck: &mut Checker, what: &str, got: &[u32], want: &[u32], l
 }
 
 /// The check: `native` decodes twice (its steps grouped into command buffers differently)
-/// and scores its tokens teacher-forced; `fallback` (the
-/// same adapter with every fallback forced), where given, does the same to be compared.
+/// and scores its tokens teacher-forced; `fallback` (the same adapter with every fallback
+/// forced), where given, does the same to be compared.
 pub fn greedy_decoding(ck: &mut Checker, native: &Arc<GpuContext>, fallback: Option<&Arc<GpuContext>>) -> Result<()> {
     let model = load(native)?;
     let want = greedy(&model, None)?;
