@@ -101,6 +101,12 @@ pub fn api_key_from_env() -> Option<String> {
     std::env::var("KILN_API_KEY").ok().map(|k| k.trim().to_string()).filter(|k| !k.is_empty())
 }
 
+/// `KILN_DOCTOR_PERTURB=<check>`: `kiln doctor` makes the CPU reference of the checks whose
+/// name contains this text deliberately wrong, so a test can see it fail (never set otherwise).
+pub fn doctor_perturb_from_env() -> Option<String> {
+    std::env::var("KILN_DOCTOR_PERTURB").ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
 /// "1234", "512K", "300M", "2G" (binary multiples).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

@@ -31,6 +31,9 @@ pub enum KilnError {
     #[error("not enough GPU memory for {what}: {:.1} MiB needed, the adapter has {:.1} MiB; {hint}", *needed as f64 / 1048576.0, *available as f64 / 1048576.0)]
     OutOfMemory { what: String, needed: u64, available: u64, hint: String },
 
+    #[error("{count} of kiln doctor's checks failed on {adapter} ({failed}): kiln computes wrongly there; please attach {} to a bug report", report.display())]
+    ChecksFailed { count: usize, adapter: String, failed: String, report: PathBuf },
+
     #[error("download of {what} failed: {message}")]
     Download { what: String, message: String },
 

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod generate;

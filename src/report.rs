@@ -1,28 +1,42 @@
 //! `kiln report`: merges `kiln bench -o json` files from several machines into one markdown
-//! table and SVG charts (tokens/s per GPU and model; stacked per-stage time per token).
+//! table and SVG charts (tokens/s per GPU and model; stacked per-stage time per token), with
+//! `kiln doctor` reports beside them (which GPUs compute correctly, and what failed where).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::bench::BenchRecord;
+use crate::bench::{AdapterRecord, BenchRecord};
+use crate::doctor::{DoctorReport, Status};
 use crate::error::{KilnError, Result};
 
-/// Reads bench records: a JSON array (what `kiln bench -o json` writes), one record, or one
-/// record per line (`-o jsonl`).
-pub fn load(paths: &[PathBuf]) -> Result<Vec<BenchRecord>> {
-    let mut out = Vec::new();
+/// What `kiln report` merges: bench records and `kiln doctor` reports.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    pub bench: Vec<BenchRecord>,
+    pub doctor: Vec<DoctorReport>,
+}
+
+/// Reads bench records (a JSON array as `kiln bench -o json` writes, one record, or one
+/// record per line as `-o jsonl`) and `kiln doctor` reports.
+pub fn load_inputs(paths: &[PathBuf]) -> Result<Inputs> {
+    let mut out = Inputs::default();
     for p in paths {
         let text =
             std::fs::read_to_string(p).map_err(|e| KilnError::File { path: p.clone(), message: e.to_string() })?;
         let bad = |e: serde_json::Error| KilnError::File {
             path: p.clone(),
-            message: format!("not a kiln bench JSON file ({e}); write one with `kiln bench -o json`"),
+            message: format!(
+                "not a kiln bench or doctor JSON file ({e}); write one with `kiln bench -o json` or `kiln doctor`"
+            ),
         };
         match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(v) if v.is_array() => out.extend(serde_json::from_value::<Vec<BenchRecord>>(v).map_err(bad)?),
-            Ok(v) => out.push(serde_json::from_value::<BenchRecord>(v).map_err(bad)?),
+            Ok(v) if v.is_array() => out.bench.extend(serde_json::from_value::<Vec<BenchRecord>>(v).map_err(bad)?),
+            Ok(v) if v.get("kind").and_then(|k| k.as_str()) == Some(crate::doctor::REPORT_KIND) => {
+                out.doctor.push(serde_json::from_value::<DoctorReport>(v).map_err(bad)?)
+            }
+            Ok(v) => out.bench.push(serde_json::from_value::<BenchRecord>(v).map_err(bad)?),
             // `kiln bench -o jsonl`: one record per line.
             Err(e) => {
                 let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -30,20 +44,33 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<BenchRecord>> {
                     return Err(bad(e));
                 }
                 for l in lines {
-                    out.push(serde_json::from_str::<BenchRecord>(l).map_err(bad)?);
+                    out.bench.push(serde_json::from_str::<BenchRecord>(l).map_err(bad)?);
                 }
             }
         }
     }
-    if out.is_empty() {
-        return Err(KilnError::invalid("report", "the files hold no benchmark records"));
+    if out.bench.is_empty() && out.doctor.is_empty() {
+        return Err(KilnError::invalid("report", "the files hold no benchmark records or doctor reports"));
     }
     Ok(out)
 }
 
+/// Reads bench records only (`load_inputs` without doctor reports).
+pub fn load(paths: &[PathBuf]) -> Result<Vec<BenchRecord>> {
+    let bench = load_inputs(paths)?.bench;
+    if bench.is_empty() {
+        return Err(KilnError::invalid("report", "the files hold no benchmark records"));
+    }
+    Ok(bench)
+}
+
 /// "NVIDIA H200 (Vulkan)"
 fn gpu_label(r: &BenchRecord) -> String {
-    format!("{} ({})", r.adapter.name, r.adapter.backend)
+    adapter_label(&r.adapter)
+}
+
+fn adapter_label(a: &AdapterRecord) -> String {
+    format!("{} ({})", a.name, a.backend)
 }
 
 /// "tinyllama-1.1b:q4_k_m" from "tinyllama-1.1b:q4_k_m (synthetic)".
@@ -66,11 +93,22 @@ fn memory_label(r: &BenchRecord) -> String {
     }
 }
 
-/// The merged table, as markdown.
-pub fn markdown(records: &[BenchRecord], charts: &[String]) -> String {
+/// The merged tables, as markdown: bench results, then doctor reports.
+pub fn markdown(inputs: &Inputs, charts: &[String]) -> String {
+    if inputs.bench.is_empty() {
+        return format!("# kiln doctor report\n{}", doctor_section(&inputs.doctor));
+    }
+    let mut o = String::from("# kiln benchmark report\n\n");
+    o.push_str(&bench_section(&inputs.bench, charts));
+    o.push_str(&doctor_section(&inputs.doctor));
+    o
+}
+
+/// The bench table, stage tables and profiles, and the charts.
+fn bench_section(records: &[BenchRecord], charts: &[String]) -> String {
     let mut rs: Vec<&BenchRecord> = records.iter().collect();
     rs.sort_by(|a, b| (model_label(a), &a.test, gpu_label(a)).cmp(&(model_label(b), &b.test, gpu_label(b))));
-    let mut o = String::from("# kiln benchmark report\n\n");
+    let mut o = String::new();
     o.push_str(
         "| model | test | GPU | vendor | driver | t/s | GPU memory (weights + KV + activations) | kiln | date |\n",
     );
@@ -146,6 +184,49 @@ pub fn markdown(records: &[BenchRecord], charts: &[String]) -> String {
         o.push('\n');
         for c in charts {
             o.push_str(&format!("![{c}]({c})\n"));
+        }
+    }
+    o
+}
+
+/// One row per `kiln doctor` report (does kiln compute correctly on that GPU?), then every
+/// failed check with its first wrong value.
+pub fn doctor_section(reports: &[DoctorReport]) -> String {
+    if reports.is_empty() {
+        return String::new();
+    }
+    let mut o = String::from("\n## kiln doctor\n\n");
+    o.push_str("| GPU | vendor | driver | features | result | checks | peaks: read GB/s, f32 GFLOP/s, dispatch µs | kiln | date |\n");
+    o.push_str("| --- | --- | --- | --- | --- | ---: | --- | --- | --- |\n");
+    for r in reports {
+        let a = &r.adapter;
+        let result = if r.passed { "pass".to_string() } else { format!("**{} failed**", r.count(Status::Fail)) };
+        let peaks = r
+            .peak
+            .map(|p| format!("{:.1}, {:.1}, {:.2}", p.read_gbs, p.gflops, p.dispatch_us))
+            .unwrap_or_else(|| "-".into());
+        o.push_str(&format!(
+            "| {} | {} | {} {} | {} | {result} | {} pass, {} skip | {peaks} | {} ({}) | {} |\n",
+            adapter_label(a),
+            a.vendor,
+            a.driver,
+            a.driver_info,
+            a.features.join(", "),
+            r.count(Status::Pass),
+            r.count(Status::Skip),
+            r.kiln_version,
+            r.git_commit,
+            r.date
+        ));
+    }
+    let failed: Vec<(&DoctorReport, &crate::doctor::CheckRecord)> =
+        reports.iter().flat_map(|r| r.failed().map(move |c| (r, c))).collect();
+    if !failed.is_empty() {
+        o.push_str("\n### Failed checks\n\n| GPU | check | kernels run | max abs error | first failure |\n| --- | --- | --- | ---: | --- |\n");
+        for (r, c) in failed {
+            let err = c.max_abs_err.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "NaN".into());
+            let detail = c.detail.replace('|', "\\|");
+            o.push_str(&format!("| {} | {} | {} | {err} | {detail} |\n", adapter_label(&r.adapter), c.name, c.caps));
         }
     }
     o
@@ -339,15 +420,20 @@ pub fn chart_stages(records: &[BenchRecord], path: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Writes report.md and the charts into `dir`; returns the markdown.
-pub fn write_report(records: &[BenchRecord], dir: &Path) -> Result<String> {
+/// Writes report.md and the charts (where there are bench records) into `dir`; returns the
+/// markdown.
+pub fn write_report(inputs: &Inputs, dir: &Path) -> Result<String> {
     std::fs::create_dir_all(dir).map_err(|e| KilnError::File { path: dir.to_path_buf(), message: e.to_string() })?;
-    let mut charts = vec!["tokens_per_second.svg".to_string()];
-    chart_tokens_per_second(records, &dir.join(&charts[0]))?;
-    if chart_stages(records, &dir.join("stages_per_token.svg"))? {
-        charts.push("stages_per_token.svg".into());
+    let mut charts = Vec::new();
+    let records = &inputs.bench;
+    if !records.is_empty() {
+        charts.push("tokens_per_second.svg".to_string());
+        chart_tokens_per_second(records, &dir.join(&charts[0]))?;
+        if chart_stages(records, &dir.join("stages_per_token.svg"))? {
+            charts.push("stages_per_token.svg".into());
+        }
     }
-    let md = markdown(records, &charts);
+    let md = markdown(inputs, &charts);
     let path = dir.join("report.md");
     std::fs::write(&path, &md).map_err(|e| KilnError::File { path, message: e.to_string() })?;
     Ok(md)

@@ -4,17 +4,13 @@
 mod common;
 
 use common::*;
-use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
-use kiln::kernels::attention::{self, AttnShape, DecodeArgs, PrefillArgs};
+use kiln::doctor::ops::{self, rope_params, AttnCase};
+use kiln::kernels::attention::AttnShape;
 use kiln::kernels::elementwise::{self, EltOp};
 use kiln::kernels::nll::{self, NllParams};
-use kiln::kernels::rope::{self, RopeMode, RopeParams};
+use kiln::kernels::rope::{self, RopeMode};
 use kiln::kernels::{argmax, embed, norm, KvKind};
 use kiln::quant::{dequantize, quantize, WeightFormat};
-
-fn run(ctx: &GpuContext, ds: &[kiln::gpu::Dispatch]) {
-    run_dispatches(ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
-}
 
 /// The GPU decoder reproduces ggml's dequantizer bit for bit on ggml's own blocks.
 #[test]
@@ -33,13 +29,9 @@ fn gather_reproduces_ggml_dequantization_exactly() {
             let want: Vec<f32> =
                 bytemuck::pod_collect_to_vec(&std::fs::read(dir.join(format!("{name}.dequant.f32"))).unwrap());
             let (rows, k) = (16usize, 256usize);
-            let table = WeightTensor::upload(&g.ctx, name, format, rows, k, &blocks).unwrap();
             // Every row, in a scrambled order with a repeat.
             let ids: Vec<u32> = vec![3, 0, 15, 8, 1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 3];
-            let idb = g.ctx.upload(bytemuck::cast_slice(&ids), "ids").unwrap();
-            let out = g.ctx.storage((ids.len() * k * 4) as u64, "out").unwrap();
-            run(&g.ctx, &embed::prepare(&g.ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap());
-            let got = g.ctx.read_f32(&out, ids.len() * k).unwrap();
+            let got = ops::gather(&g.ctx, format, rows, k, &blocks, &ids).unwrap();
             let want_rows = embed::reference(&want, k, &ids);
             for (i, (a, b)) in got.iter().zip(&want_rows).enumerate() {
                 assert_eq!(
@@ -64,13 +56,10 @@ fn gather_on_split_table() {
         let bytes = quantize(format, &vals).unwrap();
         let mut table_ref = vec![0f32; rows * k];
         dequantize(format, &bytes, rows * k, &mut table_ref).unwrap();
-        let table = WeightTensor::upload(&ctx, "t", format, rows, k, &bytes).unwrap();
+        let table = kiln::gpu::WeightTensor::upload(&ctx, "t", format, rows, k, &bytes).unwrap();
         assert!(table.chunks.len() > 2);
         let ids: Vec<u32> = vec![39, 0, 17, 21, 5, 39];
-        let idb = ctx.upload(bytemuck::cast_slice(&ids), "ids").unwrap();
-        let out = ctx.storage((ids.len() * k * 4) as u64, "out").unwrap();
-        run(&ctx, &embed::prepare(&ctx, &table, &idb, &out, ids.len() as u32, k as u32).unwrap());
-        let got = ctx.read_f32(&out, ids.len() * k).unwrap();
+        let got = ops::gather(&ctx, format, rows, k, &bytes, &ids).unwrap();
         assert_eq!(got, embed::reference(&table_ref, k, &ids), "split gather {}", format.name());
     }
 }
@@ -82,11 +71,7 @@ fn rms_norm_rows() {
             let mut r = rng(n as u64);
             let x = randn(&mut r, rows * n, 2.0);
             let w = randn(&mut r, n, 1.0);
-            let (xb, wb) = (g.ctx.upload_f32(&x, "x").unwrap(), g.ctx.upload_f32(&w, "w").unwrap());
-            let y = g.ctx.storage((rows * n * 4) as u64, "y").unwrap();
-            let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: n as u32, eps: 1e-5 };
-            run(&g.ctx, &[norm::prepare(&g.ctx, &xb, &wb, &y, rows as u32, p, "norm").unwrap()]);
-            let got = g.ctx.read_f32(&y, rows * n).unwrap();
+            let got = ops::rms_norm(&g.ctx, &x, &w, rows, n, 1e-5).unwrap();
             assert_close(&format!("[{}] rms_norm {rows}x{n}", g.name), &got, &norm::reference(&x, &w, n, 1e-5), 1e-5);
         }
     }
@@ -98,11 +83,8 @@ fn elementwise_ops() {
         let n = 1003;
         let mut r = rng(7);
         let (a, b) = (randn(&mut r, n, 3.0), randn(&mut r, n, 1.0));
-        let (ab, bb) = (g.ctx.upload_f32(&a, "a").unwrap(), g.ctx.upload_f32(&b, "b").unwrap());
         for op in [EltOp::SiluMul, EltOp::Add] {
-            let out = g.ctx.storage((n * 4) as u64, "out").unwrap();
-            run(&g.ctx, &[elementwise::prepare(&g.ctx, op, &ab, &bb, &out, n as u32, "elt").unwrap()]);
-            let got = g.ctx.read_f32(&out, n).unwrap();
+            let got = ops::elementwise(&g.ctx, op, &a, &b).unwrap();
             assert_close(&format!("[{}] {op:?}", g.name), &got, &elementwise::reference(op, &a, &b), 1e-6);
         }
     }
@@ -120,10 +102,7 @@ fn argmax_picks_lowest_index_of_maximum() {
         for v in &mut x[3 * n..] {
             *v = -1.0;
         } // row 3: all equal
-        let xb = g.ctx.upload_f32(&x, "logits").unwrap();
-        let ids = g.ctx.storage(16, "ids").unwrap();
-        run(&g.ctx, &[argmax::prepare(&g.ctx, &xb, &ids, rows as u32, n as u32, n as u32).unwrap()]);
-        let got = g.ctx.read_u32(&ids, rows).unwrap();
+        let got = ops::argmax(&g.ctx, &x, rows, n).unwrap();
         assert_eq!(got, argmax::reference(&x, n), "[{}] argmax", g.name);
         assert_eq!(got, vec![5, 100, 31999, 0]);
     }
@@ -146,35 +125,15 @@ fn nll_scores_rows_against_reference() {
             let mut logits = randn(&mut r, rows * stride, 4.0);
             logits[stride + (3 % n)] = 95.0; // exp(95) is not an f32
             let targets: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 13) % n) as u32).collect();
-            let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
-            let tb = g.ctx.upload(bytemuck::cast_slice(&targets), "targets").unwrap();
             let len = (out0 + n_rows + 2) as usize;
-            let ob = g.ctx.upload_f32(&vec![-1.0; len], "nll").unwrap();
             let p = NllParams { n: n as u32, stride: stride as u32, row0, n_rows, out0, _pad: [0; 3] };
-            run(&g.ctx, &[nll::prepare(&g.ctx, &lb, &tb, &ob, p).unwrap()]);
-            let got = g.ctx.read_f32(&ob, len).unwrap();
+            let got = ops::nll(&g.ctx, &logits, &targets, p, len).unwrap();
             let what = format!("[{}] nll {rows}x{n} (stride {stride}) rows {row0}..+{n_rows} at {out0}", g.name);
             let (before, rest) = got.split_at(out0 as usize);
             let (scored, after) = rest.split_at(n_rows as usize);
             assert!(before.iter().chain(after).all(|&v| v == -1.0), "{what}: wrote outside its results: {got:?}");
             assert_close(&what, scored, &nll::reference(&logits, &targets, &p), 2e-6);
         }
-    }
-}
-
-fn rope_params(n_tokens: u32, n_heads: u32, head_dim: u32, n_rot: u32, pos0: u32) -> RopeParams {
-    RopeParams {
-        n_tokens,
-        n_heads,
-        head_dim,
-        n_rot,
-        pos0,
-        src_stride: n_heads * head_dim,
-        dst_stride: n_heads * head_dim,
-        dst_offset: 0,
-        freq_base: 10000.0,
-        freq_scale: 0.5,
-        _pad: [0; 2],
     }
 }
 
@@ -187,45 +146,18 @@ fn rope_in_place_and_into_cache() {
                 let p = rope_params(t, h, hd, nr, pos0);
                 let x = randn(&mut rng(hd as u64), (t * h * hd) as usize, 1.0);
                 let want = rope::reference(&x, mode, &p);
-                let xb = g.ctx.upload_f32(&x, "x").unwrap();
-                run(&g.ctx, &[rope::prepare_in_place(&g.ctx, mode, &xb, p, "rope").unwrap()]);
-                let got = g.ctx.read_f32(&xb, x.len()).unwrap();
+                let got = ops::rope_in_place(&g.ctx, mode, &x, p).unwrap();
                 let what = format!("[{}] rope {mode:?} t={t} h={h} hd={hd} rot={nr} pos0={pos0}", g.name);
                 assert_close(&what, &got, &want, 2e-4);
 
                 // The same rotation written into rows pos0.. of an f32 and an f16 cache.
                 for f16_cache in [false, true] {
                     let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
-                    let rows = (pos0 + t) as usize;
-                    let cache = g.ctx.storage(rows as u64 * (h * hd) as u64 * kv.bytes_per_elem(), "cache").unwrap();
-                    let src = g.ctx.upload_f32(&x, "src").unwrap();
-                    run(&g.ctx, &[rope::prepare_to_cache(&g.ctx, Some(mode), kv, &src, &cache, p, "kv").unwrap()]);
-                    let off = pos0 as usize * (h * hd) as usize;
-                    let got = read_cache(&g.ctx, &cache, kv, rows * (h * hd) as usize)[off..].to_vec();
+                    let got = ops::rope_to_cache(&g.ctx, mode, kv, &x, p).unwrap();
                     let tol = if f16_cache { 2e-3 } else { 2e-4 };
                     assert_close(&format!("{what} -> {kv:?} cache"), &got, &want, tol);
                 }
             }
-        }
-    }
-}
-
-fn read_cache(ctx: &GpuContext, buf: &wgpu::Buffer, kv: KvKind, n: usize) -> Vec<f32> {
-    match kv {
-        KvKind::F32 => ctx.read_f32(buf, n).unwrap(),
-        _ => {
-            let bytes = ctx.read_bytes(buf, 0, (n * 2) as u64).unwrap();
-            bytes.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
-        }
-    }
-}
-
-fn cache_bytes(vals: &[f32], kv: KvKind) -> (Vec<u8>, Vec<f32>) {
-    match kv {
-        KvKind::F32 => (bytemuck::cast_slice(vals).to_vec(), vals.to_vec()),
-        _ => {
-            let h: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
-            (bytemuck::cast_slice(&h).to_vec(), h.iter().map(|v| v.to_f32()).collect())
         }
     }
 }
@@ -240,45 +172,15 @@ fn attention_prefill_and_decode() {
             for f16_cache in [false, true] {
                 let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
                 let mut r = rng((nh * hd) as u64);
-                let kvn = (n_ctx * nkv * hd) as usize;
-                let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-                let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-                let k_cache = g.ctx.upload(&kb, "k").unwrap();
-                let v_cache = g.ctx.upload(&vb, "v").unwrap();
+                let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
                 for (m, pos0) in [(7u32, 0u32), (13, n_ctx - 13 - 5), (1, n_ctx - 1)] {
                     let q = randn(&mut r, (m * nh * hd) as usize, 1.0);
-                    let qb = g.ctx.upload_f32(&q, "q").unwrap();
-                    let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
-                    let kv_len = pos0 + m;
-                    let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
+                    let want = case.reference(&q, m as usize, pos0 as usize);
                     let what = format!("[{}] attention nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
-
-                    let scores = g.ctx.storage((nh * m * kv_len * 4) as u64, "scores").unwrap();
-                    let pa = PrefillArgs {
-                        q: &qb,
-                        k_cache: &k_cache,
-                        v_cache: &v_cache,
-                        scores: &scores,
-                        out: &out,
-                        m,
-                        pos0,
-                    };
-                    run(&g.ctx, &attention::prepare_prefill(&g.ctx, kv, &shape, &pa).unwrap());
-                    let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                    let got = case.prefill(&g.ctx, &q, m, pos0).unwrap();
                     assert_close(&format!("{what} prefill"), &got, &want, 1e-4);
-
                     if m == 1 {
-                        let partial = g.ctx.storage(shape.decode_scratch_len() as u64 * 4, "partial").unwrap();
-                        let da = DecodeArgs {
-                            q: &qb,
-                            k_cache: &k_cache,
-                            v_cache: &v_cache,
-                            partial: &partial,
-                            out: &out,
-                            kv_len,
-                        };
-                        run(&g.ctx, &attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap());
-                        let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                        let (got, _) = case.decode(&g.ctx, &q, pos0 + m).unwrap();
                         assert_close(&format!("{what} decode"), &got, &want, 1e-4);
                     }
                 }
@@ -303,23 +205,12 @@ fn decode_attention_blocks_and_splits() {
             let chunk = shape.decode_chunk(n_ctx);
             let kv = KvKind::for_cache(true, &g.ctx.caps);
             let mut r = rng((nh * hd + nkv) as u64);
-            let kvn = (n_ctx * nkv * hd) as usize;
-            let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-            let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-            let k_cache = g.ctx.upload(&kb, "k").unwrap();
-            let v_cache = g.ctx.upload(&vb, "v").unwrap();
-            let partial = g.ctx.storage(shape.decode_scratch_len() as u64 * 4, "partial").unwrap();
+            let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
             for kv_len in [1, 5, chunk - 1, chunk, chunk + 1, 2 * chunk + 17, n_ctx] {
                 let q = randn(&mut r, (nh * hd) as usize, 2.0);
-                let qb = g.ctx.upload_f32(&q, "q").unwrap();
-                let out = g.ctx.storage((nh * hd * 4) as u64, "out").unwrap();
-                let want = attention::reference(&shape, &q, &k_vals, &v_vals, 1, kv_len as usize - 1);
-                let da =
-                    DecodeArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, partial: &partial, out: &out, kv_len };
-                let ds = attention::prepare_decode(&g.ctx, kv, &shape, &da).unwrap();
-                assert_eq!(ds.len(), shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
-                run(&g.ctx, &ds);
-                let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                let want = case.reference(&q, 1, kv_len as usize - 1);
+                let (got, dispatches) = case.decode(&g.ctx, &q, kv_len).unwrap();
+                assert_eq!(dispatches, shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
                 let what = format!(
                     "[{}] decode nh={nh} kv={nkv} hd={hd} block={} chunk={chunk} kv_len={kv_len}",
                     g.name,
@@ -343,14 +234,7 @@ fn kv_write_rotates_k_and_copies_v() {
                 let k = randn(&mut rng(21), n, 1.0);
                 let v = randn(&mut rng(22), n, 1.0);
                 let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
-                let rows = (pos0 + t) as usize;
-                let bytes = rows as u64 * (h * hd) as u64 * kv.bytes_per_elem();
-                let (kc, vc) = (g.ctx.storage(bytes, "k").unwrap(), g.ctx.storage(bytes, "v").unwrap());
-                let (kb, vb) = (g.ctx.upload_f32(&k, "k").unwrap(), g.ctx.upload_f32(&v, "v").unwrap());
-                run(&g.ctx, &[rope::prepare_kv_write(&g.ctx, mode, kv, &kb, &kc, &vb, &vc, p).unwrap()]);
-                let off = pos0 as usize * (h * hd) as usize;
-                let got_k = read_cache(&g.ctx, &kc, kv, rows * (h * hd) as usize)[off..].to_vec();
-                let got_v = read_cache(&g.ctx, &vc, kv, rows * (h * hd) as usize)[off..].to_vec();
+                let (got_k, got_v) = ops::kv_write(&g.ctx, mode, kv, &k, &v, p).unwrap();
                 let tol = if f16_cache { 2e-3 } else { 2e-4 };
                 let what = format!("[{}] kv_write {mode:?} {kv:?}", g.name);
                 assert_close(&format!("{what} K"), &got_k, &rope::reference(&k, mode, &p), tol);

@@ -1,106 +1,35 @@
 //! GPU sampling (wgsl/sample.wgsl) against its CPU reference (`kiln::sample::Sampler`): the
-//! same tokens for the same seed, history and logits, through greedy, top-k (both the
-//! histogram threshold and the exact radix select for flat logits), top-p, min-p,
+//! same tokens for the same seed, history and logits, through greedy, top-k (the threshold
+//! search, every logit of a small vocabulary, and the exact radix select), top-p, min-p,
 //! temperature and the three penalties; and draws that follow the distribution.
 
 mod common;
 
 use common::*;
-use kiln::gpu::{run_dispatches, GpuContext};
+use kiln::doctor::checks::sampler_configs;
+use kiln::doctor::data::model_logits;
+use kiln::doctor::ops::{cpu_tokens, gpu_tokens};
+use kiln::gpu::run_dispatches;
 use kiln::kernels::sample::{self, initial_state, SampleConfig, STATE_WORDS};
 use kiln::sample::{Sampler, SamplerConfig};
-use rand::Rng;
-
-/// Samples `logits` on the GPU `steps` times (the logits re-uploaded each step, since the
-/// penalties change them in place), feeding each pick into the history as generation does.
-fn gpu_tokens(ctx: &GpuContext, cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
-    let k = SampleConfig::new(cfg, logits.len() as u32, logits.len() as u32);
-    let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, history, &[])), "state").unwrap();
-    let ids = ctx.storage(4, "ids").unwrap();
-    (0..steps)
-        .map(|_| {
-            let lb = ctx.upload_f32(logits, "logits").unwrap();
-            let d = sample::prepare(ctx, &k, &lb, &ids, &state, 1).unwrap();
-            run_dispatches(ctx, &[&d]).unwrap();
-            ctx.read_u32(&ids, 1).unwrap()[0]
-        })
-        .collect()
-}
-
-fn cpu_tokens(cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
-    let mut s = Sampler::new(*cfg);
-    let mut h = history.to_vec();
-    (0..steps)
-        .map(|_| {
-            let t = s.sample(logits, &h);
-            h.push(t);
-            t
-        })
-        .collect()
-}
-
-/// Logits like a model's: a few likely tokens over a long tail (`spread` nats wide), or flat
-/// (spread 0.5: hundreds within a nat of the top, the exact-select path).
-fn model_logits(r: &mut rand::rngs::StdRng, n: usize, spread: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let u: f32 = r.random();
-            spread * u.powi(8) - spread
-        })
-        .collect()
-}
 
 #[test]
 fn gpu_sampler_picks_the_reference_tokens() {
-    let configs = [
-        ("greedy", SamplerConfig { temperature: 0.0, ..Default::default() }),
-        (
-            "greedy+penalties",
-            SamplerConfig {
-                temperature: 0.0,
-                repeat_penalty: 1.3,
-                frequency_penalty: 0.5,
-                presence_penalty: 0.4,
-                ..Default::default()
-            },
-        ),
-        ("defaults", SamplerConfig::default()),
-        ("top-k 5, hot", SamplerConfig { top_k: 5, temperature: 1.5, top_p: 1.0, min_p: 0.0, ..Default::default() }),
-        (
-            "top-k off, top-p 0.9",
-            SamplerConfig { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 1.0, ..Default::default() },
-        ),
-        (
-            "min-p 0.2, cold",
-            SamplerConfig { top_k: 100, top_p: 1.0, min_p: 0.2, temperature: 0.5, ..Default::default() },
-        ),
-        (
-            "penalties",
-            SamplerConfig {
-                repeat_penalty: 1.2,
-                repeat_last_n: 16,
-                frequency_penalty: 0.3,
-                presence_penalty: 0.2,
-                ..Default::default()
-            },
-        ),
-    ];
+    let configs = sampler_configs();
     for g in gpus() {
-        // spread 0: a shuffled ramp 1e-5 apart, every logit in the histogram's first bin (the
-        // exact radix select runs).
+        // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed
+        // over several (spread 0: a shuffled ramp 1e-5 apart), every logit (top-k off on 512
+        // and 1000), the exact radix select (top-k off on the larger vocabularies: no
+        // threshold holds exactly 1024).
         for (vocab, spread) in [(512usize, 12.0f32), (32000, 14.0), (1000, 0.5), (5000, 0.0), (151936, 14.0)] {
             let mut r = rng(vocab as u64);
-            let logits = if spread > 0.0 {
-                model_logits(&mut r, vocab, spread)
-            } else {
-                (0..vocab).map(|i| -((i * 7919 % vocab) as f32) * 1e-5).collect()
-            };
-            let history: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab as u32)).collect();
+            let logits = model_logits(&mut r, vocab, spread);
+            let history: Vec<u32> = (0..40).map(|_| r.range(0, vocab as i64) as u32).collect();
             for (name, base) in &configs {
                 let cfg = SamplerConfig { seed: 0x5eed_0000_0000_0000 + vocab as u64, ..*base };
                 let steps = if vocab > 100_000 { 3 } else { 12 };
                 let want = cpu_tokens(&cfg, &logits, &history, steps);
-                let got = gpu_tokens(&g.ctx, &cfg, &logits, &history, steps);
+                let got = gpu_tokens(&g.ctx, &cfg, &logits, &history, steps).unwrap();
                 assert_eq!(got, want, "[{}] {name}, vocab {vocab}, spread {spread}", g.name);
             }
         }

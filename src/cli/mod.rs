@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_serve;
 pub mod chat;
+pub mod doctor;
 pub mod eval;
 pub mod info;
 pub mod inspect;
@@ -60,6 +61,8 @@ impl GpuArgs {
 pub enum Command {
     /// Benchmark prompt processing and generation speed (llama-bench's flags and tables).
     Bench(bench::BenchArgs),
+    /// Check every kernel kiln runs on this GPU against its CPU reference; write a JSON report.
+    Doctor(doctor::DoctorArgs),
     /// List GPU adapters, their features and limits, and which one kiln would use.
     Info(info::InfoArgs),
     /// Show a GGUF file's metadata, architecture, tensors and format mix.
@@ -76,7 +79,8 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// Perplexity of a text file, as llama-perplexity computes it (-c: the chunk size, default 512).
     Perplexity(perplexity::PerplexityArgs),
-    /// Merge bench JSON files from several machines into a markdown table and SVG charts.
+    /// Merge bench JSON files from several machines into a markdown table and SVG charts (and
+    /// kiln doctor reports into a table beside them).
     Report(report::ReportArgs),
     /// Serve the model over HTTP with OpenAI's API (chat and text completions, streaming).
     Serve(serve::ServeArgs),
@@ -90,6 +94,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench(a) => bench::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
         Command::Info(a) => info::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Eval(a) => eval::run(&a),

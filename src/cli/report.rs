@@ -1,4 +1,5 @@
-//! `kiln report`: one markdown table and SVG charts from bench JSON files of several machines.
+//! `kiln report`: one markdown table and SVG charts from bench JSON files of several machines,
+//! and the `kiln doctor` reports beside them.
 
 use std::path::PathBuf;
 
@@ -6,7 +7,7 @@ use crate::Result;
 
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
-    /// JSON files written by `kiln bench -o json`.
+    /// JSON files written by `kiln bench -o json` (or jsonl) and `kiln doctor`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Folder for report.md, tokens_per_second.svg and stages_per_token.svg.
@@ -15,8 +16,8 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: &ReportArgs) -> Result<()> {
-    let records = crate::report::load(&args.files)?;
-    let md = crate::report::write_report(&records, &args.out_dir)?;
+    let inputs = crate::report::load_inputs(&args.files)?;
+    let md = crate::report::write_report(&inputs, &args.out_dir)?;
     print!("{md}");
     eprintln!("kiln: wrote {} (report.md and charts)", args.out_dir.display());
     Ok(())

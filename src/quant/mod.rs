@@ -7,7 +7,7 @@ mod quantize;
 mod tests;
 
 pub use dequant::{dequantize, dequantize_row};
-pub use quantize::{quantize, random_blocks, random_values};
+pub use quantize::{quantize, random_blocks, random_values, SplitMix64};
 
 use std::fmt;
 

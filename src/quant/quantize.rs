@@ -42,11 +42,11 @@ pub fn random_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     (0..n).map(|_| scale * rng.next_normal()).collect()
 }
 
-/// splitmix64: tiny, well-mixed, good enough for synthetic weights.
-pub(super) struct SplitMix64(pub(super) u64);
+/// splitmix64: tiny, well-mixed, good enough for synthetic weights and test data.
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -55,12 +55,12 @@ impl SplitMix64 {
     }
 
     /// Uniform in (0, 1]; never 0 so the logarithm below stays finite.
-    fn next_unit(&mut self) -> f64 {
+    pub fn next_unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
 
     /// Standard normal via Box-Muller (one of the pair is discarded for simplicity).
-    pub(super) fn next_normal(&mut self) -> f32 {
+    pub fn next_normal(&mut self) -> f32 {
         let radius = (-2.0 * self.next_unit().ln()).sqrt();
         let angle = std::f64::consts::TAU * self.next_unit();
         (radius * angle.cos()) as f32

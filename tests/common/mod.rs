@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use kiln::config::Disabled;
+use kiln::doctor::compare;
+use kiln::doctor::data::Rng;
 use kiln::gpu::{ContextOptions, GpuContext};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 /// Test data: `KILN_TESTDATA`, or `../shared/testdata` beside the repository.
 pub fn testdata() -> PathBuf {
@@ -69,34 +69,25 @@ pub fn small_binding_gpu(limit: u64) -> Arc<GpuContext> {
     GpuContext::new(&ContextOptions { max_binding_override: Some(limit), ..Default::default() }).expect("GPU")
 }
 
-pub fn rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
+/// Seeded test data (the doctor's generator: the same values on every machine).
+pub fn rng(seed: u64) -> Rng {
+    Rng::new(seed)
 }
 
-pub fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            // Box-Muller
-            let u1: f32 = rng.random::<f32>().max(1e-7);
-            let u2: f32 = rng.random::<f32>();
-            (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos() * scale
-        })
-        .collect()
+pub fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    rng.normal(n, scale)
 }
 
 /// Fails with the first offending index unless max |got - want| <= tol * max(1, max |want|).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let mut worst = (0usize, 0f32);
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let d = (g - w).abs();
-        if !(d <= worst.1) {
-            worst = (i, d);
-        }
-        if !(d <= tol * scale) {
-            panic!("{what}: index {i}: got {g}, want {w} (|Δ| {d} > {tol} x {scale})");
-        }
-    }
-    eprintln!("{what}: max |Δ| {:.3e} at {} (scale {scale:.3})", worst.1, worst.0);
+    let c = compare::close(got, want, tol);
+    assert!(c.passed(), "{what}: {c}");
+    eprintln!("{what}: {c}");
+}
+
+/// |got - want| <= bound + tol x max(1, max |want|), element by element.
+pub fn assert_within(what: &str, got: &[f32], want: &[f32], bound: &[f32], tol: f32) {
+    let c = compare::within(got, want, bound, tol);
+    assert!(c.passed(), "{what}: {c}");
+    eprintln!("{what}: {c}");
 }

@@ -1,0 +1,353 @@
+//! One matmul on the GPU with a chosen kernel, and what its CPU reference says it should
+//! give: plain (bias, accumulation), with a fused input (RMSNorm, SiLU·up) and with a fused
+//! epilogue (SwiGLU over interleaved rows; the stacked Q/K/V projection that rotates Q,
+//! rotates K into the cache and copies V there). Plus the error bounds of the kernels that
+//! round on purpose.
+
+use crate::error::Result;
+use crate::gpu::{run_dispatches, GpuContext, WeightTensor};
+use crate::kernels::elementwise::{self, EltOp};
+use crate::kernels::matmul::{self, Epilogue, Matmul, RopeShape, StepState};
+use crate::kernels::{norm, KvKind};
+use crate::plan::MatmulKernel;
+use crate::quant::{dequantize, quantize, WeightFormat};
+
+use super::data::{cache_values, pad_rows, MatmulCase};
+
+/// What the matmul reads: X itself, or X through a fused RMSNorm or SiLU(X)·up.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Plain,
+    Norm {
+        gamma: Vec<f32>,
+        eps: f32,
+    },
+    /// `up` is laid out as X.
+    Glu {
+        up: Vec<f32>,
+    },
+}
+
+/// The stacked Q/K/V projection: the case's n rows are Q's, K's and V's, in that order.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvShape {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub neox: bool,
+    pub kv: KvKind,
+    /// Position of the first token (the cache rows before it stay untouched).
+    pub pos0: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    /// V's rows in a format of their own (Q4_K_M files store V in Q6_K): two matmuls as the
+    /// engine runs them, the Q and K rows from row 0, the V rows from row q + kv, each
+    /// binding a placeholder for the outputs its rows do not reach.
+    pub v_format: Option<WeightFormat>,
+}
+
+impl QkvShape {
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+    pub fn rows(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+}
+
+/// Where the outputs go.
+#[derive(Debug, Clone, Copy)]
+pub enum Epi {
+    Plain,
+    SwiGlu,
+    Qkv(QkvShape),
+}
+
+/// One matmul to run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub kernel: MatmulKernel,
+    pub bias: bool,
+    /// Add into Y (plain epilogue only).
+    pub accumulate: bool,
+    pub input: Input,
+    pub epi: Epi,
+}
+
+impl Run {
+    pub fn plain(kernel: MatmulKernel, bias: bool, accumulate: bool) -> Run {
+        Run { kernel, bias, accumulate, input: Input::Plain, epi: Epi::Plain }
+    }
+}
+
+/// One output of a run beside its reference.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// "y", "swiglu", or "q", "k", "v" of the Q/K/V epilogue.
+    pub what: &'static str,
+    pub got: Vec<f32>,
+    pub want: Vec<f32>,
+    /// Stored as f16 (a KV cache of halves): rounded on purpose.
+    pub f16: bool,
+}
+
+/// A run's outputs and the activations the matmul really multiplied (after its fused
+/// input), which the int8 GEMV's error bound is computed from.
+pub struct Outcome {
+    pub outputs: Vec<Output>,
+    pub input: Vec<f32>,
+}
+
+/// Runs `run` over `c` on the GPU and computes its reference.
+pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
+    let (n, k, m) = (c.n, c.k, c.m);
+    let (xp, xs) = c.x_padded();
+    let x = ctx.upload_f32(&xp, "x")?;
+    let input = match &run.input {
+        Input::Plain => c.x.clone(),
+        Input::Norm { gamma, eps } => norm::reference(&c.x, gamma, k, *eps),
+        Input::Glu { up } => elementwise::reference(EltOp::SiluMul, &c.x, up),
+    };
+    let gamma = match &run.input {
+        Input::Norm { gamma, .. } => Some(ctx.upload_f32(gamma, "norm")?),
+        _ => None,
+    };
+    let up = match &run.input {
+        Input::Glu { up } => Some(ctx.upload_f32(&pad_rows(up, m, k).0, "up")?),
+        _ => None,
+    };
+    let norm = match (&run.input, &gamma) {
+        (Input::Norm { eps, .. }, Some(g)) => Some((g, *eps)),
+        _ => None,
+    };
+    let bias_values = if run.bias { Some(&c.bias[..]) } else { None };
+    let plain = || matmul::reference(&c.w_ref, n, k, &input, m, bias_values, None);
+    let mut outputs = Vec::new();
+    match run.epi {
+        Epi::Plain => {
+            let y = ctx.upload_f32(&c.y0, "y")?;
+            let w = WeightTensor::upload(ctx, "w", c.format, n, k, &c.weights)?;
+            let b = ctx.upload_f32(&c.bias, "bias")?;
+            let mm = Matmul {
+                bias: run.bias.then_some(&b),
+                x_stride: xs as u32,
+                accumulate: run.accumulate,
+                norm,
+                glu: up.as_ref(),
+                ..Matmul::dense(&w, &x, &y, m as u32)
+            };
+            dispatch(ctx, &mm, run.kernel)?;
+            let want = match run.accumulate {
+                true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
+                false => plain(),
+            };
+            outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
+        }
+        Epi::SwiGlu => {
+            let y = ctx.storage((m * n / 2 * 4) as u64, "act")?;
+            let w = WeightTensor::upload(ctx, "gate_up", c.format, n, k, &c.weights)?;
+            let b = ctx.upload_f32(&c.bias, "bias")?;
+            let mm = Matmul {
+                bias: run.bias.then_some(&b),
+                x_stride: xs as u32,
+                y_stride: (n / 2) as u32,
+                norm,
+                glu: up.as_ref(),
+                epi: Epilogue::SwiGlu,
+                ..Matmul::dense(&w, &x, &y, m as u32)
+            };
+            dispatch(ctx, &mm, run.kernel)?;
+            let got = ctx.read_f32(&y, m * n / 2)?;
+            outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain(), m, n), f16: false });
+        }
+        Epi::Qkv(s) => outputs = run_qkv(ctx, c, &s, &x, xs, norm, up.as_ref(), &input, bias_values, run)?,
+    }
+    Ok(Outcome { outputs, input })
+}
+
+fn dispatch(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel) -> Result<()> {
+    let ds = matmul::prepare_with(ctx, mm, kernel, "doctor")?;
+    run_dispatches(ctx, &ds.iter().collect::<Vec<_>>())
+}
+
+/// The Q/K/V epilogue: the case's rows stacked as the engine stacks them (NeoX heads in the
+/// order that puts rotated pairs side by side; V's rows requantized into a part of their own
+/// where `s.v_format` says so), Q read back from Y, K and V from their caches at rows
+/// pos0..pos0 + m. `input`: the activations the matmul multiplies (after its fused input).
+#[allow(clippy::too_many_arguments)]
+fn run_qkv(
+    ctx: &GpuContext,
+    c: &MatmulCase,
+    s: &QkvShape,
+    x: &wgpu::Buffer,
+    xs: usize,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    up: Option<&wgpu::Buffer>,
+    input: &[f32],
+    bias_values: Option<&[f32]>,
+    run: &Run,
+) -> Result<Vec<Output>> {
+    let (n, k, m) = (c.n, c.k, c.m);
+    let (qd, kvd, hd) = (s.q_dim(), s.kv_dim(), s.head_dim);
+    if n != s.rows() {
+        return Err(crate::KilnError::invalid("check", format!("{n} rows are not Q, K and V's {}", s.rows())));
+    }
+    let n_ctx = s.pos0 + m + 3;
+    let elt = s.kv.bytes_per_elem() as usize;
+    let (kc, vc) = (ctx.storage((n_ctx * kvd * elt) as u64, "k")?, ctx.storage((n_ctx * kvd * elt) as u64, "v")?);
+    let q = ctx.storage((m * qd * 4) as u64, "q")?;
+    let rope = ctx.uniform(
+        &RopeShape {
+            q_dim: qd as u32,
+            kv_dim: kvd as u32,
+            head_dim: hd as u32,
+            n_rot: s.n_rot as u32,
+            freq_base: s.freq_base,
+            freq_scale: s.freq_scale,
+            kv_stride: kvd as u32,
+            _pad: 0,
+        },
+        "rope",
+    );
+    let state = StepState { n_tokens: m as u32, pos0: s.pos0 as u32, kv_len: (s.pos0 + m) as u32, _pad: 0 };
+    let step = ctx.upload(bytemuck::bytes_of(&state), "step")?;
+    // Row r of the stacked matrix holds plain row `src(r)`.
+    let src = |r: usize| {
+        if s.neox && r < qd + kvd {
+            r - r % hd + crate::model::weights::neox_row(r % hd, s.n_rot)
+        } else {
+            r
+        }
+    };
+    let rb = c.format.row_bytes(k).unwrap_or(0);
+    let bias: Vec<f32> = (0..n).map(|r| c.bias[src(r)]).collect();
+    let b = ctx.upload_f32(&bias, "bias")?;
+    // The parts (first row, format, weights in it) and the weights' values in plain row order.
+    let mut w_ref = c.w_ref.clone();
+    let mut parts: Vec<(usize, WeightFormat, Vec<u8>)> = Vec::new();
+    let qk_rows = if s.v_format.is_some() { qd + kvd } else { n };
+    let rows = |a: usize, b: usize| (a..b).flat_map(|r| c.weights[src(r) * rb..(src(r) + 1) * rb].iter().copied());
+    parts.push((0, c.format, rows(0, qk_rows).collect()));
+    if let Some(vf) = s.v_format {
+        let bad = |e: crate::quant::QuantError| crate::KilnError::invalid("check data", format!("V in {vf}: {e}"));
+        let v_bytes = quantize(vf, &c.w_ref[qk_rows * k..]).map_err(bad)?;
+        dequantize(vf, &v_bytes, (n - qk_rows) * k, &mut w_ref[qk_rows * k..]).map_err(bad)?;
+        parts.push((qk_rows, vf, v_bytes));
+    }
+    for (row_base, format, bytes) in &parts {
+        let part_rows = bytes.len() / format.row_bytes(k).unwrap_or(1).max(1);
+        let w = WeightTensor::upload(ctx, "qkv part", *format, part_rows, k, bytes)?;
+        // Outputs the part's rows do not reach get a placeholder (as the engine binds them).
+        let unused = ctx.storage(16, "unused output")?;
+        let reaches = |from: usize, to: usize| *row_base < to && row_base + part_rows > from;
+        let mm = Matmul {
+            bias: run.bias.then_some(&b),
+            x_stride: xs as u32,
+            y_stride: qd as u32,
+            norm,
+            glu: up,
+            epi: Epilogue::Qkv {
+                k_cache: if reaches(qd, qd + kvd) { &kc } else { &unused },
+                v_cache: if reaches(qd + kvd, n) { &vc } else { &unused },
+                kv: s.kv,
+                neox: s.neox,
+                rope: &rope,
+                step: &step,
+                row_base: *row_base as u32,
+            },
+            ..Matmul::dense(&w, x, if reaches(0, qd) { &q } else { &unused }, m as u32)
+        };
+        dispatch(ctx, &mm, run.kernel)?;
+    }
+    let plain = matmul::reference(&w_ref, n, k, input, m, bias_values, None);
+    let (want_q, want_k, want_v) = qkv_reference(&plain, m, s);
+    let cache_rows = |buf: &wgpu::Buffer| -> Result<Vec<f32>> {
+        let bytes = ctx.read_bytes(buf, (s.pos0 * kvd * elt) as u64, (m * kvd * elt) as u64)?;
+        Ok(cache_values(&bytes, s.kv))
+    };
+    let f16 = s.kv != KvKind::F32;
+    Ok(vec![
+        Output { what: "q", got: ctx.read_f32(&q, m * qd)?, want: want_q, f16: false },
+        Output { what: "k", got: cache_rows(&kc)?, want: want_k, f16 },
+        Output { what: "v", got: cache_rows(&vc)?, want: want_v, f16 },
+    ])
+}
+
+/// Y = silu(gate) * up of interleaved gate/up rows (2i, 2i + 1), as SwiGLU's epilogue writes it.
+pub fn swiglu_reference(y: &[f32], m: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n / 2];
+    for r in 0..m {
+        for i in 0..n / 2 {
+            let (g, u) = (y[r * n + 2 * i] as f64, y[r * n + 2 * i + 1] as f64);
+            out[r * n / 2 + i] = (g / (1.0 + (-g).exp()) * u) as f32;
+        }
+    }
+    out
+}
+
+/// What the Q/K/V epilogue writes, from the plain product [m, q + 2 kv] (in plain row order):
+/// each token's Q and K heads rotated at its position, V as it is.
+pub fn qkv_reference(plain: &[f32], m: usize, s: &QkvShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (qd, kvd, hd, n) = (s.q_dim(), s.kv_dim(), s.head_dim, s.rows());
+    let rotate = |v: &[f32], pos: usize| -> Vec<f32> {
+        let mut o = v.to_vec();
+        for i in 0..s.n_rot / 2 {
+            let (a, b) = if s.neox { (i, i + s.n_rot / 2) } else { (2 * i, 2 * i + 1) };
+            let th = pos as f64 * s.freq_scale as f64 * (s.freq_base as f64).powf(-2.0 * i as f64 / s.n_rot as f64);
+            let (x0, x1) = (v[a] as f64, v[b] as f64);
+            o[a] = (x0 * th.cos() - x1 * th.sin()) as f32;
+            o[b] = (x0 * th.sin() + x1 * th.cos()) as f32;
+        }
+        o
+    };
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..m {
+        let row = &plain[r * n..(r + 1) * n];
+        for h in 0..s.n_head {
+            q.extend(rotate(&row[h * hd..(h + 1) * hd], s.pos0 + r));
+        }
+        for h in 0..s.n_kv_head {
+            k.extend(rotate(&row[qd + h * hd..qd + (h + 1) * hd], s.pos0 + r));
+        }
+        v.extend_from_slice(&row[qd + kvd..]);
+    }
+    (q, k, v)
+}
+
+/// The int8 GEMV's error bound for arbitrary activations: each x value rounds by at most
+/// half its block's step (max |x| / 127 / 2), so |Δy[m, n]| <= sum_k |w[n, k]| step(k) / 2.
+pub fn q8_bound(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let mut bound = vec![0f32; m * n];
+    for mi in 0..m {
+        let row = &x[mi * k..(mi + 1) * k];
+        let step: Vec<f32> = row
+            .chunks(32)
+            .flat_map(|b| {
+                let d = b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                std::iter::repeat_n(d / 2.0, b.len())
+            })
+            .collect();
+        for ni in 0..n {
+            let wr = &w[ni * k..(ni + 1) * k];
+            bound[mi * n + ni] = wr.iter().zip(&step).map(|(a, s)| a.abs() * s).sum::<f32>() * 1.01;
+        }
+    }
+    bound
+}
+
+/// The cooperative-matrix GEMM's error bound: activations and weights are rounded to f16, so
+/// each element is held to 2^-10 sum |w x| (two roundings of at most 2^-11 each), plus 2^-25
+/// per value for f16's subnormal range.
+pub fn coop_bound(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    (0..m * n)
+        .map(|i| {
+            let (xr, wr) = (&x[(i / n) * k..][..k], &w[(i % n) * k..][..k]);
+            xr.iter().zip(wr).map(|(a, b)| (a * b).abs() / 1024.0 + (a.abs() + b.abs()) / 33554432.0).sum::<f32>()
+                * 1.01
+        })
+        .collect()
+}

@@ -1,0 +1,218 @@
+//! The other kernels run once on the GPU over given inputs, for comparison with their CPU
+//! references: RMSNorm, SiLU·mul and add, embedding gather, RoPE (in place, into the cache,
+//! and the combined K/V write), attention (prefill and decode), argmax, NLL scoring, and the
+//! sampler.
+
+use crate::error::Result;
+use crate::gpu::{run_dispatches, Dispatch, GpuContext, WeightTensor};
+use crate::kernels::attention::{self, AttnShape, DecodeArgs, PrefillArgs};
+use crate::kernels::elementwise::{self, EltOp};
+use crate::kernels::nll::{self, NllParams};
+use crate::kernels::rope::{self, RopeMode, RopeParams};
+use crate::kernels::sample::{self, initial_state, SampleConfig};
+use crate::kernels::{argmax, embed, norm, KvKind};
+use crate::quant::WeightFormat;
+use crate::sample::{Sampler, SamplerConfig};
+
+use super::data::{cache_bytes, cache_values, Rng};
+
+fn run(ctx: &GpuContext, ds: &[Dispatch]) -> Result<()> {
+    run_dispatches(ctx, &ds.iter().collect::<Vec<_>>())
+}
+
+/// RMSNorm of `rows` rows of n values (x, w): the GPU's result.
+pub fn rms_norm(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, eps: f32) -> Result<Vec<f32>> {
+    let (xb, wb) = (ctx.upload_f32(x, "x")?, ctx.upload_f32(w, "w")?);
+    let y = ctx.storage((rows * n * 4) as u64, "y")?;
+    let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: n as u32, eps };
+    run(ctx, &[norm::prepare(ctx, &xb, &wb, &y, rows as u32, p, "norm")?])?;
+    ctx.read_f32(&y, rows * n)
+}
+
+/// An elementwise op over a and b.
+pub fn elementwise(ctx: &GpuContext, op: EltOp, a: &[f32], b: &[f32]) -> Result<Vec<f32>> {
+    let (ab, bb) = (ctx.upload_f32(a, "a")?, ctx.upload_f32(b, "b")?);
+    let out = ctx.storage((a.len() * 4) as u64, "out")?;
+    run(ctx, &[elementwise::prepare(ctx, op, &ab, &bb, &out, a.len() as u32, "elt")?])?;
+    ctx.read_f32(&out, a.len())
+}
+
+/// Rows `ids` of a [rows, k] table in `format` (GGUF-layout `bytes`), gathered and decoded.
+pub fn gather(
+    ctx: &GpuContext,
+    format: WeightFormat,
+    rows: usize,
+    k: usize,
+    bytes: &[u8],
+    ids: &[u32],
+) -> Result<Vec<f32>> {
+    let table = WeightTensor::upload(ctx, "table", format, rows, k, bytes)?;
+    let idb = ctx.upload(bytemuck::cast_slice(ids), "ids")?;
+    let out = ctx.storage((ids.len() * k * 4) as u64, "out")?;
+    run(ctx, &embed::prepare(ctx, &table, &idb, &out, ids.len() as u32, k as u32)?)?;
+    ctx.read_f32(&out, ids.len() * k)
+}
+
+/// RoPE parameters for packed [n_tokens, n_heads, head_dim] rows at positions pos0.., with
+/// linear scaling 0.5.
+pub fn rope_params(n_tokens: u32, n_heads: u32, head_dim: u32, n_rot: u32, pos0: u32) -> RopeParams {
+    RopeParams {
+        n_tokens,
+        n_heads,
+        head_dim,
+        n_rot,
+        pos0,
+        src_stride: n_heads * head_dim,
+        dst_stride: n_heads * head_dim,
+        dst_offset: 0,
+        freq_base: 10000.0,
+        freq_scale: 0.5,
+        _pad: [0; 2],
+    }
+}
+
+/// Cache rows pos0.. of a `kv` cache written by one dispatch.
+fn cache_rows(ctx: &GpuContext, cache: &wgpu::Buffer, kv: KvKind, p: &RopeParams) -> Result<Vec<f32>> {
+    let row = (p.n_heads * p.head_dim) as u64 * kv.bytes_per_elem();
+    let bytes = ctx.read_bytes(cache, p.pos0 as u64 * row, p.n_tokens as u64 * row)?;
+    Ok(cache_values(&bytes, kv))
+}
+
+fn cache(ctx: &GpuContext, kv: KvKind, p: &RopeParams, label: &str) -> Result<wgpu::Buffer> {
+    ctx.storage((p.pos0 + p.n_tokens) as u64 * (p.n_heads * p.head_dim) as u64 * kv.bytes_per_elem(), label)
+}
+
+/// x rotated in place.
+pub fn rope_in_place(ctx: &GpuContext, mode: RopeMode, x: &[f32], p: RopeParams) -> Result<Vec<f32>> {
+    let xb = ctx.upload_f32(x, "x")?;
+    run(ctx, &[rope::prepare_in_place(ctx, mode, &xb, p, "rope")?])?;
+    ctx.read_f32(&xb, x.len())
+}
+
+/// x rotated into rows pos0.. of a `kv` cache, read back from there.
+pub fn rope_to_cache(ctx: &GpuContext, mode: RopeMode, kv: KvKind, x: &[f32], p: RopeParams) -> Result<Vec<f32>> {
+    let c = cache(ctx, kv, &p, "cache")?;
+    let src = ctx.upload_f32(x, "src")?;
+    run(ctx, &[rope::prepare_to_cache(ctx, Some(mode), kv, &src, &c, p, "kv")?])?;
+    cache_rows(ctx, &c, kv, &p)
+}
+
+/// K rotated and V copied into their caches by one dispatch: (K rows, V rows) read back.
+pub fn kv_write(
+    ctx: &GpuContext,
+    mode: RopeMode,
+    kv: KvKind,
+    k: &[f32],
+    v: &[f32],
+    p: RopeParams,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (kc, vc) = (cache(ctx, kv, &p, "k")?, cache(ctx, kv, &p, "v")?);
+    let (kb, vb) = (ctx.upload_f32(k, "k")?, ctx.upload_f32(v, "v")?);
+    run(ctx, &[rope::prepare_kv_write(ctx, mode, kv, &kb, &kc, &vb, &vc, p)?])?;
+    Ok((cache_rows(ctx, &kc, kv, &p)?, cache_rows(ctx, &vc, kv, &p)?))
+}
+
+/// A KV cache of `shape.n_ctx` random rows in `kv`'s storage type, on the GPU, with the
+/// values the kernels read from it (for the reference).
+pub struct AttnCase {
+    pub shape: AttnShape,
+    pub kv: KvKind,
+    pub k_vals: Vec<f32>,
+    pub v_vals: Vec<f32>,
+    k_cache: wgpu::Buffer,
+    v_cache: wgpu::Buffer,
+}
+
+impl AttnCase {
+    pub fn new(ctx: &GpuContext, shape: AttnShape, kv: KvKind, r: &mut Rng) -> Result<AttnCase> {
+        let n = (shape.n_ctx * shape.kv_stride()) as usize;
+        let (kb, k_vals) = cache_bytes(&r.normal(n, 1.0), kv);
+        let (vb, v_vals) = cache_bytes(&r.normal(n, 1.0), kv);
+        let (k_cache, v_cache) = (ctx.upload(&kb, "k")?, ctx.upload(&vb, "v")?);
+        Ok(AttnCase { shape, kv, k_vals, v_vals, k_cache, v_cache })
+    }
+
+    /// The f64 reference for m queries at positions pos0...
+    pub fn reference(&self, q: &[f32], m: usize, pos0: usize) -> Vec<f32> {
+        attention::reference(&self.shape, q, &self.k_vals, &self.v_vals, m, pos0)
+    }
+
+    /// Prefill attention (Q·Kᵀ, causal softmax, P·V) of m queries at positions pos0...
+    pub fn prefill(&self, ctx: &GpuContext, q: &[f32], m: u32, pos0: u32) -> Result<Vec<f32>> {
+        let s = &self.shape;
+        let qb = ctx.upload_f32(q, "q")?;
+        let out = ctx.storage((m * s.n_head * s.head_dim * 4) as u64, "out")?;
+        let scores = ctx.storage((s.n_head * m * (pos0 + m) * 4) as u64, "scores")?;
+        let a =
+            PrefillArgs { q: &qb, k_cache: &self.k_cache, v_cache: &self.v_cache, scores: &scores, out: &out, m, pos0 };
+        run(ctx, &attention::prepare_prefill(ctx, self.kv, s, &a)?)?;
+        ctx.read_f32(&out, q.len())
+    }
+
+    /// Decode attention of one query over kv_len positions: the output and the number of
+    /// dispatches (2 where the context is split and combined).
+    pub fn decode(&self, ctx: &GpuContext, q: &[f32], kv_len: u32) -> Result<(Vec<f32>, usize)> {
+        let s = &self.shape;
+        let qb = ctx.upload_f32(q, "q")?;
+        let out = ctx.storage((s.n_head * s.head_dim * 4) as u64, "out")?;
+        let partial = ctx.storage(s.decode_scratch_len() as u64 * 4, "partial")?;
+        let a =
+            DecodeArgs { q: &qb, k_cache: &self.k_cache, v_cache: &self.v_cache, partial: &partial, out: &out, kv_len };
+        let ds = attention::prepare_decode(ctx, self.kv, s, &a)?;
+        run(ctx, &ds)?;
+        Ok((ctx.read_f32(&out, q.len())?, ds.len()))
+    }
+}
+
+/// The index of each row's largest logit.
+pub fn argmax(ctx: &GpuContext, logits: &[f32], rows: usize, n: usize) -> Result<Vec<u32>> {
+    let xb = ctx.upload_f32(logits, "logits")?;
+    let ids = ctx.storage((rows * 4) as u64, "ids")?;
+    run(ctx, &[argmax::prepare(ctx, &xb, &ids, rows as u32, n as u32, n as u32)?])?;
+    ctx.read_u32(&ids, rows)
+}
+
+/// NLL scores written into an output of `len` floats that starts as -1 everywhere (so writes
+/// outside the scored rows show).
+pub fn nll(ctx: &GpuContext, logits: &[f32], targets: &[u32], p: NllParams, len: usize) -> Result<Vec<f32>> {
+    let lb = ctx.upload_f32(logits, "logits")?;
+    let tb = ctx.upload(bytemuck::cast_slice(targets), "targets")?;
+    let ob = ctx.upload_f32(&vec![-1.0; len], "nll")?;
+    run(ctx, &[nll::prepare(ctx, &lb, &tb, &ob, p)?])?;
+    ctx.read_f32(&ob, len)
+}
+
+/// Samples `logits` on the GPU `steps` times (the logits uploaded afresh each step, since the
+/// penalties change them in place), each pick joining the history as in generation.
+pub fn gpu_tokens(
+    ctx: &GpuContext,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    steps: usize,
+) -> Result<Vec<u32>> {
+    let k = SampleConfig::new(cfg, logits.len() as u32, logits.len() as u32);
+    let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, history, &[])), "state")?;
+    let ids = ctx.storage(4, "ids")?;
+    (0..steps)
+        .map(|_| {
+            let lb = ctx.upload_f32(logits, "logits")?;
+            let d = sample::prepare(ctx, &k, &lb, &ids, &state, 1)?;
+            run_dispatches(ctx, &[&d])?;
+            Ok(ctx.read_u32(&ids, 1)?[0])
+        })
+        .collect()
+}
+
+/// The CPU reference sampler's picks for the same steps.
+pub fn cpu_tokens(cfg: &SamplerConfig, logits: &[f32], history: &[u32], steps: usize) -> Vec<u32> {
+    let mut s = Sampler::new(*cfg);
+    let mut h = history.to_vec();
+    (0..steps)
+        .map(|_| {
+            let t = s.sample(logits, &h);
+            h.push(t);
+            t
+        })
+        .collect()
+}
