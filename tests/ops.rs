@@ -7,6 +7,7 @@ use common::*;
 use kiln::doctor::ops::{self, rope_params, AttnCase};
 use kiln::kernels::attention::AttnShape;
 use kiln::kernels::elementwise::{self, EltOp};
+use kiln::kernels::flash_attention::{self, FlashArgs};
 use kiln::kernels::nll::{self, NllParams};
 use kiln::kernels::rope::{self, RopeMode};
 use kiln::kernels::{argmax, embed, norm, KvKind};
@@ -216,6 +217,54 @@ fn decode_attention_blocks_and_splits() {
                     g.name,
                     shape.decode_block(kv_len)
                 );
+                assert_close(&what, &got, &want, 1e-4);
+            }
+        }
+    }
+}
+
+/// Flash attention (prefill's one-dispatch attention) against the f64 reference on ragged
+/// shapes: query counts that are not multiples of the 64-row tile (or of a GQA group's rows
+/// in it), GQA groups 1 to 7, head dims of every variant class (and between classes), f32
+/// and f16 caches, a prompt at position 0 and one appended to a cache at a nonzero position.
+/// Tolerance 1e-4, as the other attention kernels.
+#[test]
+fn flash_attention_against_reference() {
+    // (heads, KV heads, head dim, queries, position of the first)
+    let cases = [
+        (4u32, 4u32, 32u32, 1u32, 0u32),
+        (4, 4, 32, 7, 0),
+        (8, 4, 64, 65, 0),
+        (8, 2, 64, 300, 0),
+        (32, 4, 64, 70, 57),
+        (4, 1, 128, 37, 100),
+        (2, 2, 128, 130, 13),
+        (8, 2, 16, 33, 200),
+        (6, 3, 48, 100, 5),
+        (4, 2, 256, 20, 30),
+        (14, 2, 64, 9, 40),
+        (8, 8, 128, 2, 1),
+    ];
+    for g in gpus() {
+        for (i, &(nh, nkv, hd, m, pos0)) in cases.iter().enumerate() {
+            let n_ctx = pos0 + m + 3;
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
+            for f16_cache in [false, true] {
+                let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
+                let mut r = rng(1000 + i as u64);
+                let kvn = (n_ctx * nkv * hd) as usize;
+                let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+                let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+                let k_cache = g.ctx.upload(&kb, "k").unwrap();
+                let v_cache = g.ctx.upload(&vb, "v").unwrap();
+                let q = randn(&mut r, (m * nh * hd) as usize, 1.0);
+                let qb = g.ctx.upload_f32(&q, "q").unwrap();
+                let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
+                let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
+                let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
+                run(&g.ctx, &[flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()]);
+                let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
                 assert_close(&what, &got, &want, 1e-4);
             }
         }

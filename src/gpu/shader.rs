@@ -37,6 +37,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("embed.wgsl", include_str!("../../wgsl/embed.wgsl")),
     ("attention_prefill.wgsl", include_str!("../../wgsl/attention_prefill.wgsl")),
     ("softmax.wgsl", include_str!("../../wgsl/softmax.wgsl")),
+    ("flash_attention.wgsl", include_str!("../../wgsl/flash_attention.wgsl")),
     ("attention_decode.wgsl", include_str!("../../wgsl/attention_decode.wgsl")),
     ("attention_combine.wgsl", include_str!("../../wgsl/attention_combine.wgsl")),
     ("rope.wgsl", include_str!("../../wgsl/rope.wgsl")),

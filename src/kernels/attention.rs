@@ -1,5 +1,6 @@
-//! Attention. Prefill: scores = Q·Kᵀ (batched 4D GEMM), causal softmax, out = P·V. Decode:
-//! one query per head against the cache, split over the context, then a combine pass.
+//! Attention. Prefill, materialized (`KILN_PREFILL_ATTENTION=gemm`; the default is one
+//! dispatch, `flash_attention`): scores = Q·Kᵀ (batched 4D GEMM), causal softmax, out = P·V.
+//! Decode: one query per head against the cache, split over the context, then a combine pass.
 //! GQA by indexing: query head h reads KV head h / (n_head / n_kv_head).
 
 use bytemuck::{Pod, Zeroable};

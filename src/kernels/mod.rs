@@ -5,6 +5,7 @@ pub mod argmax;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod flash_attention;
 pub mod matmul;
 pub mod nll;
 pub mod norm;
@@ -146,6 +147,12 @@ pub enum KernelKey {
     Softmax {
         subgroups: bool,
     },
+    /// Prefill attention in one dispatch (flash_attention.wgsl), for heads of up to
+    /// `head_dim` dimensions (a class of `flash_attention::FLASH_HEAD_DIMS`).
+    AttnFlash {
+        kv: KvKind,
+        head_dim: u16,
+    },
     AttnDecode {
         kv: KvKind,
         subgroups: bool,
@@ -236,6 +243,7 @@ impl KernelKey {
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             KernelKey::Sample { .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
+            KernelKey::AttnFlash { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine => &[Uniform, Read, ReadWrite, Read],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
@@ -353,6 +361,12 @@ impl KernelKey {
             KernelKey::Softmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("softmax.wgsl").build()
             }
+            KernelKey::AttnFlash { kv, head_dim } => flash_attention::shader_consts(head_dim as u32)
+                .into_iter()
+                .fold(c.enable_f16(kv.needs_f16()), |c, (name, v)| c.const_u32(name, v))
+                .include(kv.file())
+                .include("flash_attention.wgsl")
+                .build(),
             KernelKey::AttnDecode { kv, subgroups, block } => c
                 .enable_f16(kv.needs_f16())
                 .const_u32("WG", ATTN_WG_DECODE)
@@ -427,7 +441,7 @@ impl KernelKey {
             | KernelKey::Sample { subgroups }
             | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
-            KernelKey::AttnGemm { kv } => (kv.needs_f16(), false),
+            KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
             _ => (false, false),
@@ -496,6 +510,9 @@ impl KernelKey {
         }
         for kv in KvKind::ALL {
             v.push(KernelKey::AttnGemm { kv });
+            for head_dim in flash_attention::FLASH_HEAD_DIMS {
+                v.push(KernelKey::AttnFlash { kv, head_dim });
+            }
             for subgroups in [false, true] {
                 for block in 1..=ATTN_DECODE_MAX_BLOCK as u8 {
                     v.push(KernelKey::AttnDecode { kv, subgroups, block });

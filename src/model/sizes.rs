@@ -3,6 +3,7 @@
 //! the binding limit) and the GPU-memory estimates read them too, so a session that passes the
 //! checks is one the device accepts.
 
+use crate::config::PrefillAttention;
 use crate::error::{KilnError, Result};
 use crate::gpu::{storage_size, GpuContext};
 use crate::kernels::attention::AttnShape;
@@ -27,7 +28,8 @@ pub struct SessionSizes {
     pub kv_step: u64,
     /// Gate, up and their SwiGLU product: [ubatch, pad4(n_ff)] f32 each.
     pub ffn: u64,
-    /// Prefill attention scores: [n_head, ubatch, n_ctx] f32.
+    /// Prefill attention scores: [n_head, ubatch, n_ctx] f32 with `KILN_PREFILL_ATTENTION=gemm`;
+    /// 0 (no buffer) for flash attention, which keeps its scores in workgroup memory.
     pub scores: u64,
     /// Decode attention's partial results per context split.
     pub partials: u64,
@@ -41,7 +43,12 @@ pub struct SessionSizes {
 }
 
 impl SessionSizes {
+    /// The sizes for the prefill attention this process uses (`KILN_PREFILL_ATTENTION`).
     pub fn new(cfg: &ModelConfig, opts: &SessionOptions) -> SessionSizes {
+        Self::with_attention(cfg, opts, crate::config::prefill_attention_from_env())
+    }
+
+    pub fn with_attention(cfg: &ModelConfig, opts: &SessionOptions, attn: PrefillAttention) -> SessionSizes {
         let b = opts.ubatch.max(1) as u64;
         let f = |n: u64| n * 4;
         let shape =
@@ -54,7 +61,10 @@ impl SessionSizes {
             q: f(b * cfg.q_dim() as u64),
             kv_step: f(b * cfg.kv_dim() as u64),
             ffn: f(b * pad4(cfg.n_ff) as u64),
-            scores: f(cfg.n_head as u64 * b * opts.n_ctx as u64),
+            scores: match attn {
+                PrefillAttention::Flash => 0,
+                PrefillAttention::Gemm => f(cfg.n_head as u64 * b * opts.n_ctx as u64),
+            },
             partials: f(shape.decode_scratch_len() as u64),
             x_last: f(pad4(cfg.n_embd) as u64),
             logits: f(logit_rows * cfg.n_vocab as u64),
@@ -71,7 +81,7 @@ impl SessionSizes {
             ("query activations", self.q, 3),
             ("key/value activations", self.kv_step, 3),
             ("feed-forward activations", self.ffn, 3),
-            ("attention scores", self.scores, 1),
+            ("attention scores", self.scores, (self.scores > 0) as u64),
             ("decode attention partials", self.partials, 1),
             ("last hidden state", self.x_last, 1),
             ("logits", self.logits, 1),
@@ -102,7 +112,8 @@ impl SessionSizes {
 }
 
 /// `opts` with the ubatch lowered, if needed, to the largest that lets every buffer of the
-/// session fit the device (prefill's attention scores and all-position logits grow with it);
+/// session fit the device (all-position logits grow with it, and with
+/// `KILN_PREFILL_ATTENTION=gemm` prefill's attention scores);
 /// an error naming the buffer and what to do when even one token per step does not fit.
 pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) -> Result<SessionOptions> {
     let with = |ubatch: u32| SessionOptions { ubatch, ..opts };

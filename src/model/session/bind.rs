@@ -3,12 +3,14 @@
 
 use std::sync::Arc;
 
+use crate::config::PrefillAttention;
 use crate::error::{KilnError, Result};
 use crate::gpu::{Bound, GpuContext};
 use crate::kernels::argmax::ArgmaxParams;
 use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, SoftmaxParams};
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
+use crate::kernels::flash_attention::{self, FlashParams};
 use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, RopeShape};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
@@ -18,7 +20,7 @@ use crate::model::config::ModelConfig;
 use crate::model::sizes::{pad4, SessionSizes};
 use crate::model::weights::{GateUp, Qkv, Weights};
 
-use super::{FfnOps, LayerOps, QkvOps, Session, SessionOptions, StepTiming};
+use super::{FfnOps, LayerOps, PrefillAttnOps, QkvOps, Session, SessionOptions, StepTiming};
 
 impl Session {
     pub fn new(
@@ -40,7 +42,8 @@ impl Session {
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, n_ctx: opts.n_ctx };
         shape.check()?;
         let kv = KvKind::for_cache(opts.f16_kv, &ctx.caps);
-        let sizes = SessionSizes::new(c, &opts);
+        let prefill_attention = crate::config::prefill_attention_from_env();
+        let sizes = SessionSizes::with_attention(c, &opts, prefill_attention);
         if let Some((what, needed)) = sizes.first_too_large(&ctx) {
             return Err(KilnError::TooLarge {
                 what: format!("the session's {what} ({b} tokens per step, {} positions)", opts.n_ctx),
@@ -61,7 +64,11 @@ impl Session {
         let gate = st(sizes.ffn, "gate")?;
         let up = st(sizes.ffn, "up")?;
         let act = st(sizes.ffn, "act")?;
-        let scores = st(sizes.scores, "scores")?;
+        // Only the materialized prefill attention has a score matrix.
+        let scores = match prefill_attention {
+            PrefillAttention::Gemm => Some(st(sizes.scores, "scores")?),
+            PrefillAttention::Flash => None,
+        };
         let partial = st(sizes.partials, "attention partials")?;
         let x_last = st(sizes.x_last, "x_last")?;
         let logits = st(sizes.logits, "logits")?;
@@ -290,24 +297,34 @@ impl Session {
             let ops = LayerOps {
                 attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
                 qkv,
-                attn_qk: Bound::new::<AttnGemmParams>(
-                    &ctx,
-                    &KernelKey::AttnGemm { kv },
-                    "attention",
-                    &[q_src, &kc, &scores],
-                )?,
-                attn_softmax: Bound::new::<SoftmaxParams>(
-                    &ctx,
-                    &KernelKey::Softmax { subgroups: sub },
-                    "attention",
-                    &[&scores],
-                )?,
-                attn_pv: Bound::new::<AttnGemmParams>(
-                    &ctx,
-                    &KernelKey::AttnGemm { kv },
-                    "attention",
-                    &[&scores, &vc, &attn],
-                )?,
+                attn_prefill: match &scores {
+                    None => PrefillAttnOps::Flash(Bound::new::<FlashParams>(
+                        &ctx,
+                        &flash_attention::key(kv, &shape)?,
+                        "attention",
+                        &[q_src, &kc, &vc, &attn],
+                    )?),
+                    Some(scores) => PrefillAttnOps::Gemm {
+                        qk: Bound::new::<AttnGemmParams>(
+                            &ctx,
+                            &KernelKey::AttnGemm { kv },
+                            "attention",
+                            &[q_src, &kc, scores],
+                        )?,
+                        softmax: Bound::new::<SoftmaxParams>(
+                            &ctx,
+                            &KernelKey::Softmax { subgroups: sub },
+                            "attention",
+                            &[scores],
+                        )?,
+                        pv: Bound::new::<AttnGemmParams>(
+                            &ctx,
+                            &KernelKey::AttnGemm { kv },
+                            "attention",
+                            &[scores, &vc, &attn],
+                        )?,
+                    },
+                },
                 attn_decode: Bound::new::<AttnDecodeParams>(
                     &ctx,
                     &decode_key,
@@ -386,7 +403,8 @@ impl Session {
             "sample",
             &[&logits, &out_id, &sample_state],
         )?;
-        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, scores, partial];
+        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial];
+        keep.extend(scores);
         keep.extend(k_caches);
         let mut session = Session {
             ctx,

@@ -7,6 +7,7 @@ use crate::kernels::argmax::ArgmaxParams;
 use crate::kernels::attention;
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
+use crate::kernels::flash_attention;
 use crate::kernels::matmul::BoundMatmul;
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
@@ -14,7 +15,7 @@ use crate::kernels::{KernelKey, WG_ELT};
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
-use super::{FfnOps, Output, QkvOps, Session};
+use super::{FfnOps, Output, PrefillAttnOps, QkvOps, Session};
 
 impl Session {
     pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
@@ -149,24 +150,39 @@ impl Session {
                 }
             }
             rec.stage(Stage::Attention, || {
-                // K and V read once, Q read and the output written; in prefill the score
-                // matrix is written, read and rewritten by softmax, and read again.
-                let kv_bytes = 2.0 * kv_len as f64 * c.kv_dim() as f64 * kv_elt;
+                // Q read and the output written; K and V read once per decode, once per
+                // query tile of flash attention (up to the last key the tile sees); the
+                // materialized path also writes the score matrix, softmax reads and rewrites
+                // it, and P·V reads it again.
+                let kv_row = 2.0 * c.kv_dim() as f64 * kv_elt;
                 let qo = 2.0 * f(m * c.q_dim());
                 let keys = self.pos as f64 + (m as f64 + 1.0) / 2.0;
                 let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
+                let shape = format!("{}h x {m}x{kv_len}", c.n_head);
                 if m == 1 {
                     let kernel =
                         if self.shape.decode_splits(kv_len) > 1 { "attn_decode+combine" } else { "attn_decode" };
-                    StageWork::other(kernel, format!("{}h x {kv_len}", c.n_head), kv_bytes + qo, flops)
-                } else {
-                    let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
-                    StageWork::other(
-                        "attn_gemm+softmax+attn_gemm",
-                        format!("{}h x {m}x{kv_len}", c.n_head),
-                        kv_bytes + qo + scores,
+                    return StageWork::other(
+                        kernel,
+                        format!("{}h x {kv_len}", c.n_head),
+                        kv_len as f64 * kv_row + qo,
                         flops,
-                    )
+                    );
+                }
+                match &l.attn_prefill {
+                    PrefillAttnOps::Flash(_) => {
+                        let kv_bytes = flash_attention::keys_read(&self.shape, m, self.pos) as f64 * kv_row;
+                        StageWork::other("flash_attention", shape, kv_bytes + qo, flops)
+                    }
+                    PrefillAttnOps::Gemm { .. } => {
+                        let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
+                        StageWork::other(
+                            "attn_gemm+softmax+attn_gemm",
+                            shape,
+                            kv_len as f64 * kv_row + qo + scores,
+                            flops,
+                        )
+                    }
                 }
             });
             if m == 1 {
@@ -179,15 +195,25 @@ impl Session {
                     l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
                 }
             } else {
-                let [(qk, g_qk), (pv, g_pv)] = attention::prefill_launches(&self.shape, m, self.pos)?;
-                let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
-                let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
-                l.attn_qk.set(ctx, &qk);
-                l.attn_qk.record_with(rec.pass(), &gemm, g_qk);
-                l.attn_softmax.set(ctx, &sp);
-                l.attn_softmax.record_with(rec.pass(), &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
-                l.attn_pv.set(ctx, &pv);
-                l.attn_pv.record_with(rec.pass(), &gemm, g_pv);
+                match &l.attn_prefill {
+                    PrefillAttnOps::Flash(flash) => {
+                        let launch = flash_attention::launch(self.kv, &self.shape, m, self.pos)?;
+                        flash.set(ctx, &launch.params);
+                        flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
+                    }
+                    PrefillAttnOps::Gemm { qk, softmax, pv } => {
+                        let [(qk_params, g_qk), (pv_params, g_pv)] =
+                            attention::prefill_launches(&self.shape, m, self.pos)?;
+                        let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
+                        let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
+                        qk.set(ctx, &qk_params);
+                        qk.record_with(rec.pass(), &gemm, g_qk);
+                        softmax.set(ctx, &sp);
+                        softmax.record_with(rec.pass(), &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
+                        pv.set(ctx, &pv_params);
+                        pv.record_with(rec.pass(), &gemm, g_pv);
+                    }
+                }
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
             l.wo.record(ctx, rec.pass(), m, None)?;

@@ -83,9 +83,8 @@ pub(super) struct LayerOps {
     attn_norm: Bound,
     /// The Q, K and V projections, RoPE and the cache write.
     qkv: QkvOps,
-    attn_qk: Bound,
-    attn_softmax: Bound,
-    attn_pv: Bound,
+    /// Attention of a step of more than one token.
+    attn_prefill: PrefillAttnOps,
     /// Decode attention writing the output itself (a context of one split) ...
     attn_decode: Bound,
     /// ... or its partial results, which the combine pass merges.
@@ -94,6 +93,14 @@ pub(super) struct LayerOps {
     wo: BoundMatmul,
     ffn_norm: Bound,
     ffn: FfnOps,
+}
+
+/// How a layer computes prefill attention (`config::PrefillAttention`).
+pub(super) enum PrefillAttnOps {
+    /// One flash-attention dispatch, no score matrix.
+    Flash(Bound),
+    /// Q·Kᵀ into the session's score matrix, the causal softmax in place, P·V.
+    Gemm { qk: Bound, softmax: Bound, pv: Bound },
 }
 
 /// How a layer computes Q, K and V (`weights::Qkv`).
