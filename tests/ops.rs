@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use kiln::doctor::ops::{self, rope_params, AttnCase};
 use kiln::doctor::data::cache_bytes;
+use kiln::doctor::ops::{self, rope_params, AttnCase};
 use kiln::kernels::attention::{self, AttnShape};
 use kiln::kernels::elementwise::{self, EltOp};
 use kiln::kernels::flash_attention::{self, FlashArgs};
@@ -263,7 +263,8 @@ fn flash_attention_against_reference() {
                 let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
                 let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
                 let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
-                kiln::gpu::run_dispatches(&g.ctx, &[&flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()]).unwrap();
+                kiln::gpu::run_dispatches(&g.ctx, &[&flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()])
+                    .unwrap();
                 let got = g.ctx.read_f32(&out, want.len()).unwrap();
                 let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
                 assert_close(&what, &got, &want, 1e-4);

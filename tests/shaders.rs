@@ -81,8 +81,11 @@ fn pipeline_cache_is_kept_on_disk() {
     use kiln::gpu::{ContextOptions, GpuContext};
     let dir = std::env::temp_dir().join(format!("kiln-pipeline-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let opts =
-        ContextOptions { backend: Some(wgpu::Backend::Vulkan), pipeline_cache: Some(dir.clone()), ..Default::default() };
+    let opts = ContextOptions {
+        backend: Some(wgpu::Backend::Vulkan),
+        pipeline_cache: Some(dir.clone()),
+        ..Default::default()
+    };
     let key = KernelKey::RmsNorm { subgroups: false };
     let file = {
         let ctx = GpuContext::new(&opts).expect("a Vulkan adapter");

@@ -56,7 +56,12 @@ impl DiskCache {
             path.display(),
             data.as_ref().map(|d| format!("{} bytes read", d.len())).unwrap_or_else(|| "new".into())
         );
-        Some(DiskCache { cache, path, compiled: Default::default(), on_disk: std::sync::Mutex::new(data.unwrap_or_default()) })
+        Some(DiskCache {
+            cache,
+            path,
+            compiled: Default::default(),
+            on_disk: std::sync::Mutex::new(data.unwrap_or_default()),
+        })
     }
 
     /// Writes the cache to its file if pipelines were compiled since it was read (through a

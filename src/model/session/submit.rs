@@ -91,8 +91,7 @@ impl Session {
             rec.stage(Stage::OutputNorm, || {
                 StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
             });
-            self.out_norm_all
-                .set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
+            self.out_norm_all.set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
             self.out_norm_all.record_with(
                 rec.pass(),
                 &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
@@ -135,7 +134,8 @@ impl Session {
             return Ok(());
         }
         let room = self.opts.n_ctx - self.pos;
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
+        let mut enc =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
         let mut sizes: Vec<u32> = (2..=8).chain([16, self.opts.ubatch]).collect();
         sizes.retain(|&m| m <= room.min(self.opts.ubatch));
         sizes.dedup();
@@ -263,7 +263,8 @@ impl Session {
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
                 p.profile.decode.readbacks += 1;
-                self.timing.gpu = p.collect(&ctx, submitted - in_flight.iter().map(|g| g.2).sum::<usize>() - n, Some(index))?;
+                self.timing.gpu =
+                    p.collect(&ctx, submitted - in_flight.iter().map(|g| g.2).sum::<usize>() - n, Some(index))?;
             }
             for (i, &tok) in tokens.iter().enumerate() {
                 out.push(tok);
@@ -286,7 +287,8 @@ impl Session {
     fn submit_steps(&mut self, slot: usize, n: usize, k0: usize) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx.clone();
         let t0 = std::time::Instant::now();
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
+        let mut enc =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
         let mut prof = self.prof.take();
         let recorded = self.record_steps(&mut enc, &mut prof, Some(slot), n, k0);
         let t1 = std::time::Instant::now();
@@ -385,7 +387,8 @@ impl Session {
             mapped_at_creation: false,
         });
         let t0 = std::time::Instant::now();
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("back to back") });
+        let mut enc =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("back to back") });
         // Empty passes carry the two timestamps, so no step is timed differently from another.
         let mark = |enc: &mut wgpu::CommandEncoder, begin: Option<u32>, end: Option<u32>| {
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
