@@ -7,11 +7,9 @@ use std::time::Instant;
 
 use super::{Session, SessionOptions};
 use crate::error::{KilnError, Result};
-use crate::gpu::{grid, Bound, GpuContext};
+use crate::gpu::{Bound, GpuContext};
 use crate::kernels::nll::{self, NllParams};
-use crate::kernels::norm::RmsNormParams;
 use crate::kernels::KernelKey;
-use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
 /// What scoring adds to a session that keeps all logits: the NLL kernel bound to them, the
@@ -112,8 +110,7 @@ impl Session {
         let t0 = Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;
-        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
-        let se = pad4(n_embd);
+        let v = self.cfg.n_vocab;
         let scorer = self.scorer.as_ref().ok_or_else(|| KilnError::invalid("session", "scoring needs all logits"))?;
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&scorer.targets, 0, bytemuck::cast_slice(targets));
@@ -125,17 +122,7 @@ impl Session {
             let recorded = (|| -> Result<()> {
                 self.record_step(&mut rec, m, false)?;
                 if !rows.is_empty() {
-                    rec.stage(Stage::OutputNorm, || {
-                        StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
-                    });
-                    self.out_norm_all.set(&ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
-                    self.out_norm_all.record_with(
-                        rec.pass(),
-                        &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                        grid(m),
-                    );
-                    rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
-                    self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
+                    self.record_all_logits(&mut rec, m)?;
                     let n_rows = rows.end - rows.start;
                     rec.stage(Stage::Score, || {
                         StageWork::other("nll", format!("{n_rows}x{v}"), 4.0 * (n_rows * v) as f64, 0.0)

@@ -83,22 +83,11 @@ impl Session {
     /// up to its output: all logits, the last position's logits, or a picked token, copied to
     /// the readback buffer when `read`. Returns the bytes to read back.
     fn record_forward(&self, rec: &mut Recorder<'_>, m: u32, out: Output, read: bool) -> Result<u64> {
-        let ctx = &self.ctx;
-        let (n_embd, rms_eps, v) = (self.cfg.n_embd, self.cfg.rms_eps, self.cfg.n_vocab);
+        let (n_embd, v) = (self.cfg.n_embd, self.cfg.n_vocab);
         let se = pad4(n_embd);
         self.record_step(rec, m, false)?;
         if out == Output::AllLogits {
-            rec.stage(Stage::OutputNorm, || {
-                StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
-            });
-            self.out_norm_all.set(&*ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: rms_eps });
-            self.out_norm_all.record_with(
-                rec.pass(),
-                &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
-                grid(m),
-            );
-            rec.stage(Stage::LmHead, || self.lm_head_all.work(&ctx, m));
-            self.lm_head_all.record(&ctx, rec.pass(), m, None)?;
+            self.record_all_logits(rec, m)?;
             let n = m as u64 * v as u64 * 4;
             if read {
                 rec.encoder().copy_buffer_to_buffer(&self.logits, 0, &self.readback, 0, n);
@@ -119,6 +108,25 @@ impl Session {
         };
         rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
         Ok(n)
+    }
+
+    /// Records the output norm and the LM head over all `m` positions of the step, into
+    /// `logits` (evaluation and scoring).
+    pub(super) fn record_all_logits(&self, rec: &mut Recorder<'_>, m: u32) -> Result<()> {
+        let ctx = &self.ctx;
+        let n_embd = self.cfg.n_embd;
+        let se = pad4(n_embd);
+        rec.stage(Stage::OutputNorm, || {
+            StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
+        });
+        self.out_norm_all.set(&**ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: self.cfg.rms_eps });
+        self.out_norm_all.record_with(
+            rec.pass(),
+            &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
+            grid(m),
+        );
+        rec.stage(Stage::LmHead, || self.lm_head_all.work(ctx, m));
+        self.lm_head_all.record(ctx, rec.pass(), m, None)
     }
 
     /// Builds the pipelines this session's steps use before the first step needs them, by
