@@ -102,7 +102,7 @@ fn benches(c: &mut Criterion) {
                 } else if n != 32000 {
                     plans.extend([GemmTile::T64, GemmTile::T128x64].map(|tile| (512, MatmulKernel::Gemm { tile })));
                     if ctx.caps.coopmat && format != WeightFormat::F32 {
-                        plans.push((512, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+                        plans.extend(GemmTile::COOP.map(|tile| (512, MatmulKernel::Gemm { tile })));
                     }
                 }
                 for (m, plan) in plans {
@@ -155,31 +155,35 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
 
-    let (m, k, n) = if small() { (128, 512, 1024) } else { (512, 2048, 5632) };
-    let mut g = c.benchmark_group(format!("gemm_{m}x{k}x{n}"));
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    for format in WeightFormat::ALL {
-        let w = weights(&ctx, format, n, k);
-        let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
-        let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
-        let mm = Matmul::dense(&w, &x, &y, m as u32);
-        let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
-        if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
-            plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
-            if ctx.caps.coopmat && !matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
-                plans.push(MatmulKernel::Gemm { tile: GemmTile::Coop64 });
+    // GEMMs: TinyLlama's FFN, Llama-7B's FFN and 4096^3 (issue 12's shapes), GFLOP/s.
+    let shapes: Vec<(usize, usize, usize)> =
+        if small() { vec![(128, 512, 1024)] } else { vec![(512, 2048, 5632), (512, 4096, 11008), (4096, 4096, 4096)] };
+    for (m, k, n) in shapes {
+        let mut g = c.benchmark_group(format!("gemm_{m}x{k}x{n}"));
+        g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        for format in WeightFormat::ALL {
+            let w = weights(&ctx, format, n, k);
+            let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
+            let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
+            let mm = Matmul::dense(&w, &x, &y, m as u32);
+            let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
+            if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
+                plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
+                if ctx.caps.coopmat && !matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
+                    plans.extend(GemmTile::COOP.map(|tile| MatmulKernel::Gemm { tile }));
+                }
+            }
+            // "elements" are floating-point operations: criterion prints them as elem/s.
+            g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            for plan in plans {
+                let ds = matmul::prepare_with(&ctx, &mm, plan, "gemm").unwrap();
+                g.bench_function(format!("{}/{plan}", format.name()), |b| {
+                    b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                });
             }
         }
-        // "elements" are floating-point operations: criterion prints them as elem/s.
-        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        for plan in plans {
-            let ds = matmul::prepare_with(&ctx, &mm, plan, "gemm").unwrap();
-            g.bench_function(format!("{}/{plan}", format.name()), |b| {
-                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
-            });
-        }
+        g.finish();
     }
-    g.finish();
 }
 
 criterion_group!(kernels, benches);

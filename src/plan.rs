@@ -19,8 +19,13 @@ pub enum GemmTile {
     /// 64x128 (64 rows of X, 128 of W), 8x8 per invocation, 128 invocations: F32 weights.
     T64x128,
     /// 64x64 on cooperative matrices (16x16x16 f16 multiply-adds into f32), four subgroups
-    /// of 32 invocations each computing a 32x32 quadrant (gemm_coop.wgsl).
+    /// of 32 invocations each computing a 32x32 quadrant (gemm_coop.wgsl): few tokens.
     Coop64,
+    /// 128 tokens x 64 weight rows on cooperative matrices, four subgroups of 64x32 each:
+    /// prefill where 128x128 tiles would leave SMs idle.
+    Coop128x64,
+    /// 128x128 on cooperative matrices, eight subgroups of 64x32 each: large prefill GEMMs.
+    Coop128,
 }
 
 impl GemmTile {
@@ -35,6 +40,8 @@ impl GemmTile {
             GemmTile::T128 => (128, 128, 16, 8, 8),
             GemmTile::T64x128 => (64, 128, 16, 8, 8),
             GemmTile::Coop64 => (64, 64, 32, 16, 16),
+            GemmTile::Coop128x64 => (128, 64, 32, 16, 16),
+            GemmTile::Coop128 => (128, 128, 32, 16, 16),
         }
     }
     /// The register-tile file for (TM, TN).
@@ -45,11 +52,24 @@ impl GemmTile {
         }
     }
     pub fn is_coop(self) -> bool {
-        self == GemmTile::Coop64
+        matches!(self, GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128)
+    }
+    /// The cooperative-matrix tiles.
+    pub const COOP: [GemmTile; 3] = [GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128];
+    /// Cooperative tiles: subgroups along N, and 16x16 accumulators per subgroup along M and N
+    /// (gemm_coop.wgsl's SGN, FM, FN).
+    pub fn coop_layout(self) -> (u32, u32, u32) {
+        match self {
+            GemmTile::Coop128 => (4, 4, 2),
+            GemmTile::Coop128x64 => (2, 4, 2),
+            _ => (2, 2, 2),
+        }
     }
     pub fn workgroup_size(self) -> u32 {
         if self.is_coop() {
-            return 128;
+            let bm = self.dims().0;
+            let (sgn, fm, _) = self.coop_layout();
+            return (bm / (fm * 16)) * sgn * 32;
         }
         let (bm, bn, _, tm, tn) = self.dims();
         (bm / tm) * (bn / tn)
@@ -104,6 +124,10 @@ pub const GEMV_Q8_MAX_COLS: u32 = 4;
 /// dispatch costs more than a small matrix saves. Q8_0's float GEMV is faster, so it
 /// switches later: it ties at 5632 x 2048 and wins from 4096 x 4096 (8.6 vs 9.9 us).
 pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
+
+/// 128x128 cooperative tiles from this many per GEMM: about one per SM of a large GPU (an
+/// H200 has 132), below which 128x64 tiles keep more of them busy.
+pub const COOP_FILL_TILES: u64 = 128;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
@@ -150,19 +174,28 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     if caps.cpu_adapter || m < 64 || n < 128 {
         return MatmulKernel::Gemm { tile: GemmTile::T32 };
     }
+    let tiles = |bm: u32, bn: u32| m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
     // 128x64 tiles do the most per byte loaded but only pay off with enough of them to fill the
     // GPU: at 512 tokens they win for 5632 outputs (352 tiles), and lose by 1.5x to 64x64 tiles
     // for 2048 outputs (128 tiles).
     // F32 weights take 128 W rows per tile instead: on an H200 at 512x2048x5632, 22.0 TFLOP/s
     // against 20.1 with 128x64 (the other formats lose 1-9% with it).
-    // Matrix cores where the adapter has them, for quantized weights: on an H200 the 64x64
-    // cooperative tile beats the best float tile at every TinyLlama prefill shape (Q4_K
-    // 512x2048x2048: 156 vs 219 us; 512x5632x2048: 457 vs 555 us). F16 weights stay on the
-    // float GEMM, which wins at 512x5632x2048 (486 vs 573 us); F32 and BF16 lose range in f16.
-    if caps.coopmat && format.is_quantized() {
-        return MatmulKernel::Gemm { tile: GemmTile::Coop64 };
+    // Matrix cores where the adapter has them, for quantized and F16 weights (F32 and BF16
+    // would lose range in f16).
+    // Double-buffered padded tiles (examples/coop_lab.rs on an H200, F16 operands): 128x128
+    // tiles of 8 subgroups reach 100-150 TFLOP/s where there are enough of them to fill the
+    // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152); below that 128x64 tiles
+    // do better (512x2048x2048: 129 against 94), and 64x64 ones for few tokens.
+    if caps.coopmat && (format.is_quantized() || format == WeightFormat::F16) {
+        let tile = if m < 128 {
+            GemmTile::Coop64
+        } else if tiles(128, 128) >= COOP_FILL_TILES {
+            GemmTile::Coop128
+        } else {
+            GemmTile::Coop128x64
+        };
+        return MatmulKernel::Gemm { tile };
     }
-    let tiles = |bm: u32, bn: u32| m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
     let tile = if tiles(128, 64) < 256 {
         GemmTile::T64
     } else if format == WeightFormat::F32 {
@@ -258,17 +291,40 @@ mod tests {
     #[test]
     fn prefill_uses_matrix_cores_where_offered() {
         let c = Caps { coopmat: true, ..gpu() };
-        let gemm = |m, f| match plan_matmul(m, 4096, 4096, f, &c) {
+        let gemm_n = |m, n, f| match plan_matmul(m, n, 4096, f, &c) {
             MatmulKernel::Gemm { tile } => Some(tile),
             _ => None,
         };
-        assert_eq!(gemm(512, WeightFormat::Q4K), Some(GemmTile::Coop64));
+        let gemm = |m, f| gemm_n(m, 4096, f);
+        // 4 x 32 tiles of 128x128 fill the GPU; 4 x 16 would not.
+        assert_eq!(gemm(512, WeightFormat::Q4K), Some(GemmTile::Coop128));
+        assert_eq!(gemm_n(512, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128x64));
         assert_eq!(gemm(64, WeightFormat::Q8_0), Some(GemmTile::Coop64));
-        assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::T128x64));
+        assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
         assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T128x64));
         assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::T32));
         assert_eq!(gemm(4, WeightFormat::Q4K), None);
+    }
+
+    #[test]
+    fn coop_layouts_cover_their_tiles() {
+        for tile in GemmTile::COOP {
+            let (bm, bn, bk, _, _) = tile.dims();
+            let (sgn, fm, fnn) = tile.coop_layout();
+            // gemm_coop.wgsl writes out FM = 2 or 4 and FN = 2 by name.
+            assert!(fm == 2 || fm == 4, "{tile:?}");
+            assert_eq!(fnn, 2, "{tile:?}");
+            let sgm = tile.workgroup_size() / 32 / sgn;
+            assert_eq!((sgm * fm * 16, sgn * fnn * 16), (bm, bn), "{tile:?}");
+            // Whole X vectors and W chunks per invocation and K step.
+            assert_eq!(bm * bk / 4 % tile.workgroup_size(), 0, "{tile:?}");
+            assert_eq!(bn * bk / 8 % tile.workgroup_size(), 0, "{tile:?}");
+            // Workgroup memory: double-buffered padded tiles and a 16x16 f32 slice per
+            // subgroup, within 48 KiB.
+            let bytes = 2 * (bm + bn) * (bk + 8) * 2 + tile.workgroup_size() / 32 * 1024;
+            assert!(bytes <= 48 * 1024, "{tile:?}: {bytes}");
+        }
     }
 
     #[test]

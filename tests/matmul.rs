@@ -104,12 +104,16 @@ fn gemm_coop_every_format() {
             continue;
         }
         for format in WeightFormat::ALL.into_iter().filter(|f| !matches!(f, WeightFormat::F32 | WeightFormat::BF16)) {
-            for (m, n, blocks, tile) in [
-                (70usize, 130usize, 2usize, GemmTile::Coop64),
-                (64, 64, 1, GemmTile::Coop64),
-                (9, 45, 3, GemmTile::Coop64),
-                (200, 70, 2, GemmTile::Coop64),
-            ] {
+            let shapes = GemmTile::COOP.into_iter().flat_map(|tile| {
+                [
+                    (70usize, 130usize, 2usize, tile),
+                    (64, 64, 1, tile),
+                    (9, 45, 3, tile),
+                    (200, 70, 2, tile),
+                    (300, 200, 5, tile),
+                ]
+            });
+            for (m, n, blocks, tile) in shapes {
                 let kernel = MatmulKernel::Gemm { tile };
                 let k = k_for(format, blocks, 100 + 32 * blocks);
                 let what = format!("[{}] gemm_coop {} m={m} n={n} k={k} {tile:?}", g.name, format.name());

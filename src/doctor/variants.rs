@@ -140,10 +140,12 @@ mod tests {
         let q8 = full.iter().filter(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })).count();
         assert_eq!(q8, 8, "widths 1-4 at two launch shapes");
         assert!(full.contains(&MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
-        // Float weights never take the int8 GEMV or matrix cores.
+        // Float weights never take the int8 GEMV; F16 ones take matrix cores, F32 never.
         let f16 = planned_matmuls(WeightFormat::F16, &Caps { int8_dot: true, coopmat: true, ..gpu() });
         assert!(!f16.iter().any(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })));
-        assert!(!f16.contains(&MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+        assert!(f16.contains(&MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+        let f32 = planned_matmuls(WeightFormat::F32, &Caps { int8_dot: true, coopmat: true, ..gpu() });
+        assert!(!f32.iter().any(|k| matches!(k, MatmulKernel::Gemm { tile } if tile.is_coop())));
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub struct Caps {
     pub timestamps: bool,
     pub timestamps_in_passes: bool,
     /// Cooperative matrices kiln's GEMM can run: EXPERIMENTAL_COOPERATIVE_MATRIX with 16x16x16
-    /// f16 -> f32 multiply-adds, SHADER_F16, and subgroups of exactly 32 invocations (each
-    /// subgroup of gemm_coop.wgsl owns one quadrant of the tile).
+    /// f16 -> f32 multiply-adds, SHADER_F16, subgroups of exactly 32 invocations (each
+    /// subgroup of gemm_coop.wgsl owns one block of the tile) and 48 KiB of workgroup memory.
     pub coopmat: bool,
     /// Packed 4x8-bit integer dot products run natively: Vulkan, where wgpu turns on
     /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
@@ -384,6 +384,8 @@ impl GpuContext {
                 && features.contains(wgpu::Features::SHADER_F16)
                 && info.subgroup_min_size == 32
                 && info.subgroup_max_size == 32
+                // gemm_coop.wgsl's largest tile takes 48 KiB of workgroup memory.
+                && limits.max_compute_workgroup_storage_size >= 48 * 1024
                 && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,

@@ -322,9 +322,9 @@ impl KernelKey {
                     .const_u32("WG", tile.workgroup_size())
                     .include("common/quant.wgsl")
                     .include(format_file(format))
-                    // Float weights are streamed as whole 16-byte vectors by the register
-                    // GEMM; block formats read scattered words.
-                    .include(if format.is_quantized() || coop {
+                    // Float weights are streamed as whole 16-byte vectors (8 halves of F16
+                    // in one load for the cooperative GEMM); block formats read scattered words.
+                    .include(if format.is_quantized() {
                         "common/weights_words.wgsl"
                     } else {
                         "common/weights_vec4.wgsl"
@@ -333,7 +333,8 @@ impl KernelKey {
                     .include("common/gemm_io.wgsl");
                 let c = epilogue(c, epi);
                 if coop {
-                    c.include("gemm_coop.wgsl").build()
+                    let (sgn, fm, fnn) = tile.coop_layout();
+                    c.const_u32("SGN", sgn).const_u32("FM", fm).const_u32("FN", fnn).include("gemm_coop.wgsl").build()
                 } else {
                     c.const_u32("TM", tm).const_u32("TN", tn).include(tile.micro_file()).include("gemm.wgsl").build()
                 }
@@ -501,7 +502,7 @@ impl KernelKey {
                     }
                 }
             }
-            for tile in GemmTile::ALL.into_iter().chain([GemmTile::Coop64]) {
+            for tile in GemmTile::ALL.into_iter().chain(GemmTile::COOP) {
                 for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
                     v.push(KernelKey::Gemm { format, tile, epi });
                 }
