@@ -90,6 +90,8 @@ impl BatchedSlots {
             s.decode_slots(&(0..wide).map(|slot| (slot, 1)).collect::<Vec<_>>())?;
         }
         s.reset();
+        // The metrics count the requests' steps.
+        s.take_batch_stats();
         Ok(())
     }
 }

@@ -45,6 +45,11 @@ impl Session {
         self.batches
     }
 
+    /// The counts so far, and fresh ones from now on.
+    pub fn take_batch_stats(&mut self) -> BatchStats {
+        std::mem::take(&mut self.batches)
+    }
+
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.pos.len() {
             return Err(KilnError::invalid("slot", format!("no slot {slot} (the session has {})", self.pos.len())));
