@@ -89,7 +89,8 @@ fn stories260k_gpu_scoring_matches_float64_reference() {
         }
     }
     // A session without all logits cannot score; that is an error, not a panic.
-    let mut s = model.session(SessionOptions { n_ctx: 64, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
+    let mut s =
+        model.session(SessionOptions { n_ctx: 64, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     assert!(s.score(&ids[..10], 0).unwrap_err().to_string().contains("all logits"));
 }
 

@@ -6,8 +6,8 @@
 use crate::error::Result;
 use crate::gpu::{run_dispatches, Dispatch, GpuContext, WeightTensor};
 use crate::kernels::attention::{self, AttnShape, DecodeArgs, PrefillArgs};
-use crate::kernels::matmul::StepColumn;
 use crate::kernels::elementwise::{self, EltOp};
+use crate::kernels::matmul::StepColumn;
 use crate::kernels::nll::{self, NllParams};
 use crate::kernels::rope::{self, RopeMode, RopeParams};
 use crate::kernels::sample::{self, initial_state, SampleConfig};

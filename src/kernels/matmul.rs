@@ -123,8 +123,8 @@ pub struct StepColumn {
 }
 
 /// Bytes of a step buffer: the `StepState` and a table of up to `plan::GEMV_MAX_COLS` columns.
-pub const STEP_BYTES: u64 = (std::mem::size_of::<StepState>()
-    + crate::plan::GEMV_MAX_COLS as usize * std::mem::size_of::<StepColumn>()) as u64;
+pub const STEP_BYTES: u64 =
+    (std::mem::size_of::<StepState>() + crate::plan::GEMV_MAX_COLS as usize * std::mem::size_of::<StepColumn>()) as u64;
 
 /// The step buffer's bytes (`STEP_BYTES`: the shader's table has its full size) for a
 /// batched step over `cols` (at most `plan::GEMV_MAX_COLS`; the rest of the table is zeros).

@@ -74,8 +74,9 @@ fn format_file(f: WeightFormat) -> &'static str {
 fn epilogue(c: Composer, epi: Epi) -> Composer {
     let c = c.const_u32("EPI", epi.code()).include("common/matmul_epilogue.wgsl");
     match epi {
-        Epi::Qkv { kv, neox, batched } => step_file(c.const_bool("NEOX", neox).include(kv.file()), batched)
-            .include("common/epilogue_qkv.wgsl"),
+        Epi::Qkv { kv, neox, batched } => {
+            step_file(c.const_bool("NEOX", neox).include(kv.file()), batched).include("common/epilogue_qkv.wgsl")
+        }
         _ => c.include("common/epilogue_none.wgsl"),
     }
 }

@@ -201,8 +201,9 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
     let (f16_kv, all_logits) = (req.f16_kv, req.all_logits);
     let mut n_ctx = req.ctx_size.unwrap_or(cfg.n_ctx_train).max(req.min_ctx).max(1);
     let mut ubatch = req.ubatch.max(1);
-    let sizes =
-        |n_ctx: u32, ubatch: u32| SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 });
+    let sizes = |n_ctx: u32, ubatch: u32| {
+        SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 })
+    };
     // One layer's K (or V) cache must fit one buffer binding.
     if !ctx.fits_storage(sizes(n_ctx, 1).kv_layer) {
         let per_pos = sizes(1, 1).kv_layer;

@@ -8,8 +8,8 @@ use crate::engine::Model;
 use crate::error::{KilnError, Result};
 use crate::gpu::storage_size;
 use crate::model::{Output, Session, SessionOptions, SessionSizes};
-use crate::server::metrics::BatchCounts;
 use crate::sample::Sampler;
+use crate::server::metrics::BatchCounts;
 
 /// Index of a slot, `0..Slots::count()`.
 pub type SlotId = usize;
@@ -132,7 +132,9 @@ impl Slots for BatchedSlots {
                 Err(e) => {
                     let message = e.to_string();
                     (0..ok.len())
-                        .map(|_| Err(KilnError::Gpu { context: "a batched decode step".into(), message: message.clone() }))
+                        .map(|_| {
+                            Err(KilnError::Gpu { context: "a batched decode step".into(), message: message.clone() })
+                        })
                         .collect()
                 }
             }

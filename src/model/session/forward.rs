@@ -257,8 +257,7 @@ impl Session {
                         flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                     }
                     PrefillAttnOps::Gemm { qk, softmax, pv } => {
-                        let [(qk_params, g_qk), (pv_params, g_pv)] =
-                            attention::prefill_launches(&self.shape, m, pos0)?;
+                        let [(qk_params, g_qk), (pv_params, g_pv)] = attention::prefill_launches(&self.shape, m, pos0)?;
                         let (sp, g_sm) = attention::softmax_launch(&self.shape, m, pos0);
                         let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
                         qk.set(ctx, &attention::AttnGemmParams { b_off: kv_off, ..qk_params });

@@ -302,12 +302,7 @@ impl Session {
         if pos as usize + tokens.len() > self.opts.n_ctx as usize {
             return Err(KilnError::invalid(
                 "input",
-                format!(
-                    "the context is full: {} + {} tokens exceed {} (raise -c)",
-                    pos,
-                    tokens.len(),
-                    self.opts.n_ctx
-                ),
+                format!("the context is full: {} + {} tokens exceed {} (raise -c)", pos, tokens.len(), self.opts.n_ctx),
             ));
         }
         if out == Output::AllLogits && !self.opts.all_logits {
