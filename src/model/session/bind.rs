@@ -417,7 +417,21 @@ impl Session {
             &[&logits, &out_id, &sample_state, &sample_configs, &step_state],
         )?;
         // Batched steps need the stacked Q/K/V epilogue (it takes each column's position).
-        let batchable = layers.iter().all(|l| matches!(l.qkv, QkvOps::Stacked { .. }));
+        // Where a decode GEMV runs on int8 activations, a step of more columns than that
+        // kernel takes would switch it to the float GEMV and change the results: steps stay
+        // within its columns.
+        let batch_cols = if !layers.iter().all(|l| matches!(l.qkv, QkvOps::Stacked { .. })) {
+            1
+        } else if layers
+            .iter()
+            .flat_map(|l| l.decode_matmuls())
+            .chain([&lm_head_x])
+            .any(|b| matches!(b.plan(&ctx, 1), crate::plan::MatmulKernel::Gemv { q8: true, .. }))
+        {
+            sizes::batch_columns(opts.n_seq).min(crate::plan::GEMV_Q8_MAX_COLS)
+        } else {
+            sizes::batch_columns(opts.n_seq)
+        };
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial];
         keep.extend(scores);
         keep.extend(k_caches);
@@ -429,7 +443,7 @@ impl Session {
             kv,
             shape,
             pos: vec![0; opts.n_seq.max(1) as usize],
-            batchable,
+            batch_cols: batch_cols as usize,
             batches: Default::default(),
             ids,
             x,

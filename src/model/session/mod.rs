@@ -101,6 +101,22 @@ pub(super) struct LayerOps {
     ffn: FfnOps,
 }
 
+impl LayerOps {
+    /// The matmuls a one-token step runs.
+    fn decode_matmuls(&self) -> Vec<&BoundMatmul> {
+        let mut v: Vec<&BoundMatmul> = match &self.qkv {
+            QkvOps::Stacked { decode, .. } => decode.iter().collect(),
+            QkvOps::Separate { q_fused, k_fused, v_fused, .. } => vec![q_fused, k_fused, v_fused],
+        };
+        v.push(&self.wo);
+        match &self.ffn {
+            FfnOps::Interleaved { decode, down, .. } => v.extend([decode, down]),
+            FfnOps::Separate { gate_fused, up_fused, down_fused, .. } => v.extend([gate_fused, up_fused, down_fused]),
+        }
+        v
+    }
+}
+
 /// How a layer computes prefill attention (`config::PrefillAttention`).
 pub(super) enum PrefillAttnOps {
     /// One flash-attention dispatch, no score matrix.
@@ -159,9 +175,9 @@ pub struct Session {
     /// Tokens in each sequence's region of the KV cache (`opts.n_seq` of them; the
     /// single-sequence API works on sequence 0, whose region starts at row 0).
     pos: Vec<u32>,
-    /// Whether batched decode steps can run (slots.rs): every layer has the stacked Q/K/V
-    /// projection, whose epilogue takes each column's position.
-    batchable: bool,
+    /// The most sequences a batched decode step carries (slots.rs): 1 unless every layer has
+    /// the stacked Q/K/V projection, whose epilogue takes each column's position.
+    batch_cols: usize,
     /// What batched decode steps carried so far.
     batches: BatchStats,
     ids: wgpu::Buffer,

@@ -11,7 +11,6 @@ use super::forward::StepShape;
 use super::{Output, Session};
 use crate::error::{KilnError, Result};
 use crate::kernels::matmul::{step_table, StepColumn};
-use crate::model::sizes;
 use crate::sample::Sampler;
 
 /// What decode steps over sequences carried so far (for the server's metrics).
@@ -31,14 +30,11 @@ impl Session {
         self.pos.len()
     }
 
-    /// The most sequences one decode step carries: the GEMV's columns where every layer can
-    /// run a batched step, else 1 (`decode_slots` then steps them one after another).
+    /// The most sequences one decode step carries: the GEMV's columns (the int8 GEMV's where
+    /// decode runs on it) where every layer can run a batched step, else 1 (`decode_slots`
+    /// then steps them one after another).
     pub fn batch_columns(&self) -> usize {
-        if self.batchable {
-            sizes::batch_columns(self.opts.n_seq) as usize
-        } else {
-            1
-        }
+        self.batch_cols
     }
 
     pub fn batch_stats(&self) -> BatchStats {
@@ -129,7 +125,7 @@ impl Session {
             }
         }
         let mut got = Vec::new();
-        if !self.batchable {
+        if self.batch_cols == 1 {
             // One step per sequence.
             for &(slot, token) in batch {
                 got.extend(self.forward_in(slot, &[token], out)?);
