@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     eprintln!("loaded {source} in {:.2} s", t.elapsed().as_secs_f64());
     let n_ctx = (n_prompt + 2 * n_decode + 2) as u32;
-    let mut s = model.session(SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false })?;
+    let mut s = model.session(SessionOptions { n_ctx, ubatch: 512, f16_kv: true, all_logits: false, n_seq: 1 })?;
     // A fixed prompt: token ids spread over the vocabulary.
     let v = model.cfg.n_vocab as usize;
     let prompt: Vec<u32> = (0..n_prompt).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();

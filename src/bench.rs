@@ -356,7 +356,13 @@ pub fn bench_model(
     let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
     let n_ctx = opts.tests.iter().flat_map(|t| depths.iter().map(|&d| t.positions(d))).max().unwrap_or(1).max(1);
     let before = ctx.buffers_alive().bytes;
-    let mut s = model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false })?;
+    let mut s = model.session(SessionOptions {
+        n_ctx,
+        ubatch: opts.ubatch,
+        f16_kv: opts.f16_kv,
+        all_logits: false,
+        n_seq: 1,
+    })?;
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
     s.build_pipelines()?;
     let kv_cache = n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();

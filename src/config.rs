@@ -173,3 +173,10 @@ pub fn prefill_attention_from_env() -> PrefillAttention {
         }
     })
 }
+
+/// `KILN_SERVE_SLOTS=sessions`: `kiln serve` runs one session per slot, stepped one after
+/// another (the server before batching, kept to compare against); anything else, or unset,
+/// the batched slots of one shared session.
+pub fn serve_session_slots_from_env() -> bool {
+    matches!(std::env::var("KILN_SERVE_SLOTS").as_deref().map(str::trim), Ok("sessions"))
+}

@@ -32,7 +32,7 @@ fn load(disable: Disabled) -> (Model, Tokenizer) {
 /// Tokens generated from BOS with `cfg` (greedy when temperature is 0).
 fn tokens(model: &Model, tok: &Tokenizer, cfg: SamplerConfig, n: usize) -> Vec<u32> {
     let mut session =
-        model.session(SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: true, all_logits: false }).unwrap();
+        model.session(SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     let mut history = Vec::new();
     let mut sampler = Sampler::new(cfg);
     let stop = AtomicBool::new(false);
@@ -79,7 +79,8 @@ fn the_same_seed_gives_the_same_tokens() {
 #[test]
 fn a_lost_device_is_an_error_not_a_hang() {
     let (model, _) = load(Disabled::NONE);
-    let mut session = model.session(SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false }).unwrap();
+    let mut session =
+        model.session(SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     session.forward(&[1, 400], Output::Argmax).unwrap();
     model.ctx.device.destroy();
     let t = Instant::now();

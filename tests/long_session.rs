@@ -95,7 +95,8 @@ fn setup(n_ctx: u32) -> (Model, Tokenizer, kiln::model::Session) {
     let ctx = GpuContext::new(&ContextOptions::default()).expect("GPU");
     let model = Model::load(ctx, testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    let session = model.session(SessionOptions { n_ctx, ubatch: 64, f16_kv: true, all_logits: false }).unwrap();
+    let session =
+        model.session(SessionOptions { n_ctx, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     (model, tok, session)
 }
 

@@ -332,3 +332,41 @@ fn fused_epilogues_match_reference() {
         }
     }
 }
+
+/// The Q/K/V epilogue of a batched decode step on the GEMV: each column its own sequence (a
+/// slot of a shared cache, in another order than the columns) at its own position, Q rotated
+/// at that position into Y and K, V into that slot's region, for every cache kind and
+/// rotation of `qkv_shapes` at 8 columns (the GEMV's most), the default at 3 (and through the
+/// int8 GEMV where the adapter has it); and the single-sequence epilogue writing into a
+/// region that does not start at row 0. Q4_K weights (the epilogue does not depend on the
+/// format; every pipeline costs a compilation on lavapipe).
+#[test]
+fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
+    let (k, format) = (256, WeightFormat::Q4K);
+    for g in gpus() {
+        let gemv = |m: u32, q8: bool| MatmulKernel::Gemv { ncols: m, shape: GemvShape { wg: 64, rows: 4 }, q8 };
+        let shapes = qkv_shapes(g.ctx.caps.f16);
+        let default = *shapes.last().unwrap();
+        let mut runs: Vec<(MatmulKernel, bool, _)> = shapes.iter().map(|&s| (gemv(8, false), true, s)).collect();
+        runs.push((gemv(3, false), true, default));
+        runs.push((gemv(3, false), false, default));
+        if g.ctx.caps.int8_dot {
+            runs.push((gemv(3, true), true, default));
+        }
+        for (kernel, batched, mut s) in runs {
+            let (m, q8) = match kernel {
+                MatmulKernel::Gemv { ncols, q8, .. } => (ncols as usize, q8),
+                MatmulKernel::Gemm { .. } => unreachable!(),
+            };
+            let tol = if q8 { Q8_EPILOGUE_TOL } else { TOL * 4.0 };
+            s.kv_base = 7;
+            s.batched = batched;
+            let c = case(format, s.rows(), k, m, (m * 31 + s.rows()) as u64);
+            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s) };
+            for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
+                let what = format!("[{}] {format} {kernel} batched={batched} {:?} {}", g.name, s.kv, o.what);
+                assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
+            }
+        }
+    }
+}

@@ -26,7 +26,7 @@ fn load(ctx: &Arc<GpuContext>, rel: &str) -> Model {
 }
 
 fn opts(f16_kv: bool, ubatch: u32, all_logits: bool) -> SessionOptions {
-    SessionOptions { n_ctx: 256, ubatch, f16_kv, all_logits }
+    SessionOptions { n_ctx: 256, ubatch, f16_kv, all_logits, n_seq: 1 }
 }
 
 /// (max |Δ|, RMS Δ, share of rows with the same argmax)
@@ -314,4 +314,76 @@ fn int8_gemv_decode_matches_reference() {
             );
         }
     }
+}
+
+/// Sequences of one shared session (a region of the KV cache each, the server's slots): the
+/// prompts of different lengths prefilled into their regions, then batched decode steps over
+/// nine of them (a step of eight and one of one, the columns in another order than the
+/// slots) give each column the logits its sequence gets alone in a plain session, within
+/// 1e-4 of the largest logit (the same kernels over other columns: in practice equal), and
+/// the same greedy tokens. Also for a model whose separate Q/K/V projections step each
+/// sequence on its own (qwen3's head norms).
+#[test]
+fn batched_decode_step_matches_each_sequence_alone() {
+    let g = &gpus()[0];
+    let stories = load(&g.ctx, "stories260K/stories260K.gguf");
+    let qwen3 = {
+        let (p, ft) = kiln::synth::parse_spec("tiny-qwen3:q4_k_m").unwrap();
+        let path = std::env::temp_dir().join(format!("kiln-test-batched-{}-{}.gguf", p.name, std::process::id()));
+        kiln::synth::build(&p, ft)
+            .unwrap()
+            .write(&mut std::io::BufWriter::new(std::fs::File::create(&path).unwrap()))
+            .unwrap();
+        let m = Model::load(g.ctx.clone(), &path, &mut |_| {}).unwrap();
+        std::fs::remove_file(&path).ok();
+        m
+    };
+    let text = greedy_tokens();
+    for (model, n_seq, batched) in [(&stories, 10u32, true), (&qwen3, 3, false)] {
+        let v = model.cfg.n_vocab as usize;
+        let n_ctx = 64;
+        let one = SessionOptions { n_ctx, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 1 };
+        let mut shared = model.session(SessionOptions { n_seq, ..one }).unwrap();
+        assert_eq!(shared.batch_columns(), if batched { 8 } else { 1 });
+        // Slot s holds a prompt of 1 + 3s tokens from its own place in the text; the last
+        // slot stays empty.
+        let active: Vec<usize> = (0..n_seq as usize - 1).rev().collect();
+        let prompt = |s: usize| -> Vec<u32> { text[5 * s..5 * s + 1 + 3 * s].iter().map(|&t| t % v as u32).collect() };
+        let mut alone = Vec::new();
+        let mut next = Vec::new();
+        for &s in &active {
+            let got = shared.forward_slot(s, &prompt(s), Output::LastLogits).unwrap();
+            let mut plain = model.session(one).unwrap();
+            let want = plain.forward(&prompt(s), Output::LastLogits).unwrap();
+            common::assert_close(&format!("slot {s} prefill"), &got, &want, 1e-4);
+            next.push(argmax(&want));
+            alone.push(plain);
+        }
+        let steps_before = shared.batch_stats().steps;
+        for step in 0..3 {
+            let batch: Vec<(usize, u32)> = active.iter().zip(&next).map(|(&s, &t)| (s, t)).collect();
+            let got = shared.decode_slots_logits(&batch).unwrap();
+            for (i, &(s, t)) in batch.iter().enumerate() {
+                let want = alone[i].forward(&[t], Output::LastLogits).unwrap();
+                let what = format!("{} step {step} slot {s} (column {i})", model.cfg.name);
+                common::assert_close(&what, &got[i * v..(i + 1) * v], &want, 1e-4);
+                next[i] = argmax(&want);
+                assert_eq!(argmax(&got[i * v..(i + 1) * v]), next[i], "{what}: greedy token");
+            }
+        }
+        let stats = shared.batch_stats();
+        if batched {
+            // Nine sequences: a step of eight and a step of one, three times.
+            assert_eq!((stats.steps - steps_before, stats.widest), (6, 8));
+        } else {
+            assert_eq!((stats.steps - steps_before, stats.widest), (3 * active.len() as u64, 1));
+        }
+        for &s in &active {
+            assert_eq!(shared.slot_position(s).unwrap(), (1 + 3 * s + 3) as u32);
+        }
+    }
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    x.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
 }

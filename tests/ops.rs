@@ -294,3 +294,44 @@ fn kv_write_rotates_k_and_copies_v() {
         }
     }
 }
+
+/// A batched decode step's attention: one query per column, each over its own sequence's
+/// region of one shared cache (regions in another order than the columns), at its own
+/// position, short and split contexts side by side (columns of one split beside split ones,
+/// which the combine pass must leave alone); and the single-sequence kernel over a region
+/// that does not start at row 0. Against the f64 reference on each region. Tolerance 1e-4.
+#[test]
+fn decode_attention_over_columns_of_a_shared_cache() {
+    use kiln::kernels::matmul::StepColumn;
+    let region = 300u32;
+    // (slot, position): slot 3 at its first token, a short context, the region's last row,
+    // two splits, exactly one split (256 positions).
+    let layout = [(3u32, 0u32), (0, 17), (4, region - 1), (1, 130), (2, 255)];
+    let cols: Vec<StepColumn> =
+        layout.iter().map(|&(slot, pos)| StepColumn { pos, kv_len: pos + 1, kv_base: slot * region, slot }).collect();
+    for g in gpus() {
+        // stories260K's heads (GQA 2, head dim 8) over an f32 and an f16 cache, TinyLlama's
+        // (GQA 8: blocks of 8 heads, 128 positions a split) over an f16 cache.
+        for (nh, nkv, hd, caches) in [(8u32, 4u32, 8u32, &[false, true][..]), (32, 4, 64, &[true][..])] {
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx: region * 5 };
+            for &f16_cache in caches {
+                let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
+                let mut r = rng((nh * hd + nkv) as u64 + 77);
+                let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
+                for m in [1usize, 2, 5] {
+                    let q = randn(&mut r, m * (nh * hd) as usize, 2.0);
+                    let want: Vec<f32> =
+                        cols[..m].iter().enumerate().flat_map(|(c, col)| case.reference_column(&q, c, col)).collect();
+                    let (got, _) = case.decode_columns(&g.ctx, &q, region, &cols[..m], true).unwrap();
+                    let what = format!("[{}] batched decode nh={nh} kv={nkv} hd={hd} columns={m} {kv:?}", g.name);
+                    assert_close(&what, &got, &want, 1e-4);
+                }
+                // One sequence in slot 4's region, at its last row.
+                let q = randn(&mut r, (nh * hd) as usize, 2.0);
+                let (got, _) = case.decode_columns(&g.ctx, &q, region, &cols[2..3], false).unwrap();
+                let what = format!("[{}] decode in a region nh={nh} kv={nkv} hd={hd} {kv:?}", g.name);
+                assert_close(&what, &got, &case.reference_column(&q, 0, &cols[2]), 1e-4);
+            }
+        }
+    }
+}

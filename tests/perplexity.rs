@@ -59,7 +59,7 @@ fn stories260k_gpu_scoring_matches_float64_reference() {
     let g = &gpus()[0];
     let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
     for ubatch in [256, 96] {
-        let opts = SessionOptions { n_ctx: 200, ubatch, f16_kv: false, all_logits: true };
+        let opts = SessionOptions { n_ctx: 200, ubatch, f16_kv: false, all_logits: true, n_seq: 1 };
         let mut s = model.session(opts).unwrap();
         let what = format!("[{}] ubatch {ubatch}", g.name);
 
@@ -89,7 +89,8 @@ fn stories260k_gpu_scoring_matches_float64_reference() {
         }
     }
     // A session without all logits cannot score; that is an error, not a panic.
-    let mut s = model.session(SessionOptions { n_ctx: 64, ubatch: 64, f16_kv: true, all_logits: false }).unwrap();
+    let mut s =
+        model.session(SessionOptions { n_ctx: 64, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     assert!(s.score(&ids[..10], 0).unwrap_err().to_string().contains("all logits"));
 }
 

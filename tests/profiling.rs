@@ -61,7 +61,7 @@ fn stage_profile_adds_up_to_the_step() {
         }
         for mode in modes {
             let what = format!("[{}] {mode:?}", g.name);
-            let opts = SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false };
+            let opts = SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 1 };
             let prompt: Vec<u32> = (0..20).map(|i| 5 + i * 37).collect();
             // The same greedy tokens without profiling: timestamps do not change the step.
             let mut plain = model.session(opts).unwrap();
@@ -107,7 +107,8 @@ fn stage_profile_adds_up_to_the_step() {
         // and the cache write, one attention, fused norms, gate/up and residual adds), plus the
         // embedding, the head and the sampler.
         let llama = tiny_model(&g.ctx, "tiny-test:q4_k_m");
-        let mut s = llama.session(SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false }).unwrap();
+        let mut s =
+            llama.session(SessionOptions { n_ctx: 64, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
         s.enable_profiling().unwrap();
         let first = s.forward(&[5, 6, 7], Output::Argmax).unwrap()[0] as u32;
         s.generate_greedy_chained(first, 4, &mut |_| true).unwrap();
@@ -228,7 +229,8 @@ fn synth_file_loads_with_the_q4_k_m_mix() {
     // And kiln runs it.
     let ctx = &gpus()[0].ctx;
     let model = Model::load(ctx.clone(), &path, &mut |_| {}).unwrap();
-    let mut s = model.session(SessionOptions { n_ctx: 32, ubatch: 32, f16_kv: true, all_logits: false }).unwrap();
+    let mut s =
+        model.session(SessionOptions { n_ctx: 32, ubatch: 32, f16_kv: true, all_logits: false, n_seq: 1 }).unwrap();
     let tok = s.forward(&[1, 300, 301], Output::Argmax).unwrap()[0];
     assert!((tok as u32) < 8192);
     std::fs::remove_dir_all(&dir).ok();

@@ -108,7 +108,7 @@ fn stories260k_sampled_generation_matches_the_cpu_sampler() {
     ];
     for g in gpus() {
         let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
-        let opts = SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: false, all_logits: false };
+        let opts = SessionOptions { n_ctx: 256, ubatch: 64, f16_kv: false, all_logits: false, n_seq: 1 };
         // Each config with its own count of steps per submit (groups that do and do not
         // divide the generation).
         for (cfg, per) in configs.iter().zip([1, 3, 64]) {
@@ -149,7 +149,7 @@ fn chained_generation_stopped_mid_group_continues_exactly() {
     let cfg = SamplerConfig { temperature: 0.0, repeat_penalty: 1.3, repeat_last_n: 64, ..Default::default() };
     for g in gpus() {
         let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
-        let opts = SessionOptions { n_ctx: 128, ubatch: 64, f16_kv: true, all_logits: false };
+        let opts = SessionOptions { n_ctx: 128, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 };
         let prompt = [1u32, 403, 407];
         let run = |per: usize, stop_after: Option<usize>| {
             let mut s = model.session(opts).unwrap();
@@ -208,5 +208,50 @@ fn banned_tokens_are_never_drawn_on_the_gpu() {
         let want: Vec<u32> = (0..10).map(|_| cpu.sample(&logits, &[])).collect();
         assert_eq!(got, want, "{cfg:?}");
         assert!(!got.contains(&top), "{cfg:?}: drew the banned top token");
+    }
+}
+
+/// The sampler of a batched decode step: each row a column whose slot (in another order than
+/// the rows) has its own configuration, history and draws; over several steps each slot's
+/// picks are those of the CPU reference sampler alone on its logits.
+#[test]
+fn batched_sampler_picks_each_slots_reference_tokens() {
+    use kiln::kernels::matmul::StepColumn;
+    let configs = sampler_configs();
+    let n_slots = configs.len().min(8);
+    let vocab = 1000usize;
+    let steps = 6;
+    for g in gpus() {
+        let mut r = rng(4242);
+        let logits: Vec<Vec<f32>> = (0..n_slots).map(|i| model_logits(&mut r, vocab, [12.0, 0.5][i % 2])).collect();
+        let histories: Vec<Vec<u32>> =
+            (0..n_slots).map(|_| (0..30).map(|_| r.range(0, vocab as i64) as u32).collect()).collect();
+        let cfgs: Vec<SamplerConfig> =
+            configs[..n_slots].iter().enumerate().map(|(i, c)| SamplerConfig { seed: 900 + i as u64, ..c.1 }).collect();
+        let kernel_cfgs: Vec<SampleConfig> =
+            cfgs.iter().map(|c| SampleConfig::new(c, vocab as u32, vocab as u32)).collect();
+        let states: Vec<u32> = histories.iter().flat_map(|h| initial_state(0, h, &[])).collect();
+        let configs_buf = g.ctx.upload(bytemuck::cast_slice(&kernel_cfgs), "configs").unwrap();
+        let state = g.ctx.upload(bytemuck::cast_slice(&states), "state").unwrap();
+        let ids = g.ctx.storage(n_slots as u64 * 4, "ids").unwrap();
+        // Row c samples for slot n - 1 - c.
+        let cols: Vec<StepColumn> = (0..n_slots)
+            .map(|c| StepColumn { pos: 0, kv_len: 1, kv_base: 0, slot: (n_slots - 1 - c) as u32 })
+            .collect();
+        let rows: Vec<f32> = cols.iter().flat_map(|c| logits[c.slot as usize].clone()).collect();
+        let mut got = vec![Vec::new(); n_slots];
+        for _ in 0..steps {
+            // The sampler rewrites the logits it penalizes: fresh ones each step.
+            let lb = g.ctx.upload_f32(&rows, "logits").unwrap();
+            let d = sample::prepare_columns(&g.ctx, &configs_buf, &lb, &ids, &state, &cols).unwrap();
+            run_dispatches(&g.ctx, &[&d]).unwrap();
+            for (c, t) in g.ctx.read_u32(&ids, n_slots).unwrap().into_iter().enumerate() {
+                got[cols[c].slot as usize].push(t);
+            }
+        }
+        for slot in 0..n_slots {
+            let want = cpu_tokens(&cfgs[slot], &logits[slot], &histories[slot], steps);
+            assert_eq!(got[slot], want, "[{}] slot {slot}: {}", g.name, configs[slot].0);
+        }
     }
 }

@@ -363,8 +363,10 @@ fn greedy_output_equals_kiln_run_alone_and_beside_seven_other_requests() {
     let (status, alone) = post(&s, "/v1/completions", &greedy(PROMPT, n));
     assert_eq!(status, 200, "{alone}");
     assert_eq!(alone["choices"][0]["text"].as_str(), Some(want.as_str()), "alone");
+    let steps_alone = s.metric("kiln_decode_steps_total");
+    assert_eq!(s.metric("kiln_decode_step_sequences_max"), 1.0, "a request alone steps alone");
     // The same request again (a slot holds its prompt now), in the middle of seven others:
-    // sampled ones, streamed and not, with other prompts.
+    // sampled ones, streamed and not, with other prompts of other lengths.
     let barrier = Arc::new(Barrier::new(8));
     let spans: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
     let results: Vec<String> = std::thread::scope(|scope| {
@@ -375,7 +377,8 @@ fn greedy_output_equals_kiln_run_alone_and_beside_seven_other_requests() {
                     let body = if i == 3 {
                         greedy(PROMPT, n)
                     } else {
-                        json!({"prompt": format!("Lily and her friend number {i}"), "max_tokens": 20 + i,
+                        let story = "Once there was a big dog. ".repeat(i);
+                        json!({"prompt": format!("{story}Lily and her friend number {i}"), "max_tokens": 20 + i,
                                "temperature": 0.9, "seed": i, "ignore_eos": true})
                     };
                     let stream = i % 2 == 1;
@@ -406,6 +409,12 @@ fn greedy_output_equals_kiln_run_alone_and_beside_seven_other_requests() {
     let earliest_end = spans.iter().map(|s| s.1).min().unwrap();
     assert!(latest_start < earliest_end, "the eight requests did not overlap");
     assert!(s.metric("kiln_prompt_tokens_cached_total") >= 4.0, "the repeated prompt was evaluated again");
+    // And they were batched: decode steps carried several sequences at once.
+    let (steps, sequences) =
+        (s.metric("kiln_decode_steps_total") - steps_alone, s.metric("kiln_decode_step_sequences_total"));
+    let widest = s.metric("kiln_decode_step_sequences_max");
+    eprintln!("{steps} decode steps beside each other, the widest of {widest} sequences ({sequences} in all)");
+    assert!(widest >= 4.0, "no decode step carried more than {widest} sequences");
 }
 
 #[test]
@@ -705,7 +714,7 @@ fn two_servers_behind_a_round_robin_client() {
 
 #[test]
 fn a_gpu_fault_fails_the_requests_in_flight_with_an_error_and_health_turns_503() {
-    use kiln::server::slots::{plan_slots, SessionSlots};
+    use kiln::server::slots::{plan_slots, BatchedSlots};
     // As main.rs does: Mesa's drivers probe Wayland and complain without a runtime dir.
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
@@ -716,8 +725,8 @@ fn a_gpu_fault_fails_the_requests_in_flight_with_an_error_and_health_turns_503()
         let model = kiln::engine::Model::load(ctx.clone(), stories(), &mut |_| {})?;
         let tokenizer = kiln::tokenizer::Tokenizer::from_gguf(&model.file)?;
         let template = kiln::chat::ChatTemplate::select(&model.file, None, "<s>".into(), "</s>".into())?;
-        let plan = plan_slots(&model, Some(1024), 2, 64, true)?;
-        let slots = SessionSlots::open(&model, plan.opts, plan.count)?;
+        let plan = plan_slots(&model, Some(1024), 2, 64, true, true)?;
+        let slots = BatchedSlots::open(&model, plan.opts, plan.count)?;
         let _ = ctx_tx.send(ctx);
         Ok(kiln::server::Loaded { slots: Box::new(slots), tokenizer, template, n_ctx_train: model.cfg.n_ctx_train })
     });

@@ -3,7 +3,11 @@
 // serves the whole block, and CHUNK positions of the context (`p.chunk`). With one split the
 // workgroup writes the normalized output itself: a short context needs a single dispatch.
 // Longer contexts are split over workgroups that write their partial max, sum and weighted
-// V, which attention_combine.wgsl merges. Header constants: WG (256), TPP (invocations per
+// V, which attention_combine.wgsl merges. A batched decode step (common/step_columns.wgsl)
+// adds the grid's z: column z's query against its own sequence's cache region up to its own
+// position; the splits past a column's context exit at once, and where the longest context
+// (the step header's kv_len) is split, every column writes partials for the combine pass.
+// With common/step_one.wgsl the grid's z is 1 and the column is 0. Header constants: WG (256), TPP (invocations per
 // position while scoring), NB (query heads per workgroup, at most 8), MAX_QB (query values
 // of a block: NB x head_dim), MAX_SC (scores of a block: NB x chunk).
 
@@ -26,17 +30,11 @@ struct Params {
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k_cache: array<KvWord>;
 @group(0) @binding(3) var<storage, read> v_cache: array<KvWord>;
-// The output [n_head * head_dim] with one split, else the partials [n_head, n_splits, head_dim + 2].
+// The output [columns, n_head * head_dim] with one split, else the partials
+// [columns, n_head, n_splits, head_dim + 2].
 @group(0) @binding(4) var<storage, read_write> part: array<f32>;
-// The step: positions 0 .. kv_len - 1 are visible.
-@group(0) @binding(5) var<storage, read> step: StepState;
-
-struct StepState {
-    n_tokens: u32,
-    pos0: u32,
-    kv_len: u32,
-    _pad: u32,
-}
+// The step: each column sees positions 0 .. kv_len - 1 of its region (common/step_*.wgsl).
+@group(0) @binding(5) var<storage, read> step: Step;
 
 var<workgroup> qs: array<f32, MAX_QB>;       // [block][head_dim], pre-scaled
 var<workgroup> sc: array<f32, MAX_SC>;       // [block][chunk] scores, then exp(score - max)
@@ -58,14 +56,24 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h0 = kvh * p.group + (wid.x % blocks_per_kv) * NB;   // first query head of the block
     let split = wid.y;
     let j0 = split * p.chunk;
-    let kv_len = step.kv_len;
+    // The column: 0 for one sequence (a constant, so its terms fold away).
+    let col = select(0u, wid.z, BATCHED);
+    let kv_len = col_len(col);
+    if (BATCHED && j0 >= kv_len) {
+        // A split past this column's context (the grid covers the longest in the step).
+        return;
+    }
+    let row0 = col_base(col);   // the column's first cache row
+    let qh0 = col * p.n_head;   // the column's first head in Q and the output
     let j1 = min(j0 + p.chunk, kv_len);
     let len = j1 - j0;
     let lid = lane.lid;
+    // One split for the whole step: the output is written here, else partials.
+    let one_split = step.kv_len <= p.chunk;
 
     for (var i = lid; i < NB * hd; i += WG) {
         let g = i / hd;
-        qs[i] = q[(h0 + g) * p.q_stride + i % hd] * p.scale;
+        qs[i] = q[(qh0 + h0 + g) * p.q_stride + i % hd] * p.scale;
     }
     workgroupBarrier();
 
@@ -79,7 +87,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         var dots: array<f32, NB>;
         for (var g = 0u; g < NB; g++) { dots[g] = 0.0; }
         if (j < len) {
-            let kb = (j0 + j) * p.kv_stride + kvh * hd;
+            let kb = (row0 + j0 + j) * p.kv_stride + kvh * hd;
             for (var d = t; d < hd; d += TPP) {
                 let kv = k_at(kb + d);
                 for (var g = 0u; g < NB; g++) { dots[g] = fma(qs[g * hd + d], kv, dots[g]); }
@@ -126,7 +134,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         let d = d0 + lid % hd;
         var acc: array<f32, NB>;
         for (var g = 0u; g < NB; g++) { acc[g] = 0.0; }
-        let vb = j0 * p.kv_stride + kvh * hd + d;
+        let vb = (row0 + j0) * p.kv_stride + kvh * hd + d;
         if (pg < groups && d < hd) {
             var j = pg;
             for (; j + 3u * groups < len; j += 4u * groups) {
@@ -155,8 +163,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             let dd = i % width;
             var o = 0.0;
             for (var u = 0u; u < groups; u++) { o += red[(u * NB + g) * hd + dd]; }
-            let h = h0 + g;
-            if (kv_len <= p.chunk) {
+            let h = qh0 + h0 + g;
+            if (one_split) {
                 part[h * hd + d0 + dd] = o / stat[2u * g + 1u];
             } else {
                 part[(h * p.n_splits + split) * (hd + 2u) + d0 + dd] = o;
@@ -164,8 +172,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         }
         workgroupBarrier();
     }
-    if (kv_len > p.chunk && lid < NB) {
-        let b = ((h0 + lid) * p.n_splits + split) * (hd + 2u);
+    if (!one_split && lid < NB) {
+        let b = ((qh0 + h0 + lid) * p.n_splits + split) * (hd + 2u);
         part[b + hd] = stat[2u * lid];
         part[b + hd + 1u] = stat[2u * lid + 1u];
     }

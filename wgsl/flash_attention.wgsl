@@ -28,6 +28,10 @@ struct Params {
     kv_stride: u32,  // elements between cache rows (n_kv_head * head_dim)
     scale: f32,      // log2(e) / sqrt(head_dim)
     n_tiles: u32,    // row tiles per KV head (the grid's x)
+    kv_off: u32,     // cache element of the sequence's row 0 (its region of a shared cache)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,7 +66,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let r0 = (p.n_tiles - 1u - wid.x) * BM;
     let rows = p.m * g;
     let n_keys = p.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
-    let kv_base = kvh * hd;
+    let kv_base = p.kv_off + kvh * hd;
     let tr = lid / CT;
     let tc = lid % CT;
 

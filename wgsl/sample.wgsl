@@ -3,8 +3,10 @@
 // top-p and min-p on the softmax, temperature, and a seeded draw), appends it to the row's
 // history and writes its id where the next step's embedding gather reads it. The CPU
 // reference is `Sampler` in src/sample.rs: the same steps in the same order and precision.
-// Header constants: WG (a power of two), CAP (most candidates, a power of two <= 4 WG),
-// HIST (most history tokens the penalties look at), BAN (most banned tokens).
+// Where a row's configuration and state come from is an include: common/sample_one.wgsl
+// (the uniform; state row = row) or common/sample_columns.wgsl (a batched decode step: each
+// row its slot's). Header constants: WG (a power of two), CAP (most candidates, a power of
+// two <= 4 WG), HIST (most history tokens the penalties look at), BAN (most banned tokens).
 
 struct Config {
     n_vocab: u32,
@@ -29,7 +31,6 @@ struct Config {
 // history ring of HIST ids, then the banned ids.
 const STATE_WORDS: u32 = 4u + HIST + BAN;
 
-@group(0) @binding(0) var<uniform> cfg: Config;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> state: array<u32>;
@@ -134,8 +135,9 @@ fn kth_largest_key(base: u32, n: u32, k: u32, lane: Lane) -> u32 {
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
+    let cfg = row_config(row);
     let base = row * cfg.logits_stride;
-    let st = row * STATE_WORDS;
+    let st = row_slot(row) * STATE_WORDS;
     let n = cfg.n_vocab;
 
     // Penalties: each distinct token of the window once, with its count (llama.cpp: divide

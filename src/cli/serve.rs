@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::chat::ChatTemplate;
 use crate::cli::load::{load_model, ModelArgs};
 use crate::server::engine::PREFILL_BUDGET;
-use crate::server::slots::{plan_slots, SessionSlots};
+use crate::server::slots::{plan_slots, BatchedSlots, SessionSlots, Slots};
 use crate::server::{serve, Loaded, ServeConfig};
 use crate::{KilnError, Result};
 
@@ -100,23 +100,34 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     // The engine feeds at most PREFILL_BUDGET tokens per step: a larger ubatch would only
     // take memory.
     let ubatch = margs.ubatch.min(PREFILL_BUDGET as u32);
-    let plan = plan_slots(&model, margs.ctx_size, parallel, ubatch, f16_kv)?;
+    // Batched slots (one KV cache, decode steps over every generating slot at once) unless
+    // KILN_SERVE_SLOTS=sessions asks for a session per slot.
+    let batched = !crate::config::serve_session_slots_from_env();
+    let plan = plan_slots(&model, margs.ctx_size, parallel, ubatch, f16_kv, batched)?;
     for note in &plan.notes {
         eprintln!("kiln serve: {note}");
     }
-    let mut slots = SessionSlots::open(&model, plan.opts, plan.count)?;
     let t = std::time::Instant::now();
-    slots.warm_up()?;
+    let (slots, how): (Box<dyn Slots>, String) = if batched {
+        let mut slots = BatchedSlots::open(&model, plan.opts, plan.count)?;
+        slots.warm_up()?;
+        let cols = slots.session().batch_columns();
+        (Box::new(slots), format!("one shared KV cache, up to {cols} per decode step"))
+    } else {
+        let mut slots = SessionSlots::open(&model, plan.opts, plan.count)?;
+        slots.warm_up()?;
+        (Box::new(slots), "a session each, stepped one after another".into())
+    };
     tracing::info!("warm-up (compiling the kernels) took {:.2} s", t.elapsed().as_secs_f64());
     eprintln!(
-        "kiln serve: {} ({} template), {} slot{} of {} tokens; ready",
+        "kiln serve: {} ({} template), {} slot{} of {} tokens ({how}); ready",
         model.cfg.name,
         template.source,
         plan.count,
         if plan.count == 1 { "" } else { "s" },
         plan.opts.n_ctx
     );
-    Ok(Loaded { slots: Box::new(slots), tokenizer, template, n_ctx_train: model.cfg.n_ctx_train })
+    Ok(Loaded { slots, tokenizer, template, n_ctx_train: model.cfg.n_ctx_train })
 }
 
 /// SIGTERM or Ctrl-C; a second one exits at once (the requests in flight are cut off).

@@ -230,6 +230,8 @@ pub fn qkv_shapes(f16_shaders: bool) -> Vec<QkvShape> {
         freq_base: 10000.0,
         freq_scale: 0.5,
         v_format: None,
+        kv_base: 0,
+        batched: false,
     };
     let f16_cache = if f16_shaders { KvKind::F16Native } else { KvKind::F16Packed };
     let mut v = vec![s(false, 48, KvKind::F32), s(false, 64, f16_cache)];

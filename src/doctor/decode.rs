@@ -30,7 +30,7 @@ fn load(ctx: &Arc<GpuContext>) -> Result<Model> {
 }
 
 fn session(model: &Model, all_logits: bool) -> Result<crate::model::Session> {
-    model.session(SessionOptions { n_ctx: 32, ubatch: UBATCH, f16_kv: true, all_logits })
+    model.session(SessionOptions { n_ctx: 32, ubatch: UBATCH, f16_kv: true, all_logits, n_seq: 1 })
 }
 
 fn prompt(n_vocab: u32) -> Vec<u32> {

@@ -7,7 +7,7 @@
 use crate::error::Result;
 use crate::gpu::{run_dispatches, GpuContext, WeightTensor};
 use crate::kernels::elementwise::{self, EltOp};
-use crate::kernels::matmul::{self, Epilogue, Matmul, RopeShape, StepState};
+use crate::kernels::matmul::{self, Epilogue, Matmul, RopeShape, StepColumn, StepState};
 use crate::kernels::{norm, KvKind};
 use crate::plan::MatmulKernel;
 use crate::quant::{dequantize, quantize, WeightFormat};
@@ -45,6 +45,10 @@ pub struct QkvShape {
     /// engine runs them, the Q and K rows from row 0, the V rows from row q + kv, each
     /// binding a placeholder for the outputs its rows do not reach.
     pub v_format: Option<WeightFormat>,
+    /// The first cache row of the sequence's region (a slot of a shared cache).
+    pub kv_base: usize,
+    /// A batched decode step's epilogue: column r is its own sequence (`QkvShape::column`).
+    pub batched: bool,
 }
 
 impl QkvShape {
@@ -56,6 +60,30 @@ impl QkvShape {
     }
     pub fn rows(&self) -> usize {
         self.q_dim() + 2 * self.kv_dim()
+    }
+    /// Cache rows of each column's region in a batched step of m columns.
+    fn region(&self, m: usize) -> usize {
+        self.pos0 + 2 * m + 4
+    }
+    /// Column r of m: one sequence's token r at pos0 + r of the region at `kv_base`; batched,
+    /// its own sequence, in slot m - 1 - r (the columns' order is not the regions'), at
+    /// position pos0 + 2r.
+    pub fn column(&self, r: usize, m: usize) -> StepColumn {
+        let (pos, base, slot) = if self.batched {
+            let slot = m - 1 - r;
+            (self.pos0 + 2 * r, self.kv_base + slot * self.region(m), slot)
+        } else {
+            (self.pos0 + r, self.kv_base, 0)
+        };
+        StepColumn { pos: pos as u32, kv_len: pos as u32 + 1, kv_base: base as u32, slot: slot as u32 }
+    }
+    /// Cache rows the case needs.
+    fn cache_rows(&self, m: usize) -> usize {
+        if self.batched {
+            self.kv_base + m * self.region(m)
+        } else {
+            self.kv_base + self.pos0 + m + 3
+        }
     }
 }
 
@@ -170,14 +198,19 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
 }
 
 fn dispatch(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel) -> Result<()> {
-    let ds = matmul::prepare_with(ctx, mm, kernel, "doctor")?;
+    dispatch_columns(ctx, mm, kernel, false)
+}
+
+fn dispatch_columns(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, batched: bool) -> Result<()> {
+    let ds = matmul::prepare_columns(ctx, mm, kernel, "doctor", batched)?;
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>())
 }
 
 /// The Q/K/V epilogue: the case's rows stacked as the engine stacks them (NeoX heads in the
 /// order that puts rotated pairs side by side; V's rows requantized into a part of their own
-/// where `s.v_format` says so), Q read back from Y, K and V from their caches at rows
-/// pos0..pos0 + m. `input`: the activations the matmul multiplies (after its fused input).
+/// where `s.v_format` says so), Q read back from Y, K and V from their caches at each
+/// column's row (`QkvShape::column`). `input`: the activations the matmul multiplies (after
+/// its fused input).
 #[allow(clippy::too_many_arguments)]
 fn run_qkv(
     ctx: &GpuContext,
@@ -196,7 +229,8 @@ fn run_qkv(
     if n != s.rows() {
         return Err(crate::KilnError::invalid("check", format!("{n} rows are not Q, K and V's {}", s.rows())));
     }
-    let n_ctx = s.pos0 + m + 3;
+    let n_ctx = s.cache_rows(m);
+    let cols: Vec<StepColumn> = (0..m).map(|r| s.column(r, m)).collect();
     let elt = s.kv.bytes_per_elem() as usize;
     let (kc, vc) = (ctx.storage((n_ctx * kvd * elt) as u64, "k")?, ctx.storage((n_ctx * kvd * elt) as u64, "v")?);
     let q = ctx.storage((m * qd * 4) as u64, "q")?;
@@ -213,8 +247,13 @@ fn run_qkv(
         },
         "rope",
     );
-    let state = StepState { n_tokens: m as u32, pos0: s.pos0 as u32, kv_len: (s.pos0 + m) as u32, _pad: 0 };
-    let step = ctx.upload(bytemuck::bytes_of(&state), "step")?;
+    let step_bytes = if s.batched {
+        matmul::step_table(&cols)
+    } else {
+        let (pos0, kv_len, kv_base) = (s.pos0 as u32, (s.pos0 + m) as u32, s.kv_base as u32);
+        bytemuck::bytes_of(&StepState { n_tokens: m as u32, pos0, kv_len, kv_base }).to_vec()
+    };
+    let step = ctx.upload(&step_bytes, "step")?;
     // Row r of the stacked matrix holds plain row `src(r)`.
     let src = |r: usize| {
         if s.neox && r < qd + kvd {
@@ -261,13 +300,20 @@ fn run_qkv(
             },
             ..Matmul::dense(&w, x, if reaches(0, qd) { &q } else { &unused }, m as u32)
         };
-        dispatch(ctx, &mm, run.kernel)?;
+        dispatch_columns(ctx, &mm, run.kernel, s.batched)?;
     }
     let plain = matmul::reference(&w_ref, n, k, input, m, bias_values, None);
-    let (want_q, want_k, want_v) = qkv_reference(&plain, m, s);
+    let positions: Vec<usize> = cols.iter().map(|c| c.pos as usize).collect();
+    let (want_q, want_k, want_v) = qkv_reference(&plain, &positions, s);
+    // Each column's cache row.
     let cache_rows = |buf: &wgpu::Buffer| -> Result<Vec<f32>> {
-        let bytes = ctx.read_bytes(buf, (s.pos0 * kvd * elt) as u64, (m * kvd * elt) as u64)?;
-        Ok(cache_values(&bytes, s.kv))
+        let mut v = Vec::new();
+        for c in &cols {
+            let row = (c.kv_base + c.pos) as usize;
+            let bytes = ctx.read_bytes(buf, (row * kvd * elt) as u64, (kvd * elt) as u64)?;
+            v.extend(cache_values(&bytes, s.kv));
+        }
+        Ok(v)
     };
     let f16 = s.kv != KvKind::F32;
     Ok(vec![
@@ -290,8 +336,9 @@ pub fn swiglu_reference(y: &[f32], m: usize, n: usize) -> Vec<f32> {
 }
 
 /// What the Q/K/V epilogue writes, from the plain product [m, q + 2 kv] (in plain row order):
-/// each token's Q and K heads rotated at its position, V as it is.
-pub fn qkv_reference(plain: &[f32], m: usize, s: &QkvShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// each column's Q and K heads rotated at its position (`positions[r]`), V as it is.
+pub fn qkv_reference(plain: &[f32], positions: &[usize], s: &QkvShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let m = positions.len();
     let (qd, kvd, hd, n) = (s.q_dim(), s.kv_dim(), s.head_dim, s.rows());
     let rotate = |v: &[f32], pos: usize| -> Vec<f32> {
         let mut o = v.to_vec();
@@ -308,10 +355,10 @@ pub fn qkv_reference(plain: &[f32], m: usize, s: &QkvShape) -> (Vec<f32>, Vec<f3
     for r in 0..m {
         let row = &plain[r * n..(r + 1) * n];
         for h in 0..s.n_head {
-            q.extend(rotate(&row[h * hd..(h + 1) * hd], s.pos0 + r));
+            q.extend(rotate(&row[h * hd..(h + 1) * hd], positions[r]));
         }
         for h in 0..s.n_kv_head {
-            k.extend(rotate(&row[qd + h * hd..qd + (h + 1) * hd], s.pos0 + r));
+            k.extend(rotate(&row[qd + h * hd..qd + (h + 1) * hd], positions[r]));
         }
         v.extend_from_slice(&row[qd + kvd..]);
     }

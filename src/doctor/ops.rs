@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::gpu::{run_dispatches, Dispatch, GpuContext, WeightTensor};
 use crate::kernels::attention::{self, AttnShape, DecodeArgs, PrefillArgs};
 use crate::kernels::elementwise::{self, EltOp};
+use crate::kernels::matmul::StepColumn;
 use crate::kernels::nll::{self, NllParams};
 use crate::kernels::rope::{self, RopeMode, RopeParams};
 use crate::kernels::sample::{self, initial_state, SampleConfig};
@@ -156,11 +157,63 @@ impl AttnCase {
         let qb = ctx.upload_f32(q, "q")?;
         let out = ctx.storage((s.n_head * s.head_dim * 4) as u64, "out")?;
         let partial = ctx.storage(s.decode_scratch_len() as u64 * 4, "partial")?;
-        let a =
-            DecodeArgs { q: &qb, k_cache: &self.k_cache, v_cache: &self.v_cache, partial: &partial, out: &out, kv_len };
+        let a = DecodeArgs {
+            q: &qb,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            partial: &partial,
+            out: &out,
+            kv_len,
+            kv_base: 0,
+            columns: None,
+        };
         let ds = attention::prepare_decode(ctx, self.kv, s, &a)?;
         run(ctx, &ds)?;
         Ok((ctx.read_f32(&out, q.len())?, ds.len()))
+    }
+
+    /// A batched decode step's attention: query row c (of `cols.len()`) over the region of
+    /// `region` cache rows that column c's `kv_base` starts, up to its `kv_len`; the cache is
+    /// the case's, `shape.n_ctx` rows holding several regions. With `kv_base` unset, the
+    /// single-sequence kernel runs column 0 (`cols.len() == 1`) at its region instead.
+    /// Returns the output [columns, n_head * head_dim] and the dispatches.
+    pub fn decode_columns(
+        &self,
+        ctx: &GpuContext,
+        q: &[f32],
+        region: u32,
+        cols: &[StepColumn],
+        batched: bool,
+    ) -> Result<(Vec<f32>, usize)> {
+        let s = AttnShape { n_ctx: region, ..self.shape };
+        let qb = ctx.upload_f32(q, "q")?;
+        let width = s.n_head * s.head_dim;
+        let out = ctx.storage((cols.len() as u32 * width * 4) as u64, "out")?;
+        let partial = ctx.storage(cols.len() as u64 * s.decode_scratch_len() as u64 * 4, "partial")?;
+        let one = cols.first().copied().unwrap_or_default();
+        let a = DecodeArgs {
+            q: &qb,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            partial: &partial,
+            out: &out,
+            kv_len: one.kv_len,
+            kv_base: one.kv_base,
+            columns: batched.then_some(cols),
+        };
+        let ds = attention::prepare_decode(ctx, self.kv, &s, &a)?;
+        run(ctx, &ds)?;
+        Ok((ctx.read_f32(&out, q.len())?, ds.len()))
+    }
+
+    /// The f64 reference of one query of a batched step: row `c` of `q` at the position and
+    /// region `col` says.
+    pub fn reference_column(&self, q: &[f32], c: usize, col: &StepColumn) -> Vec<f32> {
+        let s = &self.shape;
+        let (width, kvs) = ((s.n_head * s.head_dim) as usize, s.kv_stride() as usize);
+        let from = col.kv_base as usize * kvs;
+        let query = &q[c * width..(c + 1) * width];
+        attention::reference(s, query, &self.k_vals[from..], &self.v_vals[from..], 1, col.pos as usize)
     }
 }
 

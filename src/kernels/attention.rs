@@ -1,6 +1,8 @@
 //! Attention. Prefill, materialized (`KILN_PREFILL_ATTENTION=gemm`; the default is one
 //! dispatch, `flash_attention`): scores = Q·Kᵀ (batched 4D GEMM), causal softmax, out = P·V.
-//! Decode: one query per head against the cache, split over the context, then a combine pass.
+//! Decode: one query per head against the cache, split over the context, then a combine pass;
+//! a batched decode step runs one query per column, each over its own sequence's region of a
+//! shared cache (the step buffer's table of columns, `matmul::StepColumn`).
 //! GQA by indexing: query head h reads KV head h / (n_head / n_kv_head).
 
 use bytemuck::{Pod, Zeroable};
@@ -80,7 +82,8 @@ impl AttnShape {
     fn max_splits(&self) -> u32 {
         (1..=ATTN_DECODE_MAX_BLOCK).map(|b| self.n_ctx.div_ceil(Self::chunk_of(b))).max().unwrap_or(1).max(1)
     }
-    /// Scratch floats the decode kernel needs for its partial results.
+    /// Scratch floats the decode kernel needs for its partial results (per column of a
+    /// batched step).
     pub fn decode_scratch_len(&self) -> u32 {
         self.n_head * self.max_splits() * (self.head_dim + 2)
     }
@@ -240,6 +243,36 @@ pub struct DecodeLaunch {
 }
 
 pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> Result<DecodeLaunch> {
+    launch_columns(ctx_caps, kv, shape, kv_len, None)
+}
+
+/// The decode attention of a batched step of `cols` columns (at most `plan::GEMV_MAX_COLS`),
+/// each a query over its own sequence, the longest seeing `kv_len` positions: the block and
+/// split size follow that one, the grid's z is the column, and the combine pass (if any
+/// column is split) skips the columns of a single split.
+pub fn decode_launch_batched(
+    ctx_caps: &crate::gpu::Caps,
+    kv: KvKind,
+    shape: &AttnShape,
+    kv_len: u32,
+    cols: u32,
+) -> Result<DecodeLaunch> {
+    if cols == 0 || cols > crate::plan::GEMV_MAX_COLS {
+        return Err(KilnError::invalid(
+            "attention",
+            format!("{cols} columns (a batched step has 1 to {})", crate::plan::GEMV_MAX_COLS),
+        ));
+    }
+    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols))
+}
+
+fn launch_columns(
+    ctx_caps: &crate::gpu::Caps,
+    kv: KvKind,
+    shape: &AttnShape,
+    kv_len: u32,
+    cols: Option<u32>,
+) -> Result<DecodeLaunch> {
     shape.check()?;
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
@@ -260,35 +293,50 @@ pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape,
         chunk: shape.decode_chunk(kv_len),
         _pad: [0; 3],
     };
-    let key = KernelKey::AttnDecode { kv, subgroups: ctx_caps.subgroups, block: block as u8 };
-    let grid = [shape.n_head / block, splits, 1];
-    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, 1]) })
+    let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
+    let key = KernelKey::AttnDecode { kv, subgroups: ctx_caps.subgroups, block: block as u8, batched };
+    let grid = [shape.n_head / block, splits, z];
+    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]) })
 }
 
-/// Buffers of one decode attention (a single query token at position kv_len - 1).
+/// Buffers of one decode attention: a single query token at position kv_len - 1 of the
+/// sequence whose cache region starts at row `kv_base`; or, with `columns`, a batched step's
+/// queries (row c of q for column c), each as its `StepColumn` says (kv_len, kv_base unused).
 pub struct DecodeArgs<'a> {
     pub q: &'a wgpu::Buffer,
     pub k_cache: &'a wgpu::Buffer,
     pub v_cache: &'a wgpu::Buffer,
-    /// Scratch of `AttnShape::decode_scratch_len` floats.
+    /// Scratch of `AttnShape::decode_scratch_len` floats (per column).
     pub partial: &'a wgpu::Buffer,
     pub out: &'a wgpu::Buffer,
     pub kv_len: u32,
+    pub kv_base: u32,
+    pub columns: Option<&'a [crate::kernels::matmul::StepColumn]>,
 }
 
 /// One dispatch (a context of one split), or the split attention and the combine pass.
 pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &DecodeArgs) -> Result<Vec<Dispatch>> {
-    let l = decode_launch(&ctx.caps, kv, shape, a.kv_len)?;
+    use crate::kernels::matmul::{step_table, StepState};
+    let (l, step_bytes) = match a.columns {
+        Some(cols) => {
+            let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
+            (decode_launch_batched(&ctx.caps, kv, shape, kv_len, cols.len() as u32)?, step_table(cols))
+        }
+        None => {
+            let l = decode_launch(&ctx.caps, kv, shape, a.kv_len)?;
+            let state = StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, kv_base: a.kv_base };
+            (l, bytemuck::bytes_of(&state).to_vec())
+        }
+    };
     let pipe = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.decode");
     let dst = if l.combine.is_some() { a.partial } else { a.out };
-    let state = crate::kernels::matmul::StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, _pad: 0 };
-    let step = ctx.upload(bytemuck::bytes_of(&state), "step state")?;
+    let step = ctx.upload(&step_bytes, "step state")?;
     let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step]);
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
-        let pipe = ctx.pipeline(&KernelKey::AttnCombine)?;
+        let pipe = ctx.pipeline(&KernelKey::AttnCombine { batched: a.columns.is_some() })?;
         let ub = ctx.uniform(&l.params, "attention.combine");
         let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step]);
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });

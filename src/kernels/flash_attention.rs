@@ -67,6 +67,9 @@ pub struct FlashParams {
     /// log2(e) / sqrt(head_dim): the kernel's scores are in base 2.
     pub scale: f32,
     pub n_tiles: u32,
+    /// The cache element of the sequence's row 0 (its region's first row x kv_stride).
+    pub kv_off: u32,
+    pub _pad: [u32; 3],
 }
 
 /// The variant for heads of `shape` over a cache of `kv` values.
@@ -105,6 +108,8 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32) -> Result<FlashL
         kv_stride: shape.kv_stride(),
         scale: std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt(),
         n_tiles,
+        kv_off: 0,
+        _pad: [0; 3],
     };
     Ok(FlashLaunch { params, key, grid: [n_tiles, shape.n_kv_head, 1] })
 }

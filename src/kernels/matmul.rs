@@ -75,7 +75,7 @@ impl Epilogue<'_> {
         match *self {
             Epilogue::Plain => Epi::Plain,
             Epilogue::SwiGlu => Epi::SwiGlu,
-            Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox },
+            Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox, batched: false },
         }
     }
 }
@@ -94,14 +94,48 @@ pub struct RopeShape {
     pub _pad: u32,
 }
 
-/// Mirrors `StepState` in common/epilogue_qkv.wgsl: what a step works on.
+/// Mirrors `Step` in common/step_one.wgsl: what a step of one sequence works on (its tokens
+/// at positions pos0.. of the sequence, whose KV-cache region starts at row `kv_base`). The
+/// head of the step buffer, which the QKV epilogue, decode attention and the combine pass read.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 pub struct StepState {
     pub n_tokens: u32,
     pub pos0: u32,
     pub kv_len: u32,
-    pub _pad: u32,
+    pub kv_base: u32,
+}
+
+/// Mirrors `Column` in common/step_columns.wgsl: one column of a batched decode step, the
+/// next token of its own sequence. The table of columns follows the `StepState` in the step
+/// buffer; the batched kernel variants read it.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq, Default)]
+pub struct StepColumn {
+    /// The token's position in its sequence (RoPE).
+    pub pos: u32,
+    /// Positions its attention sees (pos + 1).
+    pub kv_len: u32,
+    /// Its sequence's first KV-cache row.
+    pub kv_base: u32,
+    /// Its sequence's sampler configuration and state row.
+    pub slot: u32,
+}
+
+/// Bytes of a step buffer: the `StepState` and a table of up to `plan::GEMV_MAX_COLS` columns.
+pub const STEP_BYTES: u64 =
+    (std::mem::size_of::<StepState>() + crate::plan::GEMV_MAX_COLS as usize * std::mem::size_of::<StepColumn>()) as u64;
+
+/// The step buffer's bytes (`STEP_BYTES`: the shader's table has its full size) for a
+/// batched step over `cols` (at most `plan::GEMV_MAX_COLS`; the rest of the table is zeros).
+pub fn step_table(cols: &[StepColumn]) -> Vec<u8> {
+    let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
+    let head = StepState { n_tokens: cols.len() as u32, pos0: 0, kv_len, kv_base: 0 };
+    let mut bytes = bytemuck::bytes_of(&head).to_vec();
+    let n = cols.len().min(crate::plan::GEMV_MAX_COLS as usize);
+    bytes.extend_from_slice(bytemuck::cast_slice(&cols[..n]));
+    bytes.resize(STEP_BYTES as usize, 0);
+    bytes
 }
 
 impl<'a> Matmul<'a> {
@@ -166,6 +200,9 @@ pub fn launch(
             Ok((key, grid(rows.div_ceil(shape.rows))))
         }
         MatmulKernel::Gemm { tile } => {
+            if matches!(epi, Epi::Qkv { batched: true, .. }) {
+                return Err(KilnError::invalid("matmul", "a batched decode step runs on the GEMV (m <= 8)"));
+            }
             if norm || glu {
                 return Err(KilnError::invalid("matmul", "a fused RMSNorm or SwiGLU needs the GEMV kernel (m <= 8)"));
             }
@@ -408,7 +445,7 @@ impl BoundMatmul {
         kernel: Option<MatmulKernel>,
     ) -> Result<()> {
         let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
-        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, true)? {
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, true, false)? {
             b.record_with(pass, &pipeline, grid);
         }
         Ok(())
@@ -416,11 +453,14 @@ impl BoundMatmul {
 
     /// Records the members of one `group` over m columns with the kernels the planner picks:
     /// the shared input is quantized once, by the first member that runs the int8 GEMV.
+    /// `batched`: the columns are a batched decode step's (the Q/K/V epilogue reads each
+    /// column's position and cache region from the step's table).
     pub fn record_group(
         ctx: &GpuContext,
         pass: &mut wgpu::ComputePass<'_>,
         group: &[&BoundMatmul],
         m: u32,
+        batched: bool,
     ) -> Result<()> {
         let mut quantized: Option<&wgpu::Buffer> = None;
         for b in group {
@@ -429,7 +469,7 @@ impl BoundMatmul {
                 (Some(q), Some(done)) => q.blocks != *done,
                 _ => true,
             };
-            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, fresh)? {
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, fresh, batched)? {
                 bound.record_with(pass, &pipeline, grid);
             }
             if matches!(kernel, MatmulKernel::Gemv { q8: true, .. }) {
@@ -441,14 +481,17 @@ impl BoundMatmul {
 
     /// The bindings (parameters written), pipelines and grids of `kernel` over m columns:
     /// for the int8 GEMV, the quantize dispatch (unless `quantize` is false: a group member
-    /// quantized the shared input already), then one GEMV per weight chunk.
+    /// quantized the shared input already), then one GEMV per weight chunk; `batched` picks
+    /// the epilogue variant of a batched decode step.
     fn dispatches(
         &self,
         ctx: &GpuContext,
         m: u32,
         kernel: MatmulKernel,
         quantize: bool,
+        batched: bool,
     ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
+        let epi = if batched { self.epi.batched() } else { self.epi };
         let norm = self.norm_eps.is_some();
         let mut out = Vec::new();
         let chunks: Vec<&Bound> = match kernel {
@@ -465,7 +508,7 @@ impl BoundMatmul {
             _ => self.chunks.iter().map(|(b, ..)| b).collect(),
         };
         for (b, (_, row_start, rows)) in chunks.into_iter().zip(&self.chunks) {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, self.epi)?;
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
             b.set(ctx, &self.params(m, *row_start, *rows));
             out.push((b, ctx.pipeline(&key)?, grid));
         }
@@ -481,10 +524,22 @@ pub fn prepare(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec
 
 /// As `prepare`, with the kernel chosen by the caller (benchmarks, tests of each variant).
 pub fn prepare_with(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, stage: &'static str) -> Result<Vec<Dispatch>> {
+    prepare_columns(ctx, mm, kernel, stage, false)
+}
+
+/// As `prepare_with`; `batched`: the Q/K/V epilogue of a batched decode step, each column at
+/// the position and cache region its `StepColumn` in the step buffer says (tests).
+pub fn prepare_columns(
+    ctx: &GpuContext,
+    mm: &Matmul,
+    kernel: MatmulKernel,
+    stage: &'static str,
+    batched: bool,
+) -> Result<Vec<Dispatch>> {
     let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
     let bm = BoundMatmul::with_q8(ctx, mm, stage, q8)?;
     let dispatches = bm
-        .dispatches(ctx, mm.m, kernel, true)?
+        .dispatches(ctx, mm.m, kernel, true, batched)?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,

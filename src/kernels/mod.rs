@@ -74,8 +74,21 @@ fn format_file(f: WeightFormat) -> &'static str {
 fn epilogue(c: Composer, epi: Epi) -> Composer {
     let c = c.const_u32("EPI", epi.code()).include("common/matmul_epilogue.wgsl");
     match epi {
-        Epi::Qkv { kv, neox } => c.const_bool("NEOX", neox).include(kv.file()).include("common/epilogue_qkv.wgsl"),
+        Epi::Qkv { kv, neox, batched } => {
+            step_file(c.const_bool("NEOX", neox).include(kv.file()), batched).include("common/epilogue_qkv.wgsl")
+        }
         _ => c.include("common/epilogue_none.wgsl"),
+    }
+}
+
+/// What a kernel that reads the step buffer takes a column's position and cache region from:
+/// one sequence's tokens (common/step_one.wgsl), or a batched decode step's table of columns
+/// (common/step_columns.wgsl, up to `plan::GEMV_MAX_COLS`).
+fn step_file(c: Composer, batched: bool) -> Composer {
+    if batched {
+        c.const_u32("MAX_COLS", crate::plan::GEMV_MAX_COLS).include("common/step_columns.wgsl")
+    } else {
+        c.include("common/step_one.wgsl")
     }
 }
 
@@ -95,10 +108,21 @@ pub enum Epi {
     /// Gate and up rows interleaved: Y = silu(gate) * up.
     SwiGlu,
     /// Q, K and V rows stacked: Q rotated into Y, K rotated and V copied into the KV cache.
-    Qkv { kv: KvKind, neox: bool },
+    /// `batched`: each column is its own sequence (a batched decode step's table of
+    /// positions and cache regions), else the step's tokens are one sequence's.
+    Qkv { kv: KvKind, neox: bool, batched: bool },
 }
 
 impl Epi {
+    /// The variant whose columns are each its own sequence (a batched decode step): only the
+    /// Q/K/V epilogue reads positions.
+    pub fn batched(self) -> Epi {
+        match self {
+            Epi::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox, batched: true },
+            e => e,
+        }
+    }
+
     fn code(self) -> u32 {
         match self {
             Epi::Plain => 0,
@@ -158,8 +182,12 @@ pub enum KernelKey {
         subgroups: bool,
         /// Query heads per workgroup (`AttnShape::decode_block`).
         block: u8,
+        /// One query per column of a batched decode step, each over its own sequence.
+        batched: bool,
     },
-    AttnCombine,
+    AttnCombine {
+        batched: bool,
+    },
     Rope {
         neox: bool,
         to_cache: Option<KvKind>,
@@ -183,6 +211,8 @@ pub enum KernelKey {
     /// workgroup per row (sample.wgsl).
     Sample {
         subgroups: bool,
+        /// Rows are a batched step's columns, each with its slot's configuration and state.
+        batched: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
     Nll {
@@ -241,11 +271,13 @@ impl KernelKey {
             | KernelKey::RmsNorm { .. }
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
-            KernelKey::Sample { .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
+            KernelKey::Sample { batched: false, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
+            // The slots' configurations and the step's table of columns.
+            KernelKey::Sample { batched: true, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
             KernelKey::AttnFlash { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
-            KernelKey::AttnCombine => &[Uniform, Read, ReadWrite, Read],
+            KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
             KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
@@ -368,18 +400,22 @@ impl KernelKey {
                 .include(kv.file())
                 .include("flash_attention.wgsl")
                 .build(),
-            KernelKey::AttnDecode { kv, subgroups, block } => c
-                .enable_f16(kv.needs_f16())
-                .const_u32("WG", ATTN_WG_DECODE)
-                .const_u32("TPP", ATTN_DECODE_TPP)
-                .const_u32("NB", block as u32)
-                .const_u32("MAX_QB", ATTN_DECODE_QB)
-                .const_u32("MAX_SC", ATTN_DECODE_SC)
-                .include(kv.file())
-                .include(reduce_file(subgroups))
-                .include("attention_decode.wgsl")
-                .build(),
-            KernelKey::AttnCombine => c.const_u32("WG", ATTN_WG).include("attention_combine.wgsl").build(),
+            KernelKey::AttnDecode { kv, subgroups, block, batched } => step_file(
+                c.enable_f16(kv.needs_f16())
+                    .const_u32("WG", ATTN_WG_DECODE)
+                    .const_u32("TPP", ATTN_DECODE_TPP)
+                    .const_u32("NB", block as u32)
+                    .const_u32("MAX_QB", ATTN_DECODE_QB)
+                    .const_u32("MAX_SC", ATTN_DECODE_SC)
+                    .include(kv.file())
+                    .include(reduce_file(subgroups)),
+                batched,
+            )
+            .include("attention_decode.wgsl")
+            .build(),
+            KernelKey::AttnCombine { batched } => {
+                step_file(c.const_u32("WG", ATTN_WG), batched).include("attention_combine.wgsl").build()
+            }
             KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
                 c.enable_f16(kv.needs_f16())
@@ -407,14 +443,20 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
-            KernelKey::Sample { subgroups } => c
-                .const_u32("WG", sample::SAMPLE_WG)
-                .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
-                .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
-                .const_u32("BAN", crate::sample::BAN_CAP as u32)
-                .include(reduce_file(subgroups))
-                .include("sample.wgsl")
-                .build(),
+            KernelKey::Sample { subgroups, batched } => {
+                let c = c
+                    .const_u32("WG", sample::SAMPLE_WG)
+                    .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
+                    .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
+                    .const_u32("BAN", crate::sample::BAN_CAP as u32)
+                    .include(reduce_file(subgroups));
+                let c = if batched {
+                    step_file(c, true).include("common/sample_columns.wgsl")
+                } else {
+                    c.include("common/sample_one.wgsl")
+                };
+                c.include("sample.wgsl").build()
+            }
             KernelKey::Nll { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("nll.wgsl").build()
             }
@@ -439,7 +481,7 @@ impl KernelKey {
             | KernelKey::Softmax { subgroups }
             | KernelKey::RmsNorm { subgroups }
             | KernelKey::Argmax { subgroups }
-            | KernelKey::Sample { subgroups }
+            | KernelKey::Sample { subgroups, .. }
             | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
@@ -455,11 +497,14 @@ impl KernelKey {
         let mut v = Vec::new();
         // The epilogues the planner pairs with a fused input (RMSNorm, or int8 blocks): the
         // fused Q/K/V and gate/up projections.
+        // The batched Q/K/V epilogue only runs on the GEMVs of a batched decode step.
         let mut fused_epis = vec![Epi::SwiGlu];
+        let mut batched_epis = Vec::new();
         for kv in KvKind::ALL {
             for neox in [false, true] {
                 if !(neox && kv == KvKind::F16Packed) {
-                    fused_epis.push(Epi::Qkv { kv, neox });
+                    fused_epis.push(Epi::Qkv { kv, neox, batched: false });
+                    batched_epis.push(Epi::Qkv { kv, neox, batched: true });
                 }
             }
         }
@@ -471,7 +516,7 @@ impl KernelKey {
                             let epi = Epi::Plain;
                             v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false, epi });
                         }
-                        for &epi in &fused_epis {
+                        for &epi in fused_epis.iter().chain(&batched_epis) {
                             v.push(KernelKey::Gemv {
                                 format,
                                 ncols,
@@ -485,7 +530,8 @@ impl KernelKey {
                             });
                         }
                         if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
-                            for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+                            let epis = fused_epis.iter().chain(&batched_epis).copied();
+                            for epi in std::iter::once(Epi::Plain).chain(epis) {
                                 v.push(KernelKey::Gemv {
                                     format,
                                     ncols,
@@ -516,7 +562,9 @@ impl KernelKey {
             }
             for subgroups in [false, true] {
                 for block in 1..=ATTN_DECODE_MAX_BLOCK as u8 {
-                    v.push(KernelKey::AttnDecode { kv, subgroups, block });
+                    for batched in [false, true] {
+                        v.push(KernelKey::AttnDecode { kv, subgroups, block, batched });
+                    }
                 }
             }
             for neox in [false, true] {
@@ -529,7 +577,8 @@ impl KernelKey {
         for neox in [false, true] {
             v.push(KernelKey::Rope { neox, to_cache: None, rope: true });
         }
-        v.push(KernelKey::AttnCombine);
+        v.push(KernelKey::AttnCombine { batched: false });
+        v.push(KernelKey::AttnCombine { batched: true });
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {
                 v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu });
@@ -537,7 +586,8 @@ impl KernelKey {
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
-            v.push(KernelKey::Sample { subgroups });
+            v.push(KernelKey::Sample { subgroups, batched: false });
+            v.push(KernelKey::Sample { subgroups, batched: true });
             v.push(KernelKey::Nll { subgroups });
         }
         for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {

@@ -79,8 +79,29 @@ pub fn prepare(
     state: &wgpu::Buffer,
     rows: u32,
 ) -> crate::Result<crate::gpu::Dispatch> {
-    let pipeline = ctx.pipeline(&crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups })?;
+    let pipeline =
+        ctx.pipeline(&crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: false })?;
     let ub = ctx.uniform(cfg, "sample");
     let bg = crate::gpu::bind(ctx, &pipeline, "sample", &[&ub, logits, ids, state]);
     Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: [rows, 1, 1], params: Some(ub) })
+}
+
+/// One dispatch sampling the rows of a batched decode step (tests, tools): row c of
+/// `logits` for the slot `cols[c]` names, with that slot's configuration (`configs`, one
+/// `SampleConfig` per slot) and state row (`state`, `STATE_WORDS` words per slot).
+pub fn prepare_columns(
+    ctx: &crate::gpu::GpuContext,
+    configs: &wgpu::Buffer,
+    logits: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    cols: &[crate::kernels::matmul::StepColumn],
+) -> crate::Result<crate::gpu::Dispatch> {
+    let key = crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: true };
+    let pipeline = ctx.pipeline(&key)?;
+    let ub = ctx.uniform(&SampleConfig::zeroed(), "sample");
+    let step = ctx.upload(&crate::kernels::matmul::step_table(cols), "step table")?;
+    let bg = crate::gpu::bind(ctx, &pipeline, "sample", &[&ub, logits, ids, state, configs, &step]);
+    let grid = [cols.len() as u32, 1, 1];
+    Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: grid, params: Some(ub) })
 }

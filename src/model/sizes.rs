@@ -15,10 +15,17 @@ pub fn pad4(n: u32) -> u32 {
     n.div_ceil(4) * 4
 }
 
-/// Bytes of each buffer of a session (before the storage tail pad).
+/// The most columns (sequences) one batched decode step of a session of `n_seq` sequences
+/// carries: up to the GEMV's columns; 1 for a session of one sequence.
+pub fn batch_columns(n_seq: u32) -> u32 {
+    n_seq.clamp(1, crate::plan::GEMV_MAX_COLS)
+}
+
+/// Bytes of each buffer of a session (before the storage tail pad). Activations hold a step of
+/// `rows` = max(ubatch, batch columns) tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionSizes {
-    /// Token ids of one step: [ubatch] u32.
+    /// Token ids of one step: [rows] u32.
     pub ids: u64,
     /// The residual stream and its normed copy: [ubatch, pad4(n_embd)] f32 each.
     pub x: u64,
@@ -31,14 +38,20 @@ pub struct SessionSizes {
     /// Prefill attention scores: [n_head, ubatch, n_ctx] f32 with `KILN_PREFILL_ATTENTION=gemm`;
     /// 0 (no buffer) for flash attention, which keeps its scores in workgroup memory.
     pub scores: u64,
-    /// Decode attention's partial results per context split.
+    /// Decode attention's partial results per context split, for each column of a batched step.
     pub partials: u64,
     /// The last position's hidden state: [pad4(n_embd)] f32.
     pub x_last: u64,
-    /// Logits: [ubatch or 1, n_vocab] f32 (and a readback buffer of the same size).
+    /// Logits: [ubatch with all logits, else the batch columns, n_vocab] f32 (and a readback
+    /// buffer of the same size).
     pub logits: u64,
-    /// One layer's K (or V) cache: [n_ctx, kv_dim] in the cache's element type.
+    /// One layer's K (or V) cache, shared by the sequences, each a region of n_ctx rows:
+    /// [n_seq * n_ctx, kv_dim] in the cache's element type.
     pub kv_layer: u64,
+    /// Each sequence's sampler state (`kernels::sample::STATE_WORDS` u32) ...
+    pub sampler_states: u64,
+    /// ... and configuration (`kernels::sample::SampleConfig`).
+    pub sampler_configs: u64,
     pub n_layer: u64,
 }
 
@@ -49,11 +62,13 @@ impl SessionSizes {
     }
 
     pub fn with_attention(cfg: &ModelConfig, opts: &SessionOptions, attn: PrefillAttention) -> SessionSizes {
-        let b = opts.ubatch.max(1) as u64;
+        let n_seq = opts.n_seq.max(1) as u64;
+        let cols = batch_columns(opts.n_seq) as u64;
+        let b = (opts.ubatch.max(1) as u64).max(cols);
         let f = |n: u64| n * 4;
         let shape =
             AttnShape { n_head: cfg.n_head, n_kv_head: cfg.n_kv_head, head_dim: cfg.head_dim, n_ctx: opts.n_ctx };
-        let logit_rows = if opts.all_logits { b } else { 1 };
+        let logit_rows = if opts.all_logits { b } else { cols };
         let kv_elem = if opts.f16_kv { 2 } else { 4 };
         SessionSizes {
             ids: f(b),
@@ -65,16 +80,18 @@ impl SessionSizes {
                 PrefillAttention::Flash => 0,
                 PrefillAttention::Gemm => f(cfg.n_head as u64 * b * opts.n_ctx as u64),
             },
-            partials: f(shape.decode_scratch_len() as u64),
+            partials: f(cols * shape.decode_scratch_len() as u64),
             x_last: f(pad4(cfg.n_embd) as u64),
             logits: f(logit_rows * cfg.n_vocab as u64),
-            kv_layer: opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
+            kv_layer: n_seq * opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
+            sampler_states: n_seq * f(crate::kernels::sample::STATE_WORDS as u64),
+            sampler_configs: n_seq * std::mem::size_of::<crate::kernels::sample::SampleConfig>() as u64,
             n_layer: cfg.n_layer as u64,
         }
     }
 
     /// Each kind of storage buffer with how many of it a session holds.
-    fn buffers(&self) -> [(&'static str, u64, u64); 10] {
+    fn buffers(&self) -> [(&'static str, u64, u64); 12] {
         [
             ("token ids", self.ids, 1),
             ("hidden states", self.x, 2),
@@ -86,6 +103,8 @@ impl SessionSizes {
             ("last hidden state", self.x_last, 1),
             ("logits", self.logits, 1),
             ("KV cache", self.kv_layer, 2 * self.n_layer),
+            ("sampler states", self.sampler_states, 1),
+            ("sampler configurations", self.sampler_configs, 1),
         ]
     }
 
@@ -182,7 +201,9 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
     let (f16_kv, all_logits) = (req.f16_kv, req.all_logits);
     let mut n_ctx = req.ctx_size.unwrap_or(cfg.n_ctx_train).max(req.min_ctx).max(1);
     let mut ubatch = req.ubatch.max(1);
-    let sizes = |n_ctx: u32, ubatch: u32| SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits });
+    let sizes = |n_ctx: u32, ubatch: u32| {
+        SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 })
+    };
     // One layer's K (or V) cache must fit one buffer binding.
     if !ctx.fits_storage(sizes(n_ctx, 1).kv_layer) {
         let per_pos = sizes(1, 1).kv_layer;
@@ -242,6 +263,6 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
             }
         }
     }
-    let opts = fit_session(ctx, cfg, SessionOptions { n_ctx, ubatch, f16_kv, all_logits })?;
+    let opts = fit_session(ctx, cfg, SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 })?;
     Ok(Fitted { opts, notes })
 }

@@ -2,7 +2,8 @@
 //! `Event`s back. Each tick it drops requests whose client went away, admits waiting requests
 //! into free slots (the slot whose cache shares the longest prefix with the prompt), prefills
 //! at most `PREFILL_BUDGET` prompt tokens (so a long prompt never stalls the other streams for
-//! long), then runs one decode step for every generating slot and sends each its text.
+//! long), then runs one decode step for every generating slot (the slots batch it: one pass
+//! over the weights for all of them) and sends each its text.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Receiver;
@@ -191,6 +192,9 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         self.metrics.record_step(generated);
         self.metrics.slots_busy.store(self.running.len() as u64, Relaxed);
         self.metrics.gpu_memory_bytes.store(self.slots.gpu_memory_bytes(), Relaxed);
+        if let Ok(mut b) = self.metrics.batches.lock() {
+            *b = self.slots.batch_counts();
+        }
     }
 
     /// Waiting requests whose client went away leave the queue; running ones end (their

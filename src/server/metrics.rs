@@ -66,6 +66,17 @@ impl Histogram {
     }
 }
 
+/// What the GPU's decode steps carried (`Slots::batch_counts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// Decode steps the GPU ran, ...
+    pub steps: u64,
+    /// ... the tokens they fed (one per sequence and step), ...
+    pub tokens: u64,
+    /// ... and the most sequences one step carried.
+    pub widest: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// HTTP responses by route and status code.
@@ -91,6 +102,8 @@ pub struct Metrics {
     recent: Mutex<VecDeque<(Instant, u64)>>,
     /// The GPU fault that stopped generation (a lost device), once one happened.
     pub gpu_fault: std::sync::OnceLock<String>,
+    /// What the decode steps carried (written by the engine from its slots).
+    pub batches: Mutex<BatchCounts>,
 }
 
 impl Metrics {
@@ -184,6 +197,20 @@ impl Metrics {
             "gauge",
             "Tokens generated per second over the last 10 seconds, all slots together.",
             self.tokens_per_second(),
+        );
+        let b = self.batches.lock().map(|b| *b).unwrap_or_default();
+        metric("kiln_decode_steps_total", "counter", "Decode steps the GPU ran.", b.steps as f64);
+        metric(
+            "kiln_decode_step_sequences_total",
+            "counter",
+            "Sequences those decode steps advanced (one token each); over the steps, the mean batch.",
+            b.tokens as f64,
+        );
+        metric(
+            "kiln_decode_step_sequences_max",
+            "gauge",
+            "The most sequences one decode step advanced (1 without batching).",
+            b.widest as f64,
         );
         metric(
             "kiln_gpu_fault",

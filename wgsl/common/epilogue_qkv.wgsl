@@ -1,7 +1,10 @@
 // The QKV epilogue (common/matmul_epilogue.wgsl, EPI_QKV): Q rotated into Y, K rotated and V
 // copied into their KV-cache rows at each token's position. Needs a KV-cache element file
-// (common/kv_*.wgsl). Header constant NEOX: rotated pairs are halves (i, i + n_rot/2) of a
-// head, whose rows the fused weight holds adjacent; else adjacent dimensions (2i, 2i + 1).
+// (common/kv_*.wgsl) and a step file: common/step_one.wgsl (the tokens of one sequence at
+// consecutive positions of its cache region) or common/step_columns.wgsl (a batched decode
+// step: each column its own sequence, position and region). Header constant NEOX: rotated
+// pairs are halves (i, i + n_rot/2) of a head, whose rows the fused weight holds adjacent;
+// else adjacent dimensions (2i, 2i + 1).
 
 struct Rope {
     q_dim: u32,      // rows of Q (heads x head_dim)
@@ -14,33 +17,24 @@ struct Rope {
     _pad: u32,
 }
 
-// What a step works on, written by the host before a prefill and advanced by the sampler at
-// the end of each decode step (so chained steps need no host write): its tokens, the position
-// of the first, and how many positions attention sees.
-struct StepState {
-    n_tokens: u32,
-    pos0: u32,
-    kv_len: u32,
-    _pad: u32,
-}
-
 @group(0) @binding(6) var<storage, read_write> k_cache: array<KvWord>;
 @group(0) @binding(7) var<storage, read_write> v_cache: array<KvWord>;
 @group(0) @binding(8) var<uniform> rope: Rope;
-@group(0) @binding(9) var<storage, read> step: StepState;
+@group(0) @binding(9) var<storage, read> step: Step;
 
 // theta_i = pos * freq_scale * base^(-2i / n_rot), as rope.wgsl.
 fn rope_theta(pos: u32, i: u32) -> f32 {
     return f32(pos) * rope.freq_scale * pow(rope.freq_base, -2.0 * f32(i) / f32(rope.n_rot));
 }
 
-// Values a, b of fused rows n, n + 1 (n even) for token gm of the step.
+// Values a, b of fused rows n, n + 1 (n even) for column gm of the step.
 fn store_qkv(gm: u32, n: u32, a: f32, b: f32) {
-    let pos = step.pos0 + gm;
+    let pos = col_pos(gm);
+    let row = col_base(gm) + pos;   // the token's cache row
     let qk = rope.q_dim + rope.kv_dim;
     if (n >= qk) {
         // V: dimensions e, e + 1 of the row, as they are.
-        let i = pos * rope.kv_stride + (n - qk);
+        let i = row * rope.kv_stride + (n - qk);
         let w = kv_pair_words(a, b);
         for (var u = 0u; u < 2u / KV_PER_WORD; u++) { v_cache[i / KV_PER_WORD + u] = w[u]; }
         return;
@@ -71,7 +65,7 @@ fn store_qkv(gm: u32, n: u32, a: f32, b: f32) {
         y[o_row + d1] = o.y;
         return;
     }
-    let base = pos * rope.kv_stride + head;
+    let base = row * rope.kv_stride + head;
     let w = kv_pair_words(o.x, o.y);
     if (KV_PER_WORD == 1u) {
         k_cache[base + d0] = w[0];

@@ -17,7 +17,7 @@ use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::sample::SampleConfig;
 use crate::kernels::{KernelKey, KvKind};
 use crate::model::config::ModelConfig;
-use crate::model::sizes::{pad4, SessionSizes};
+use crate::model::sizes::{self, pad4, SessionSizes};
 use crate::model::weights::{GateUp, Qkv, Weights};
 
 use super::{FfnOps, LayerOps, PrefillAttnOps, QkvOps, Session, SessionOptions, StepTiming};
@@ -72,7 +72,8 @@ impl Session {
         let partial = st(sizes.partials, "attention partials")?;
         let x_last = st(sizes.x_last, "x_last")?;
         let logits = st(sizes.logits, "logits")?;
-        let out_id = st(16, "sampled id")?;
+        // The picked token of a step, or of each column of a batched step.
+        let out_id = st((sizes::batch_columns(opts.n_seq) as u64 * 4).max(16), "sampled ids")?;
         let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: sizes.logits.max(16),
@@ -82,7 +83,9 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
-        let decode_key = KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block(opts.n_ctx) as u8 };
+        // Any variant serves the bind groups: batched or not, they bind the same buffers.
+        let decode_key =
+            KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block(opts.n_ctx) as u8, batched: false };
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -153,7 +156,8 @@ impl Session {
             },
             "rope shape",
         );
-        let step_state = st(16, "step state")?;
+        // The step buffer: the step's `StepState`, then a batched step's table of columns.
+        let step_state = st(crate::kernels::matmul::STEP_BYTES, "step state")?;
         // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
         let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;
@@ -339,7 +343,7 @@ impl Session {
                 )?,
                 attn_combine: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &KernelKey::AttnCombine,
+                    &KernelKey::AttnCombine { batched: false },
                     "attention",
                     &[&partial, &attn, &step_state],
                 )?,
@@ -395,14 +399,39 @@ impl Session {
             .unwrap_or(super::STEPS_PER_SUBMIT)
             .clamp(1, super::CHAIN_MAX);
         let scorer = super::score::Scorer::new(&ctx, &logits, &opts)?;
-        // The GPU sampler's state: draws made, tokens appended and the penalties' history.
-        let sample_state = st(crate::kernels::sample::STATE_WORDS as u64 * 4, "sampling state")?;
+        // The GPU sampler's state per sequence: draws made, tokens appended and the penalties'
+        // history. The session's own sampler (slot 0) takes its configuration from its
+        // uniform; the table sampler each row's slot's from `sample_configs`.
+        let sample_state = st(sizes.sampler_states, "sampling state")?;
+        let sample_configs = st(sizes.sampler_configs, "sampler configurations")?;
         let sample = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub },
+            &KernelKey::Sample { subgroups: sub, batched: false },
             "sample",
             &[&logits, &out_id, &sample_state],
         )?;
+        let sample_table = Bound::new::<SampleConfig>(
+            &ctx,
+            &KernelKey::Sample { subgroups: sub, batched: true },
+            "sample",
+            &[&logits, &out_id, &sample_state, &sample_configs, &step_state],
+        )?;
+        // Batched steps need the stacked Q/K/V epilogue (it takes each column's position).
+        // Where a decode GEMV runs on int8 activations, a step of more columns than that
+        // kernel takes would switch it to the float GEMV and change the results: steps stay
+        // within its columns.
+        let batch_cols = if !layers.iter().all(|l| matches!(l.qkv, QkvOps::Stacked { .. })) {
+            1
+        } else if layers
+            .iter()
+            .flat_map(|l| l.decode_matmuls())
+            .chain([&lm_head_x])
+            .any(|b| matches!(b.plan(&ctx, 1), crate::plan::MatmulKernel::Gemv { q8: true, .. }))
+        {
+            sizes::batch_columns(opts.n_seq).min(crate::plan::GEMV_Q8_MAX_COLS)
+        } else {
+            sizes::batch_columns(opts.n_seq)
+        };
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial];
         keep.extend(scores);
         keep.extend(k_caches);
@@ -413,7 +442,9 @@ impl Session {
             opts,
             kv,
             shape,
-            pos: 0,
+            pos: vec![0; opts.n_seq.max(1) as usize],
+            batch_cols: batch_cols as usize,
+            batches: Default::default(),
             ids,
             x,
             x_last,
@@ -433,7 +464,9 @@ impl Session {
             argmax,
             scorer,
             sample,
+            sample_table,
             sample_state,
+            sample_configs,
             step_state,
             _rope_shape: rope_shape,
             _unused: unused,

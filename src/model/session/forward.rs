@@ -1,5 +1,9 @@
 //! What a step computes: the layer sequence of the forward pass, read top to bottom, recorded
-//! into the step's compute pass with a profile stage around each part.
+//! into the step's compute pass with a profile stage around each part. A step is one
+//! sequence's tokens at consecutive positions of its cache region, or a batched decode step:
+//! one token of each of several sequences, the GEMVs reading the weights once for all of them,
+//! the Q/K/V epilogue and decode attention taking each column's position and region from the
+//! step buffer's table (`StepShape`).
 
 use crate::error::Result;
 use crate::gpu::{grid, Bound};
@@ -17,27 +21,56 @@ use crate::profile::{Recorder, Stage, StageWork};
 
 use super::{FfnOps, Output, PrefillAttnOps, QkvOps, Session};
 
+/// What one step works on; the host knows it, the kernels read it from the step buffer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepShape {
+    /// Tokens of the step: one sequence's, or one per column of a batched step.
+    pub m: u32,
+    /// One sequence: the position of its first token, and its region's first cache row.
+    pub pos0: u32,
+    pub kv_base: u32,
+    /// A batched decode step (each column its own sequence, `matmul::StepColumn`): the
+    /// longest context a column attends over.
+    pub batched: Option<u32>,
+    /// The sampler takes each row's slot from the step's table (a batched step, or a
+    /// sequence other than slot 0); else the session's own sampler (slot 0).
+    pub table_sampler: bool,
+}
+
+impl StepShape {
+    /// `m` tokens of one sequence from position `pos0` of the region at row `kv_base`.
+    pub fn sequence(m: u32, pos0: u32, kv_base: u32) -> StepShape {
+        StepShape { m, pos0, kv_base, batched: None, table_sampler: false }
+    }
+    /// Positions the step's attention sees (the longest column's, batched).
+    pub fn kv_len(&self) -> u32 {
+        self.batched.unwrap_or(self.pos0 + self.m)
+    }
+}
+
 impl Session {
-    pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
+    pub(super) fn rope_params(&self, s: &StepShape, n_heads: u32, src_stride: u32) -> RopeParams {
         let c = &self.cfg;
         RopeParams {
-            n_tokens: m,
+            n_tokens: s.m,
             n_heads,
             head_dim: c.head_dim,
             n_rot: c.n_rot,
-            pos0: self.pos,
+            pos0: s.pos0,
             src_stride,
             dst_stride: c.kv_dim(),
-            dst_offset: 0,
+            dst_offset: s.kv_base * c.kv_dim(),
             freq_base: c.rope_base,
             freq_scale: c.rope_freq_scale,
             _pad: [0; 2],
         }
     }
 
-    /// Runs `tokens` (at most `ubatch`) through the model at the current position.
-    pub(super) fn record_step(&self, rec: &mut Recorder<'_>, m: u32, ids_on_gpu: bool) -> Result<()> {
+    /// Runs the step's tokens (at most `ubatch`, or a batched step's columns) through the
+    /// model at the positions `step` says.
+    pub(super) fn record_step(&self, rec: &mut Recorder<'_>, step: &StepShape, ids_on_gpu: bool) -> Result<()> {
         let ctx = &*self.ctx;
+        let (m, pos0, batched) = (step.m, step.pos0, step.batched.is_some());
         let c = &self.cfg;
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
         let pipe = |k: &KernelKey| ctx.pipeline(k);
@@ -79,7 +112,9 @@ impl Session {
             b.record_with(rec.pass(), &embed_pipe, grid((m * c.n_embd.div_ceil(8)).div_ceil(WG_ELT)));
         }
         let neox = c.rope_mode == RopeMode::Neox;
-        let kv_len = self.pos + m;
+        let kv_len = step.kv_len();
+        // Where the sequence's region starts, in cache elements (one sequence's prefill).
+        let kv_off = step.kv_base * self.shape.kv_stride();
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
         let fused = m <= crate::plan::GEMV_MAX_COLS;
         let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m)).collect());
@@ -90,7 +125,7 @@ impl Session {
                 QkvOps::Stacked { decode, prefill } => {
                     if fused {
                         rec.stage(Stage::AttnNormQkv, || group_work(decode));
-                        BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m)?;
+                        BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m, batched)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
@@ -101,11 +136,18 @@ impl Session {
                     }
                 }
                 QkvOps::Separate { q, k, v, q_fused, k_fused, v_fused, q_norm, k_norm, rope_q, kv_write } => {
+                    if batched {
+                        // Their RoPE and cache write take one sequence's positions.
+                        return Err(crate::error::KilnError::invalid(
+                            "batched step",
+                            "separate Q/K/V projections have no batched decode step",
+                        ));
+                    }
                     if fused {
                         rec.stage(Stage::AttnNormQkv, || {
                             StageWork::combine(vec![q_fused.work(ctx, m), k_fused.work(ctx, m), v_fused.work(ctx, m)])
                         });
-                        BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m)?;
+                        BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m, false)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
@@ -125,7 +167,7 @@ impl Session {
                     rec.stage(Stage::Rope, || {
                         StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
                     });
-                    rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
+                    rope_q.set(ctx, &self.rope_params(step, c.n_head, c.q_dim()));
                     rope_q.record_with(
                         rec.pass(),
                         &*pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?,
@@ -140,7 +182,7 @@ impl Session {
                             0.0,
                         )
                     });
-                    let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
+                    let kvp = self.rope_params(step, c.n_kv_head, c.kv_dim());
                     kv_write.set(ctx, &kvp);
                     kv_write.record_with(
                         rec.pass(),
@@ -156,9 +198,18 @@ impl Session {
                 // it, and P·V reads it again.
                 let kv_row = 2.0 * c.kv_dim() as f64 * kv_elt;
                 let qo = 2.0 * f(m * c.q_dim());
-                let keys = self.pos as f64 + (m as f64 + 1.0) / 2.0;
+                let keys = pos0 as f64 + (m as f64 + 1.0) / 2.0;
                 let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
                 let shape = format!("{}h x {m}x{kv_len}", c.n_head);
+                if batched {
+                    // Each column over its own context: at most the longest.
+                    return StageWork::other(
+                        "attn_decode batched",
+                        format!("{m} x {}h x {kv_len}", c.n_head),
+                        m as f64 * (kv_len as f64 * kv_row + 2.0 * f(c.q_dim())),
+                        4.0 * (m * c.n_head * c.head_dim) as f64 * kv_len as f64,
+                    );
+                }
                 if m == 1 {
                     let kernel =
                         if self.shape.decode_splits(kv_len) > 1 { "attn_decode+combine" } else { "attn_decode" };
@@ -171,7 +222,7 @@ impl Session {
                 }
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(_) => {
-                        let kv_bytes = flash_attention::keys_read(&self.shape, m, self.pos) as f64 * kv_row;
+                        let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0) as f64 * kv_row;
                         StageWork::other("flash_attention", shape, kv_bytes + qo, flops)
                     }
                     PrefillAttnOps::Gemm { .. } => {
@@ -185,32 +236,35 @@ impl Session {
                     }
                 }
             });
-            if m == 1 {
-                let launch = attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len)?;
+            if m == 1 || batched {
+                let launch = if batched {
+                    attention::decode_launch_batched(&ctx.caps, self.kv, &self.shape, kv_len, m)?
+                } else {
+                    attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len)?
+                };
                 let decode = if launch.combine.is_some() { &l.attn_decode_split } else { &l.attn_decode };
                 decode.set(ctx, &launch.params);
                 decode.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                 if let Some(g2) = launch.combine {
                     l.attn_combine.set(ctx, &launch.params);
-                    l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine)?, g2);
+                    l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine { batched })?, g2);
                 }
             } else {
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(flash) => {
-                        let launch = flash_attention::launch(self.kv, &self.shape, m, self.pos)?;
-                        flash.set(ctx, &launch.params);
+                        let launch = flash_attention::launch(self.kv, &self.shape, m, pos0)?;
+                        flash.set(ctx, &flash_attention::FlashParams { kv_off, ..launch.params });
                         flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                     }
                     PrefillAttnOps::Gemm { qk, softmax, pv } => {
-                        let [(qk_params, g_qk), (pv_params, g_pv)] =
-                            attention::prefill_launches(&self.shape, m, self.pos)?;
-                        let (sp, g_sm) = attention::softmax_launch(&self.shape, m, self.pos);
+                        let [(qk_params, g_qk), (pv_params, g_pv)] = attention::prefill_launches(&self.shape, m, pos0)?;
+                        let (sp, g_sm) = attention::softmax_launch(&self.shape, m, pos0);
                         let gemm = pipe(&KernelKey::AttnGemm { kv: self.kv })?;
-                        qk.set(ctx, &qk_params);
+                        qk.set(ctx, &attention::AttnGemmParams { b_off: kv_off, ..qk_params });
                         qk.record_with(rec.pass(), &gemm, g_qk);
                         softmax.set(ctx, &sp);
                         softmax.record_with(rec.pass(), &*pipe(&KernelKey::Softmax { subgroups: sub })?, g_sm);
-                        pv.set(ctx, &pv_params);
+                        pv.set(ctx, &attention::AttnGemmParams { b_off: kv_off, ..pv_params });
                         pv.record_with(rec.pass(), &gemm, g_pv);
                     }
                 }
@@ -238,7 +292,7 @@ impl Session {
                         rec.stage(Stage::FfnNormGateUp, || {
                             StageWork::combine(vec![gate_fused.work(ctx, m), up_fused.work(ctx, m)])
                         });
-                        BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m)?;
+                        BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m, false)?;
                         rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m));
                         down_fused.record(ctx, rec.pass(), m, None)?;
                     } else {
@@ -265,20 +319,29 @@ impl Session {
         Ok(())
     }
 
-    /// Records the output norm, LM head and (for `Argmax`) the argmax over the logits of one
-    /// token whose hidden state is in `x` (decode) or `x_last` (after a prefill).
-    pub(super) fn record_head(&self, rec: &mut Recorder<'_>, head: &BoundMatmul, pick: Output) -> Result<()> {
+    /// Records the output norm, LM head and (for `Argmax`, `Sampled`) the pick over the logits
+    /// of `m` rows: one token whose hidden state is in `x` (decode) or `x_last` (after a
+    /// prefill), or each column of a batched step (in `x`). `table`: the sampler takes each
+    /// row's slot from the step's table, else it is the session's own (slot 0's).
+    pub(super) fn record_head(
+        &self,
+        rec: &mut Recorder<'_>,
+        head: &BoundMatmul,
+        m: u32,
+        pick: Output,
+        table: bool,
+    ) -> Result<()> {
         let ctx = &*self.ctx;
         let v = self.cfg.n_vocab;
-        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, 1));
-        head.record(ctx, rec.pass(), 1, None)?;
+        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, m));
+        head.record(ctx, rec.pass(), m, None)?;
         if pick == Output::Sampled {
-            rec.stage(Stage::Sample, || StageWork::other("sample", format!("{v}"), v as f64 * 4.0 * 3.0, 0.0));
-            self.sample.record_with(
-                rec.pass(),
-                &*ctx.pipeline(&KernelKey::Sample { subgroups: ctx.caps.subgroups })?,
-                [1, 1, 1],
-            );
+            rec.stage(Stage::Sample, || {
+                StageWork::other("sample", format!("{m}x{v}"), (m * v) as f64 * 4.0 * 3.0, 0.0)
+            });
+            let key = KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: table };
+            let sample = if table { &self.sample_table } else { &self.sample };
+            sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, [m, 1, 1]);
         }
         if pick == Output::Argmax {
             rec.stage(Stage::Sample, || StageWork::other("argmax", format!("{v}"), v as f64 * 4.0, 0.0));

@@ -6,7 +6,9 @@
 mod bind;
 mod forward;
 mod score;
+mod slots;
 mod submit;
+pub use slots::BatchStats;
 pub use submit::BackToBack;
 
 /// Most decode steps recorded into one command buffer.
@@ -37,6 +39,10 @@ pub struct SessionOptions {
     pub f16_kv: bool,
     /// Keep logits for every position of a step (evaluation), not just the last.
     pub all_logits: bool,
+    /// Sequences (server slots) sharing the session: each has a region of `n_ctx` rows of
+    /// one KV cache, its own position and sampler, and a batched decode step advances up to
+    /// `sizes::batch_columns` of them at once. 1: one sequence, the plain session.
+    pub n_seq: u32,
 }
 
 /// Where the time of the last step went (CPU side), in seconds.
@@ -95,6 +101,22 @@ pub(super) struct LayerOps {
     ffn: FfnOps,
 }
 
+impl LayerOps {
+    /// The matmuls a one-token step runs.
+    fn decode_matmuls(&self) -> Vec<&BoundMatmul> {
+        let mut v: Vec<&BoundMatmul> = match &self.qkv {
+            QkvOps::Stacked { decode, .. } => decode.iter().collect(),
+            QkvOps::Separate { q_fused, k_fused, v_fused, .. } => vec![q_fused, k_fused, v_fused],
+        };
+        v.push(&self.wo);
+        match &self.ffn {
+            FfnOps::Interleaved { decode, down, .. } => v.extend([decode, down]),
+            FfnOps::Separate { gate_fused, up_fused, down_fused, .. } => v.extend([gate_fused, up_fused, down_fused]),
+        }
+        v
+    }
+}
+
 /// How a layer computes prefill attention (`config::PrefillAttention`).
 pub(super) enum PrefillAttnOps {
     /// One flash-attention dispatch, no score matrix.
@@ -150,8 +172,14 @@ pub struct Session {
     pub opts: SessionOptions,
     kv: KvKind,
     shape: AttnShape,
-    /// Tokens in the KV cache.
-    pos: u32,
+    /// Tokens in each sequence's region of the KV cache (`opts.n_seq` of them; the
+    /// single-sequence API works on sequence 0, whose region starts at row 0).
+    pos: Vec<u32>,
+    /// The most sequences a batched decode step carries (slots.rs): 1 unless every layer has
+    /// the stacked Q/K/V projection, whose epilogue takes each column's position.
+    batch_cols: usize,
+    /// What batched decode steps carried so far.
+    batches: BatchStats,
     ids: wgpu::Buffer,
     x: wgpu::Buffer,
     x_last: wgpu::Buffer,
@@ -177,11 +205,18 @@ pub struct Session {
     argmax: Bound,
     /// Log-softmax and NLL over the logits (sessions with all logits; see score.rs).
     scorer: Option<score::Scorer>,
-    /// The GPU sampler (wgsl/sample.wgsl) over the logits, writing `out_id`.
+    /// The GPU sampler (wgsl/sample.wgsl) over the logits, writing `out_id`, configured by
+    /// its uniform (sequence 0's sampler) ...
     sample: Bound,
-    /// Its state: draws made, tokens appended, the penalties' history ring.
+    /// ... and the one whose rows are a batched step's columns (or a sequence other than
+    /// 0), each configured by its slot's entry of `sample_configs`.
+    sample_table: Bound,
+    /// Their state per sequence: draws made, tokens appended, the penalties' history ring.
     sample_state: wgpu::Buffer,
-    /// The step's tokens and position (`matmul::StepState`), read by the fused QKV epilogue.
+    sample_configs: wgpu::Buffer,
+    /// The step buffer: the step's tokens and position (`matmul::StepState`), then a batched
+    /// step's table of columns (`matmul::StepColumn`); read by the fused QKV epilogue, decode
+    /// attention and the table sampler.
     step_state: wgpu::Buffer,
     _rope_shape: wgpu::Buffer,
     /// Bound where a matmul part writes nothing (see bind.rs).
@@ -246,24 +281,31 @@ impl Session {
         self.kv.bytes_per_elem()
     }
 
-    /// Tokens in the KV cache.
+    /// Tokens in the KV cache (sequence 0's).
     pub fn position(&self) -> u32 {
-        self.pos
+        self.pos[0]
     }
 
-    /// Forgets the context (the cache is overwritten from position 0).
+    /// Forgets the context of every sequence (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.pos.iter_mut().for_each(|p| *p = 0);
     }
 
     /// Rewinds to `pos` tokens (they stay valid in the cache).
     pub fn truncate(&mut self, pos: u32) {
-        self.pos = self.pos.min(pos);
+        self.pos[0] = self.pos[0].min(pos);
     }
 
     /// Feeds `tokens` (split into steps of at most `ubatch`) and returns what `out` asks for,
     /// for the last step. `AllLogits` returns every position's logits, [tokens, n_vocab].
     pub fn forward(&mut self, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
+        self.forward_in(0, tokens, out)
+    }
+
+    /// `forward` on sequence `slot` (its region of the cache, its position; a sampled pick
+    /// uses its sampler).
+    pub(super) fn forward_in(&mut self, slot: usize, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
+        let pos = self.pos[slot];
         if tokens.is_empty() {
             return Err(KilnError::invalid("input", "no tokens to evaluate"));
         }
@@ -273,15 +315,10 @@ impl Session {
                 format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
             ));
         }
-        if self.pos as usize + tokens.len() > self.opts.n_ctx as usize {
+        if pos as usize + tokens.len() > self.opts.n_ctx as usize {
             return Err(KilnError::invalid(
                 "input",
-                format!(
-                    "the context is full: {} + {} tokens exceed {} (raise -c)",
-                    self.pos,
-                    tokens.len(),
-                    self.opts.n_ctx
-                ),
+                format!("the context is full: {} + {} tokens exceed {} (raise -c)", pos, tokens.len(), self.opts.n_ctx),
             ));
         }
         if out == Output::AllLogits && !self.opts.all_logits {
@@ -300,7 +337,7 @@ impl Session {
             } else {
                 Output::LastLogits
             };
-            let got = self.step(chunk, step_out, last || out == Output::AllLogits)?;
+            let got = self.step(slot, chunk, step_out, last || out == Output::AllLogits)?;
             if out == Output::AllLogits {
                 all.extend_from_slice(&got[..chunk.len() * v]);
             } else if last {
@@ -331,10 +368,23 @@ impl Session {
     /// as `sampler` is (its settings, draws made and banned tokens), with the token `history`
     /// the penalties look back on (the prompt included): it picks what `sampler` would.
     pub fn set_sampling(&mut self, sampler: &crate::sample::Sampler, history: &[u32]) {
+        self.set_sampling_in(0, sampler, history);
+    }
+
+    /// `set_sampling` for sequence `slot`: its configuration (the uniform of the session's
+    /// own sampler for slot 0, and the slot's entry for the table sampler) and state row.
+    pub(super) fn set_sampling_in(&mut self, slot: usize, sampler: &crate::sample::Sampler, history: &[u32]) {
+        use crate::kernels::sample::{initial_state, SampleConfig, STATE_WORDS};
         let v = self.cfg.n_vocab;
-        self.sample.set(&self.ctx, &crate::kernels::sample::SampleConfig::new(&sampler.cfg, v, v));
-        let state = crate::kernels::sample::initial_state(sampler.draws, history, &sampler.banned);
-        self.ctx.queue.write_buffer(&self.sample_state, 0, bytemuck::cast_slice(&state));
+        let cfg = SampleConfig::new(&sampler.cfg, v, v);
+        if slot == 0 {
+            self.sample.set(&self.ctx, &cfg);
+        }
+        let size = std::mem::size_of::<SampleConfig>() as u64;
+        self.ctx.queue.write_buffer(&self.sample_configs, slot as u64 * size, bytemuck::bytes_of(&cfg));
+        let state = initial_state(sampler.draws, history, &sampler.banned);
+        let at = (slot * STATE_WORDS * 4) as u64;
+        self.ctx.queue.write_buffer(&self.sample_state, at, bytemuck::cast_slice(&state));
     }
 
     /// Greedy next token after feeding `tokens`.

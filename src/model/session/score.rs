@@ -63,12 +63,12 @@ impl Session {
                 format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
             ));
         }
-        if self.pos as usize + tokens.len() > self.opts.n_ctx as usize {
+        if self.pos[0] as usize + tokens.len() > self.opts.n_ctx as usize {
             return Err(KilnError::invalid(
                 "input",
                 format!(
                     "the context is full: {} + {} tokens exceed {} (raise -c)",
-                    self.pos,
+                    self.pos[0],
                     tokens.len(),
                     self.opts.n_ctx
                 ),
@@ -114,13 +114,13 @@ impl Session {
         let scorer = self.scorer.as_ref().ok_or_else(|| KilnError::invalid("session", "scoring needs all logits"))?;
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&scorer.targets, 0, bytemuck::cast_slice(targets));
-        self.write_step_state(m);
+        let shape = self.write_step_state(0, m);
         let mut prof = self.prof.take();
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("score") });
         let recorded = {
             let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
             let recorded = (|| -> Result<()> {
-                self.record_step(&mut rec, m, false)?;
+                self.record_step(&mut rec, &shape, false)?;
                 if !rows.is_empty() {
                     self.record_all_logits(&mut rec, m)?;
                     let n_rows = rows.end - rows.start;
@@ -150,7 +150,7 @@ impl Session {
         let t1 = Instant::now();
         ctx.queue.submit([enc.finish()]);
         let t2 = Instant::now();
-        self.pos += m;
+        self.pos[0] += m;
         let scores = if read > 0 { read_scores(&ctx, &scorer.readback, read) } else { Ok(Vec::new()) };
         let t3 = Instant::now();
         let gpu = match prof.as_mut() {

@@ -1,6 +1,6 @@
 //! How steps run: one command buffer and one submit per step, its readback, and decoding
 //! with the steps chained on the GPU (the next step is submitted before the host reads the
-//! last token).
+//! last token). A sequence's step and a batched decode step (slots.rs) submit alike.
 
 use crate::error::{KilnError, Result};
 use crate::gpu::grid;
@@ -9,25 +9,49 @@ use crate::kernels::KernelKey;
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
-use crate::kernels::matmul::StepState;
+use crate::kernels::matmul::{StepColumn, StepState};
 
+use super::forward::StepShape;
 use super::{Output, Session, StepTiming, CHAIN_MAX};
 
 impl Session {
-    /// The next step's tokens and position, for the kernels that read them from the GPU.
-    pub(super) fn write_step_state(&self, m: u32) {
-        let state = StepState { n_tokens: m, pos0: self.pos, kv_len: self.pos + m, _pad: 0 };
-        self.ctx.queue.write_buffer(&self.step_state, 0, bytemuck::bytes_of(&state));
+    /// The shape of a step of `m` tokens of `slot`'s sequence from its position, with the
+    /// step buffer written for it: the header the kernels read, and where the sampler reads
+    /// a slot other than 0 from the table, its first column.
+    pub(super) fn write_step_state(&self, slot: usize, m: u32) -> StepShape {
+        let (pos0, kv_base) = (self.pos[slot], slot as u32 * self.opts.n_ctx);
+        let state = StepState { n_tokens: m, pos0, kv_len: pos0 + m, kv_base };
+        let mut shape = StepShape::sequence(m, pos0, kv_base);
+        if slot == 0 {
+            self.ctx.queue.write_buffer(&self.step_state, 0, bytemuck::bytes_of(&state));
+        } else {
+            let last = pos0 + m - 1;
+            let col = StepColumn { pos: last, kv_len: last + 1, kv_base, slot: slot as u32 };
+            let mut bytes = bytemuck::bytes_of(&state).to_vec();
+            bytes.extend_from_slice(bytemuck::bytes_of(&col));
+            self.ctx.queue.write_buffer(&self.step_state, 0, &bytes);
+            shape.table_sampler = true;
+        }
+        shape
     }
 
-    /// One forward step: one command buffer, one submit, one readback (when `read`).
-    pub(super) fn step(&mut self, tokens: &[u32], out: Output, read: bool) -> Result<Vec<f32>> {
+    /// One forward step of `tokens` of `slot`'s sequence: one command buffer, one submit,
+    /// one readback (when `read`).
+    pub(super) fn step(&mut self, slot: usize, tokens: &[u32], out: Output, read: bool) -> Result<Vec<f32>> {
+        let shape = self.write_step_state(slot, tokens.len() as u32);
+        let got = self.run_step(tokens, &shape, out, read)?;
+        self.pos[slot] += shape.m;
+        Ok(got)
+    }
+
+    /// Runs one step whose step buffer is written: the ids, one command buffer, one submit,
+    /// the readback (when `read`): the picked tokens (as f32) or the logits `out` asks for.
+    pub(super) fn run_step(&mut self, ids: &[u32], shape: &StepShape, out: Output, read: bool) -> Result<Vec<f32>> {
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
-        let m = tokens.len() as u32;
+        let m = shape.m;
         let mut prof = self.prof.take();
-        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
-        self.write_step_state(m);
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(ids));
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         let read_bytes;
         {
@@ -35,20 +59,26 @@ impl Session {
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
-            let recorded = self.record_forward(&mut rec, m, out, read);
+            let recorded = self.record_forward(&mut rec, shape, out, read);
             rec.finish();
-            read_bytes = recorded?;
+            read_bytes = recorded;
         }
+        let read_bytes = match read_bytes {
+            Ok(n) => n,
+            Err(e) => {
+                self.prof = prof;
+                return Err(e);
+            }
+        };
         let t1 = std::time::Instant::now();
         ctx.queue.submit([enc.finish()]);
         let t2 = std::time::Instant::now();
-        self.pos += m;
         let bytes = if read { self.read(read_bytes)? } else { Vec::new() };
         let t3 = std::time::Instant::now();
         let gpu = match prof.as_mut() {
             Some(p) => {
                 let span = p.collect(&ctx, 0, None)?;
-                let ph = p.profile.phase_mut(m == 1);
+                let ph = p.profile.phase_mut(m == 1 || shape.batched.is_some());
                 ph.cpu.encode += (t1 - t0).as_secs_f64();
                 ph.cpu.submit += (t2 - t1).as_secs_f64();
                 ph.cpu.wait += (t3 - t2).as_secs_f64();
@@ -73,19 +103,21 @@ impl Session {
             return Ok(Vec::new());
         }
         if matches!(out, Output::Argmax | Output::Sampled) {
-            let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            return Ok(vec![id as f32]);
+            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            return Ok(ids.into_iter().map(|id| id as f32).collect());
         }
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// Records one forward step of `m` tokens (their ids and the step state already written)
-    /// up to its output: all logits, the last position's logits, or a picked token, copied to
-    /// the readback buffer when `read`. Returns the bytes to read back.
-    fn record_forward(&self, rec: &mut Recorder<'_>, m: u32, out: Output, read: bool) -> Result<u64> {
+    /// Records one forward step (its ids and the step buffer already written) up to its
+    /// output: all logits, the last position's logits (each column's, batched), or the
+    /// picked tokens, copied to the readback buffer when `read`. Returns the bytes to read
+    /// back.
+    fn record_forward(&self, rec: &mut Recorder<'_>, shape: &StepShape, out: Output, read: bool) -> Result<u64> {
         let (n_embd, v) = (self.cfg.n_embd, self.cfg.n_vocab);
         let se = pad4(n_embd);
-        self.record_step(rec, m, false)?;
+        let m = shape.m;
+        self.record_step(rec, shape, false)?;
         if out == Output::AllLogits {
             self.record_all_logits(rec, m)?;
             let n = m as u64 * v as u64 * 4;
@@ -94,17 +126,19 @@ impl Session {
             }
             return Ok(n);
         }
-        if m > 1 {
+        // Rows through the head: each column of a batched step, else the last position.
+        let rows = if shape.batched.is_some() { m } else { 1 };
+        if m > 1 && rows == 1 {
             // Only the last position goes through the output norm and the LM head.
             let last = (m - 1) as u64 * se as u64 * 4;
             rec.encoder().copy_buffer_to_buffer(&self.x, last, &self.x_last, 0, se as u64 * 4);
         }
-        // One token: x is the last position and the head reads it in the same pass.
-        let head = if m == 1 { &self.lm_head_x } else { &self.lm_head_last };
-        self.record_head(rec, head, out)?;
+        // One token, or a batched step: x holds the rows and the head reads them in the same pass.
+        let head = if m == rows { &self.lm_head_x } else { &self.lm_head_last };
+        self.record_head(rec, head, rows, out, shape.table_sampler)?;
         let (src, n) = match out {
-            Output::Argmax | Output::Sampled => (&self.out_id, 4),
-            _ => (&self.logits, v as u64 * 4),
+            Output::Argmax | Output::Sampled => (&self.out_id, rows as u64 * 4),
+            _ => (&self.logits, rows as u64 * v as u64 * 4),
         };
         rec.encoder().copy_buffer_to_buffer(src, 0, &self.readback, 0, n);
         Ok(n)
@@ -141,7 +175,7 @@ impl Session {
         if ctx.caps.cpu_adapter {
             return Ok(());
         }
-        let room = self.opts.n_ctx - self.pos;
+        let room = self.opts.n_ctx - self.pos[0];
         let mut enc =
             ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
         let mut sizes: Vec<u32> = (2..=8).chain([16, self.opts.ubatch]).collect();
@@ -149,7 +183,7 @@ impl Session {
         sizes.dedup();
         for m in sizes {
             let mut rec = Recorder::new(&mut enc, "warm-up", None);
-            let r = self.record_forward(&mut rec, m, Output::Sampled, false);
+            let r = self.record_forward(&mut rec, &StepShape::sequence(m, self.pos[0], 0), Output::Sampled, false);
             rec.finish();
             r?;
         }
@@ -215,7 +249,7 @@ impl Session {
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
         let ctx = self.ctx.clone();
-        let room = (self.opts.n_ctx - self.pos) as usize;
+        let room = (self.opts.n_ctx - self.pos[0]) as usize;
         let max_new = max_new.min(room);
         let mut out = Vec::new();
         if max_new == 0 {
@@ -281,7 +315,7 @@ impl Session {
                     let wasted = (n - i - 1) + in_flight.iter().map(|g| g.2).sum::<usize>();
                     if wasted > 0 {
                         ctx.wait_idle("a decode step")?;
-                        self.pos -= wasted as u32;
+                        self.pos[0] -= wasted as u32;
                     }
                     return Ok(out);
                 }
@@ -311,11 +345,11 @@ impl Session {
             p.profile.decode.submits += 1;
         }
         self.prof = prof;
-        self.pos += n as u32;
+        self.pos[0] += n as u32;
         idx
     }
 
-    /// Records `n` decode steps from the session's position on: each step first copies its
+    /// Records `n` decode steps from slot 0's position on: each step first copies its
     /// position from `step_states` (written here, once for all of them) into the step state
     /// the kernels read, then runs the layers, the head and the sampler, whose token the next
     /// step's embedding gather reads; with `slot`, each token is also copied to
@@ -329,10 +363,10 @@ impl Session {
         k0: usize,
     ) -> Result<()> {
         let ctx = &self.ctx;
-        debug_assert!(n <= CHAIN_MAX && self.pos as usize + n <= self.opts.n_ctx as usize);
-        let states: Vec<StepState> = (0..n as u32)
-            .map(|j| StepState { n_tokens: 1, pos0: self.pos + j, kv_len: self.pos + j + 1, _pad: 0 })
-            .collect();
+        let pos = self.pos[0];
+        debug_assert!(n <= CHAIN_MAX && pos as usize + n <= self.opts.n_ctx as usize);
+        let states: Vec<StepState> =
+            (0..n as u32).map(|j| StepState { n_tokens: 1, pos0: pos + j, kv_len: pos + j + 1, kv_base: 0 }).collect();
         ctx.queue.write_buffer(&self.step_states, 0, bytemuck::cast_slice(&states));
         let size = std::mem::size_of::<StepState>() as u64;
         for j in 0..n {
@@ -341,9 +375,10 @@ impl Session {
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
+            let step = StepShape::sequence(1, pos + j as u32, 0);
             let recorded = self
-                .record_step(&mut rec, 1, true)
-                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, Output::Sampled));
+                .record_step(&mut rec, &step, true)
+                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, 1, Output::Sampled, false));
             if let (Ok(()), Some(slot)) = (&recorded, slot) {
                 rec.encoder().copy_buffer_to_buffer(&self.out_id, 0, &self.chain_stage[slot], j as u64 * 4, 4);
             }
@@ -379,7 +414,7 @@ impl Session {
                 reason: "GPU timing needs TIMESTAMP_QUERY, which this adapter does not offer".into(),
             });
         }
-        let n = n.min(CHAIN_MAX).min((self.opts.n_ctx - self.pos) as usize);
+        let n = n.min(CHAIN_MAX).min((self.opts.n_ctx - self.pos[0]) as usize);
         if n == 0 {
             return Err(KilnError::invalid("back-to-back steps", "no room for a decode step in the context"));
         }

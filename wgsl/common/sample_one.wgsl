@@ -1,0 +1,6 @@
+// The sampler's rows are one sequence's (or independent rows sharing one configuration): row
+// r's configuration is the uniform, its state is state row r.
+@group(0) @binding(0) var<uniform> config: Config;
+
+fn row_config(row: u32) -> Config { return config; }
+fn row_slot(row: u32) -> u32 { return row; }
