@@ -161,12 +161,14 @@ fn doctor_passes_on_gl() {
 #[test]
 fn a_wrong_reference_fails_the_doctor_with_a_clear_line() {
     let dir = tmp_dir("perturbed");
-    for (broken, fine) in [("rms_norm", "embed"), ("argmax", "nll")] {
+    // The second pair runs its checks on two threads (as GPUs do; CPU adapters run one).
+    for (broken, fine, threads) in [("rms_norm", "embed", "1"), ("argmax", "nll", "2")] {
         let json = dir.join(format!("{broken}.json"));
         let out = kiln()
             .args(["doctor", "--only", broken, "--only", fine, "-o"])
             .arg(&json)
             .env("KILN_DOCTOR_PERTURB", broken)
+            .env("KILN_DOCTOR_THREADS", threads)
             .output()
             .unwrap();
         let (stdout, stderr) = text(&out);

@@ -7,15 +7,15 @@
 // loaded with coopLoadT), W as the column-major K x N matrix B (coopLoad). Rows are padded by
 // 8 halves (LDS) so a fragment's 16 rows fall in different banks.
 // Double-buffered: the next K step's X values and decoded weights are read into registers
-// before this step's multiply-adds and stored into the other buffer after them, so global
-// latency hides behind the matrix cores and each K step needs one barrier.
+// (before or after this step's multiply-adds: FETCH_FIRST) and stored into the other buffer,
+// so global latency can hide behind the matrix cores and each K step needs one barrier.
 // (H200, F16 operands, examples/coop_lab.rs: padding and double buffering took a 64x64 tile
 // from 25 to ~90 TFLOP/s; 128x128 tiles of 8 subgroups reach ~150 at 4096^3.)
 // Activations and weights are rounded to f16 (as llama.cpp's cooperative-matrix matmul);
 // accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
 // workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG, SGN, FM (2 or 4),
-// FN (2).
+// FN (2), FETCH_FIRST.
 // Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y and
 // the epilogue: common/gemm_io.wgsl.
 
@@ -33,9 +33,10 @@ alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
-// The X values and decoded weights of one K step that one invocation moves.
+// The X values and decoded weights of one K step that one invocation moves (X as loaded:
+// nothing waits on those loads until they are stored).
 struct Staged {
-    x: array<vec4<f16>, X_PER>,
+    x: array<vec4<f32>, X_PER>,
     wl: array<vec4<f16>, W_PER>,
     wh: array<vec4<f16>, W_PER>,
 }
@@ -45,7 +46,7 @@ fn fetch(lid: u32, m0: u32, n0: u32, k0: u32) -> Staged {
     // X: consecutive invocations read consecutive vec4s of a row.
     for (var j = 0u; j < X_PER; j++) {
         let i = lid + j * WG;
-        s.x[j] = vec4<f16>(load_x4(m0 + i / (BK / 4u), k0 + (i % (BK / 4u)) * 4u));
+        s.x[j] = load_x4(m0 + i / (BK / 4u), k0 + (i % (BK / 4u)) * 4u);
     }
     // W: one 8-weight chunk per slot, decoded in registers.
     for (var j = 0u; j < W_PER; j++) {
@@ -61,10 +62,11 @@ fn stash(lid: u32, s: Staged, buf: u32) {
     for (var j = 0u; j < X_PER; j++) {
         let i = lid + j * WG;
         let t = buf * BM * LDS + (i / (BK / 4u)) * LDS + (i % (BK / 4u)) * 4u;
-        xs[t] = s.x[j].x;
-        xs[t + 1u] = s.x[j].y;
-        xs[t + 2u] = s.x[j].z;
-        xs[t + 3u] = s.x[j].w;
+        let h = vec4<f16>(s.x[j]);
+        xs[t] = h.x;
+        xs[t + 1u] = h.y;
+        xs[t + 2u] = h.z;
+        xs[t + 3u] = h.w;
     }
     for (var j = 0u; j < W_PER; j++) {
         let i = lid + j * WG;
@@ -105,9 +107,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
-        // The next step's values; past the last step they are zeros (fetch reads nothing
-        // beyond k), stored in a buffer no one reads: straight-line code keeps them in registers.
-        let next = fetch(lid, m0, n0, (step + 1u) * BK);
+        // The next step's values (zeros past the last step: fetch reads nothing beyond k;
+        // they go to a buffer no one reads). FETCH_FIRST reads them before this step's
+        // multiply-adds, otherwise after they are issued, so that the matrix cores work
+        // while the loads and the decode wait on memory.
+        var next: Staged;
+        if (FETCH_FIRST) { next = fetch(lid, m0, n0, (step + 1u) * BK); }
         for (var kk = 0u; kk < BK; kk += 16u) {
             let ia = cur * BM * LDS + sm * LDS + kk;
             let ib = cur * BN * LDS + sn * LDS + kk;
@@ -132,6 +137,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 c31 = coopMultiplyAdd(a3, b1, c31);
             }
         }
+        if (!FETCH_FIRST) { next = fetch(lid, m0, n0, (step + 1u) * BK); }
         stash(lid, next, 1u - cur);
         workgroupBarrier();
     }

@@ -47,7 +47,7 @@ impl Uses {
 }
 
 /// What a check does with a device.
-pub type Body = Box<dyn Fn(&mut Checker) -> Result<()>>;
+pub type Body = Box<dyn Fn(&mut Checker) -> Result<()> + Send + Sync>;
 
 pub struct Check {
     pub name: String,
@@ -56,7 +56,11 @@ pub struct Check {
     pub body: std::result::Result<Body, String>,
 }
 
-fn check(name: impl Into<String>, uses: Uses, body: impl Fn(&mut Checker) -> Result<()> + 'static) -> Check {
+fn check(
+    name: impl Into<String>,
+    uses: Uses,
+    body: impl Fn(&mut Checker) -> Result<()> + Send + Sync + 'static,
+) -> Check {
     Check { name: name.into(), uses, body: Ok(Box::new(body)) }
 }
 

@@ -213,6 +213,60 @@ fn skipped(name: &str, caps: &str, why: String) -> CheckRecord {
     }
 }
 
+/// How many checks run at once. On a GPU most of a check's time is the driver compiling its
+/// pipelines on the CPU (an H200 run spent 59 s of CPU in 60 s of wall time), one core per
+/// check, so they run on several threads; CPU adapters run them one at a time, their
+/// kernels already using every core.
+fn parallelism(ctx: &GpuContext) -> usize {
+    // KILN_DOCTOR_THREADS: this many instead (the tests run threads on CPU adapters too).
+    if let Some(n) = std::env::var("KILN_DOCTOR_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return n.max(1);
+    }
+    if ctx.caps.cpu_adapter {
+        return 1;
+    }
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 8)
+}
+
+/// Runs `work` on every job, `threads` at a time, and hands the results to `report` in the
+/// jobs' order as soon as each one and those before it are done.
+fn run_parallel<J: Sync, R: Send>(
+    jobs: &[J],
+    threads: usize,
+    work: impl Fn(&J) -> R + Sync,
+    mut report: impl FnMut(R),
+) {
+    if threads <= 1 {
+        jobs.iter().for_each(|j| report(work(j)));
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, R)>();
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(jobs.len()) {
+            let tx = tx.clone();
+            let (next, work) = (&next, &work);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                if tx.send((i, work(job))).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        let mut pending: std::collections::BTreeMap<usize, R> = std::collections::BTreeMap::new();
+        let mut due = 0;
+        for (i, r) in rx {
+            pending.insert(i, r);
+            while let Some(r) = pending.remove(&due) {
+                report(r);
+                due += 1;
+            }
+        }
+    });
+}
+
 /// Runs every check on `native` (and `fallback`, the same adapter with every fallback forced),
 /// handing each record to `on_check` as it finishes.
 pub fn run(
@@ -229,18 +283,20 @@ pub fn run(
     };
     let passes = std::iter::once(("native", native)).chain(fallback.map(|f| ("fallback", f)));
     for (caps, ctx) in passes {
-        for c in checks::kernel_checks(&ctx.caps, opts.every_width) {
-            let rerun = caps == "native" || c.uses.differ(&native.caps, &ctx.caps);
-            if !opts.wants(&c.name) || !rerun {
-                continue;
-            }
-            let r = match c.body {
+        let jobs: Vec<checks::Check> = checks::kernel_checks(&ctx.caps, opts.every_width)
+            .into_iter()
+            .filter(|c| opts.wants(&c.name) && (caps == "native" || c.uses.differ(&native.caps, &ctx.caps)))
+            .filter(|c| c.body.is_ok() || caps == "native")
+            .collect();
+        run_parallel(
+            &jobs,
+            parallelism(ctx),
+            |c| match &c.body {
                 Ok(body) => run_check(&c.name, caps, ctx, opts, body),
-                Err(_) if caps != "native" => continue,
-                Err(why) => skipped(&c.name, caps, why),
-            };
-            done(r, &mut checks);
-        }
+                Err(why) => skipped(&c.name, caps, why.clone()),
+            },
+            |r| done(r, &mut checks),
+        );
     }
     let name = format!("greedy decoding {}", decode::MODEL);
     if opts.wants(&name) {
@@ -301,4 +357,28 @@ pub fn default_file_name(ctx: &GpuContext) -> String {
         .collect();
     let slug = slug.split('-').filter(|s| !s.is_empty()).collect::<Vec<_>>().join("-");
     format!("kiln-doctor-{slug}.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_parallel;
+
+    #[test]
+    fn parallel_checks_report_every_result_in_order() {
+        for threads in [1, 2, 5, 64] {
+            let jobs: Vec<u64> = (0..40).collect();
+            let mut got = Vec::new();
+            run_parallel(
+                &jobs,
+                threads,
+                |&j| {
+                    // Later jobs finish first, so order has to be restored.
+                    std::thread::sleep(std::time::Duration::from_micros(40 * (40 - j)));
+                    j * j
+                },
+                |r| got.push(r),
+            );
+            assert_eq!(got, jobs.iter().map(|j| j * j).collect::<Vec<_>>(), "{threads} threads");
+        }
+    }
 }

@@ -254,6 +254,14 @@ pub enum Binding {
     ReadWrite,
 }
 
+/// Whether the cooperative GEMM reads the next K step's tile before this step's
+/// multiply-adds (`KILN_COOP_FETCH=first`) or after them (`after`, the default): an
+/// experiment knob read once per process, for `cargo bench --bench kernels` on a GPU.
+fn coop_fetch_first() -> bool {
+    static FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| std::env::var("KILN_COOP_FETCH").as_deref() == Ok("first"))
+}
+
 impl KernelKey {
     /// The kernel's bind group layout. Explicit (not derived from the shader) so that kernels
     /// with the same bindings, e.g. every GEMV and GEMM variant, share bind groups.
@@ -366,7 +374,12 @@ impl KernelKey {
                 let c = epilogue(c, epi);
                 if coop {
                     let (sgn, fm, fnn) = tile.coop_layout();
-                    c.const_u32("SGN", sgn).const_u32("FM", fm).const_u32("FN", fnn).include("gemm_coop.wgsl").build()
+                    c.const_u32("SGN", sgn)
+                        .const_u32("FM", fm)
+                        .const_u32("FN", fnn)
+                        .const_bool("FETCH_FIRST", coop_fetch_first())
+                        .include("gemm_coop.wgsl")
+                        .build()
                 } else {
                     c.const_u32("TM", tm).const_u32("TN", tn).include(tile.micro_file()).include("gemm.wgsl").build()
                 }

@@ -190,6 +190,16 @@ impl Session {
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
         }
+        // Scoring sessions (perplexity, eval): the LM head over every position and the NLL
+        // kernel, so that the first chunk does not wait for them to compile.
+        if self.scorer.is_some() {
+            let m = self.opts.ubatch.min(room).max(1);
+            let mut rec = Recorder::new(&mut enc, "warm-up", None);
+            let r = self.record_all_logits(&mut rec, m);
+            rec.finish();
+            r?;
+            ctx.pipeline(&KernelKey::Nll { subgroups: ctx.caps.subgroups })?;
+        }
         drop(enc);
         ctx.save_pipeline_cache();
         Ok(())
