@@ -1,6 +1,8 @@
 //! Kernel benchmarks on GPU time (timestamp queries around the pass, not wall time).
 //! GEMV on a weight matrix larger than any GPU cache (65536 x 8192) reports GB/s of weights
 //! read; GEMM 512 x 2048 -> 5632 (TinyLlama's FFN shape) reports GFLOP/s as "elem/s".
+//! GEMMs at 512x2048x5632, 512x4096x11008 and 4096^3 per format, and prefill attention at 512
+//! and 4096 tokens, report GFLOP/s as "elem/s"; the adapter's probed peaks are printed first.
 //! `KILN_BENCH_SMALL=1` shrinks the shapes for CPU adapters.
 
 use std::time::Duration;
@@ -53,6 +55,14 @@ fn benches(c: &mut Criterion) {
     let ctx = GpuContext::new(&ContextOptions::from_env().expect("env")).expect("GPU");
     eprintln!("bench adapter: {}  caps {:?}", ctx.describe(), ctx.caps);
     let mut timer = PassTimer::new(&ctx, 1).expect("timestamps");
+    // The adapter's measured peaks, to read the figures below against.
+    match kiln::kernels::probe::run(&ctx) {
+        Ok(p) => eprintln!(
+            "bench peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs",
+            p.peak.read_gbs, p.peak.gflops, p.peak.dispatch_us
+        ),
+        Err(e) => eprintln!("bench peaks: probe failed: {e}"),
+    }
 
     // KILN_BENCH_DECODE=1: the per-layer shapes of TinyLlama's decode (GEMV) and prefill
     // (GEMM) steps, every launch shape: what the planner should pick for small matrices.
@@ -186,5 +196,36 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-criterion_group!(kernels, benches);
+/// Prefill attention (flash attention: causal, GQA, f16 cache) at 512 and 4096 tokens with
+/// TinyLlama's heads; "elements" are the floating-point operations of Q·Kᵀ and P·V over the
+/// causal half.
+fn attention_benches(c: &mut Criterion) {
+    use kiln::kernels::attention::AttnShape;
+    use kiln::kernels::flash_attention::{self, FlashArgs};
+    use kiln::kernels::KvKind;
+    let ctx = GpuContext::new(&ContextOptions::from_env().expect("env")).expect("GPU");
+    let mut timer = PassTimer::new(&ctx, 1).expect("timestamps");
+    let mut g = c.benchmark_group("attention_prefill");
+    g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    let tokens: &[u32] = if small() { &[64, 256] } else { &[512, 4096] };
+    for &m in tokens {
+        let shape = AttnShape { n_head: 32, n_kv_head: 4, head_dim: 64, n_ctx: m };
+        let kv = KvKind::for_cache(true, &ctx.caps);
+        let kv_bytes = (m * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
+        let k_cache = ctx.storage(kv_bytes, "k").unwrap();
+        let v_cache = ctx.storage(kv_bytes, "v").unwrap();
+        let q = ctx.upload_f32(&vec![0.01f32; (m * shape.n_head * shape.head_dim) as usize], "q").unwrap();
+        let out = ctx.storage((m * shape.n_head * shape.head_dim * 4) as u64, "out").unwrap();
+        let a = FlashArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0: 0 };
+        let d = flash_attention::prepare(&ctx, kv, &shape, &a).unwrap();
+        let pairs = m as u64 * (m as u64 + 1) / 2;
+        g.throughput(Throughput::Elements(4 * pairs * (shape.n_head * shape.head_dim) as u64));
+        g.bench_function(format!("flash/{m} tokens/{kv:?}"), |b| {
+            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(kernels, benches, attention_benches);
 criterion_main!(kernels);
