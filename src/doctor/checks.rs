@@ -136,6 +136,7 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     v.push(check("kv_write", Uses::F16, kv_write));
     v.push(check("attention prefill", Uses::BOTH, attention_prefill));
     v.push(check("attention decode", Uses::BOTH, attention_decode));
+    v.push(check("attention decode, batched", Uses::BOTH, attention_decode_batched));
     v.push(check("argmax", Uses::SUBGROUPS, argmax_rows));
     v.push(check("nll", Uses::SUBGROUPS, nll_rows));
     v.push(check("sampler", Uses::SUBGROUPS, sampler));
@@ -454,6 +455,43 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
                 ck.close(what, &got, &case.reference(&q, 1, kv_len as usize - 1), 1e-4);
             }
             ck.ran(1);
+        }
+    }
+    Ok(())
+}
+
+/// A batched decode step's attention (`kiln serve`'s continuous batching): one query per
+/// column, each over its own sequence's region of one shared cache (regions in another order
+/// than the columns), at its own position, short and split contexts side by side; and the
+/// single-sequence kernel over a region that does not start at row 0.
+fn attention_decode_batched(ck: &mut Checker) -> Result<()> {
+    use crate::kernels::attention::AttnShape;
+    use crate::kernels::matmul::StepColumn;
+    let region = 300u32;
+    // (slot, position): a first token, a short context, the region's last row, two splits,
+    // exactly one split.
+    let layout = [(3u32, 0u32), (0, 17), (4, region - 1), (1, 130), (2, 255)];
+    let cols: Vec<StepColumn> =
+        layout.iter().map(|&(slot, pos)| StepColumn { pos, kv_len: pos + 1, kv_base: slot * region, slot }).collect();
+    // Small heads (GQA 2) and TinyLlama's (GQA 8, head dim 64).
+    for (nh, nkv, hd) in [(8u32, 4u32, 8u32), (32, 4, 64)] {
+        let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx: region * 5 };
+        for f16_cache in [true, false] {
+            let kv = KvKind::for_cache(f16_cache, &ck.ctx.caps);
+            let mut r = Rng::new((nh * hd + nkv) as u64 + 77 + f16_cache as u64);
+            let case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
+            for m in [1usize, 2, 5] {
+                let q = r.normal(m * (nh * hd) as usize, 2.0);
+                let want: Vec<f32> =
+                    cols[..m].iter().enumerate().flat_map(|(c, col)| case.reference_column(&q, c, col)).collect();
+                let (got, _) = case.decode_columns(ck.ctx, &q, region, &cols[..m], true)?;
+                ck.close(format!("{nh} heads, {nkv} KV heads, head dim {hd}, {kv:?}, {m} columns"), &got, &want, 1e-4);
+            }
+            let q = r.normal((nh * hd) as usize, 2.0);
+            let (got, _) = case.decode_columns(ck.ctx, &q, region, &cols[2..3], false)?;
+            let want = case.reference_column(&q, 0, &cols[2]);
+            ck.close(format!("{nh} heads, {kv:?}, one sequence in a region"), &got, &want, 1e-4);
+            ck.ran(2);
         }
     }
     Ok(())
