@@ -298,6 +298,14 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
                 let what = format!("qkv neox={} n_rot={} {:?}{part}", s.neox, s.n_rot, s.kv);
                 runs.push((what, input.clone(), Epi::Qkv(s), s.rows()));
             }
+            // A batched decode step's epilogue (kiln serve's continuous batching), on GEMVs of
+            // two columns and more: each column its own sequence, in a slot of a shared cache.
+            if gemv && m >= 2 {
+                if let Some(&default) = qkv_shapes(f16).last() {
+                    let s = QkvShape { batched: true, kv_base: 7, ..default };
+                    runs.push((format!("qkv batched {:?}", s.kv), input.clone(), Epi::Qkv(s), s.rows()));
+                }
+            }
             for (what, input, epi, n) in runs {
                 let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
                 let plain_epi = matches!(epi, Epi::Plain);
