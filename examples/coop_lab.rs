@@ -31,15 +31,20 @@ impl Variant {
     }
 }
 
-fn direct_src(v: Variant) -> String {
-    let mut s = String::new();
-    s += "enable f16;\nenable wgpu_cooperative_matrix;\n";
+/// What both kernels declare: the parameters, W and X as arrays of `elem`, Y, the fragments.
+fn header(elem: &str) -> String {
+    let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
     s += "struct P { m: u32, n: u32, k: u32, pad: u32 }\n";
     s += "@group(0) @binding(0) var<uniform> p: P;\n";
-    s += "@group(0) @binding(1) var<storage, read> w: array<f16>;\n";
-    s += "@group(0) @binding(2) var<storage, read> xh: array<f16>;\n";
+    s += &format!("@group(0) @binding(1) var<storage, read> w: array<{elem}>;\n");
+    s += &format!("@group(0) @binding(2) var<storage, read> xh: array<{elem}>;\n");
     s += "@group(0) @binding(3) var<storage, read_write> y: array<f32>;\n";
     s += "alias TA = coop_mat16x16<f16, A>;\nalias TB = coop_mat16x16<f16, B>;\nalias TC = coop_mat16x16<f32, C>;\n";
+    s
+}
+
+fn direct_src(v: Variant) -> String {
+    let mut s = header("f16");
     s += &format!("@compute @workgroup_size({})\n", v.wg());
     s += "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n";
     s += "  let sg = lid / 32u;\n  let ks = p.k;\n  let ns = p.n;\n";
@@ -84,14 +89,7 @@ fn staged_src(v: Variant, bk: u32) -> String {
     let na = bm * bk / 8 / t;
     let nb = bn * bk / 8 / t;
     assert!(na >= 1 && nb >= 1 && (bm * bk / 8) % t == 0 && (bn * bk / 8) % t == 0);
-    let mut s = String::new();
-    s += "enable f16;\nenable wgpu_cooperative_matrix;\n";
-    s += "struct P { m: u32, n: u32, k: u32, pad: u32 }\n";
-    s += "@group(0) @binding(0) var<uniform> p: P;\n";
-    s += "@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;\n";
-    s += "@group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;\n";
-    s += "@group(0) @binding(3) var<storage, read_write> y: array<f32>;\n";
-    s += "alias TA = coop_mat16x16<f16, A>;\nalias TB = coop_mat16x16<f16, B>;\nalias TC = coop_mat16x16<f32, C>;\n";
+    let mut s = header("vec4<u32>");
     s += &format!(
         "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;\n",
         2 * bm * lds,
@@ -234,17 +232,6 @@ fn kinds() -> Vec<Kind> {
         Kind::Staged(v(2, 1, 4, 4), 32),
         Kind::Staged(v(1, 2, 4, 2), 64),
     ]
-}
-
-#[allow(dead_code)]
-fn variants() -> Vec<Variant> {
-    let mut v = Vec::new();
-    for (sgm, sgn) in [(1, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2)] {
-        for (fm, fnn) in [(2, 2), (2, 4), (4, 2), (4, 4), (1, 4), (4, 1)] {
-            v.push(Variant { sgm, sgn, fm, fnn });
-        }
-    }
-    v
 }
 
 fn validate(src: &str) -> Result<(), String> {

@@ -302,13 +302,8 @@ fn kv_write_rotates_k_and_copies_v() {
 /// that does not start at row 0. Against the f64 reference on each region. Tolerance 1e-4.
 #[test]
 fn decode_attention_over_columns_of_a_shared_cache() {
-    use kiln::kernels::matmul::StepColumn;
     let region = 300u32;
-    // (slot, position): slot 3 at its first token, a short context, the region's last row,
-    // two splits, exactly one split (256 positions).
-    let layout = [(3u32, 0u32), (0, 17), (4, region - 1), (1, 130), (2, 255)];
-    let cols: Vec<StepColumn> =
-        layout.iter().map(|&(slot, pos)| StepColumn { pos, kv_len: pos + 1, kv_base: slot * region, slot }).collect();
+    let cols = AttnCase::shared_cache_columns(region);
     for g in gpus() {
         // stories260K's heads (GQA 2, head dim 8) over an f32 and an f16 cache, TinyLlama's
         // (GQA 8: blocks of 8 heads, 128 positions a split) over an f16 cache.

@@ -474,13 +474,8 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
 /// single-sequence kernel over a region that does not start at row 0.
 fn attention_decode_batched(ck: &mut Checker) -> Result<()> {
     use crate::kernels::attention::AttnShape;
-    use crate::kernels::matmul::StepColumn;
     let region = 300u32;
-    // (slot, position): a first token, a short context, the region's last row, two splits,
-    // exactly one split.
-    let layout = [(3u32, 0u32), (0, 17), (4, region - 1), (1, 130), (2, 255)];
-    let cols: Vec<StepColumn> =
-        layout.iter().map(|&(slot, pos)| StepColumn { pos, kv_len: pos + 1, kv_base: slot * region, slot }).collect();
+    let cols = AttnCase::shared_cache_columns(region);
     // Small heads (GQA 2) and TinyLlama's (GQA 8, head dim 64).
     for (nh, nkv, hd) in [(8u32, 4u32, 8u32), (32, 4, 64)] {
         let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx: region * 5 };

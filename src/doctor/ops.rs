@@ -153,23 +153,18 @@ impl AttnCase {
     /// Decode attention of one query over kv_len positions: the output and the number of
     /// dispatches (2 where the context is split and combined).
     pub fn decode(&self, ctx: &GpuContext, q: &[f32], kv_len: u32) -> Result<(Vec<f32>, usize)> {
-        let s = &self.shape;
-        let qb = ctx.upload_f32(q, "q")?;
-        let out = ctx.storage((s.n_head * s.head_dim * 4) as u64, "out")?;
-        let partial = ctx.storage(s.decode_scratch_len() as u64 * 4, "partial")?;
-        let a = DecodeArgs {
-            q: &qb,
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            partial: &partial,
-            out: &out,
-            kv_len,
-            kv_base: 0,
-            columns: None,
-        };
-        let ds = attention::prepare_decode(ctx, self.kv, s, &a)?;
-        run(ctx, &ds)?;
-        Ok((ctx.read_f32(&out, q.len())?, ds.len()))
+        let one = StepColumn { pos: kv_len.saturating_sub(1), kv_len, kv_base: 0, slot: 0 };
+        self.decode_columns(ctx, q, self.shape.n_ctx, &[one], false)
+    }
+
+    /// The columns of a batched step over regions of `region` rows of a shared cache, in
+    /// another order than the regions, as (slot, position): a first token, a short context,
+    /// the region's last row, two splits, exactly one split (256 positions).
+    pub fn shared_cache_columns(region: u32) -> Vec<StepColumn> {
+        [(3u32, 0u32), (0, 17), (4, region - 1), (1, 130), (2, 255)]
+            .iter()
+            .map(|&(slot, pos)| StepColumn { pos, kv_len: pos + 1, kv_base: slot * region, slot })
+            .collect()
     }
 
     /// A batched decode step's attention: query row c (of `cols.len()`) over the region of
