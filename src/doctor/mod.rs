@@ -228,11 +228,14 @@ fn parallelism(ctx: &GpuContext) -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 8)
 }
 
-/// Runs `work` on every job, `threads` at a time, and hands the results to `report` in the
-/// jobs' order as soon as each one and those before it are done.
+/// Runs `work` on every job, `threads` at a time, starting those `first` says before the
+/// others (the long ones: the run ends with a long job alone on one thread otherwise), and
+/// hands the results to `report` in the jobs' order as soon as each one and those before it
+/// are done.
 fn run_parallel<J: Sync, R: Send>(
     jobs: &[J],
     threads: usize,
+    first: impl Fn(&J) -> bool,
     work: impl Fn(&J) -> R + Sync,
     mut report: impl FnMut(R),
 ) {
@@ -240,15 +243,17 @@ fn run_parallel<J: Sync, R: Send>(
         jobs.iter().for_each(|j| report(work(j)));
         return;
     }
+    let order: Vec<usize> =
+        (0..jobs.len()).filter(|&i| first(&jobs[i])).chain((0..jobs.len()).filter(|&i| !first(&jobs[i]))).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<(usize, R)>();
     std::thread::scope(|s| {
         for _ in 0..threads.min(jobs.len()) {
             let tx = tx.clone();
-            let (next, work) = (&next, &work);
+            let (next, work, order) = (&next, &work, &order);
             s.spawn(move || loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break };
+                let Some(&i) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) else { break };
+                let job = &jobs[i];
                 if tx.send((i, work(job))).is_err() {
                     break;
                 }
@@ -281,28 +286,47 @@ pub fn run(
         on_check(&r);
         checks.push(r);
     };
+    // Every check of both passes and the decoding check in one pool of threads, reported in
+    // this order: the native pass, the fallback pass, then decoding.
+    enum Job<'a> {
+        Kernel(&'static str, &'a Arc<GpuContext>, checks::Check),
+        Decoding(String),
+    }
+    let mut jobs: Vec<Job> = Vec::new();
     let passes = std::iter::once(("native", native)).chain(fallback.map(|f| ("fallback", f)));
     for (caps, ctx) in passes {
-        let jobs: Vec<checks::Check> = checks::kernel_checks(&ctx.caps, opts.every_width)
-            .into_iter()
-            .filter(|c| opts.wants(&c.name) && (caps == "native" || c.uses.differ(&native.caps, &ctx.caps)))
-            .filter(|c| c.body.is_ok() || caps == "native")
-            .collect();
-        run_parallel(
-            &jobs,
-            parallelism(ctx),
-            |c| match &c.body {
-                Ok(body) => run_check(&c.name, caps, ctx, opts, body),
-                Err(why) => skipped(&c.name, caps, why.clone()),
-            },
-            |r| done(r, &mut checks),
+        jobs.extend(
+            checks::kernel_checks(&ctx.caps, opts.every_width)
+                .into_iter()
+                .filter(|c| opts.wants(&c.name) && (caps == "native" || c.uses.differ(&native.caps, &ctx.caps)))
+                .filter(|c| c.body.is_ok() || caps == "native")
+                .map(|c| Job::Kernel(caps, ctx, c)),
         );
     }
     let name = format!("greedy decoding {}", decode::MODEL);
     if opts.wants(&name) {
-        let caps = if fallback.is_some() { "native, fallback" } else { "native" };
-        done(run_check(&name, caps, native, opts, |ck| decode::greedy_decoding(ck, native, fallback)), &mut checks);
+        jobs.push(Job::Decoding(name));
     }
+    let long = |j: &Job| match j {
+        Job::Kernel(_, _, c) => c.name.starts_with("fused"),
+        Job::Decoding(_) => true,
+    };
+    run_parallel(
+        &jobs,
+        parallelism(native),
+        long,
+        |j| match j {
+            Job::Kernel(caps, ctx, c) => match &c.body {
+                Ok(body) => run_check(&c.name, caps, ctx, opts, body),
+                Err(why) => skipped(&c.name, caps, why.clone()),
+            },
+            Job::Decoding(name) => {
+                let caps = if fallback.is_some() { "native, fallback" } else { "native" };
+                run_check(name, caps, native, opts, |ck| decode::greedy_decoding(ck, native, fallback))
+            }
+        },
+        |r| done(r, &mut checks),
+    );
     let mut peak = None;
     if opts.wants("probe") {
         let r = probe(native, &mut peak);
@@ -371,6 +395,7 @@ mod tests {
             run_parallel(
                 &jobs,
                 threads,
+                |&j| j % 7 == 3,
                 |&j| {
                     // Later jobs finish first, so order has to be restored.
                     std::thread::sleep(std::time::Duration::from_micros(40 * (40 - j)));
