@@ -57,6 +57,12 @@ pub fn max_binding_from_env() -> Option<u64> {
     std::env::var("KILN_MAX_BINDING").ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// `KILN_GEMV_MAX_COLS=N`: run matmuls of at most N columns on the GEMV, more on the GEMM
+/// (measuring where one overtakes the other; `Caps::gemv_max_cols`).
+pub fn gemv_max_cols_from_env() -> Option<u32> {
+    std::env::var("KILN_GEMV_MAX_COLS").ok().and_then(|v| v.trim().parse().ok())
+}
+
 /// `KILN_GPU_MEMORY=<bytes>[K|M|G]`: the device memory kiln assumes when it checks that a
 /// model fits (for adapters that report none, or to reserve memory for other programs).
 pub fn gpu_memory_from_env() -> Option<u64> {

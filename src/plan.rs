@@ -111,11 +111,24 @@ impl std::fmt::Display for MatmulKernel {
     }
 }
 
-/// Up to this many activation columns go to GEMV (as llama.cpp's Vulkan backend and candle).
-pub const GEMV_MAX_COLS: u32 = 8;
+/// The most activation columns the GEMV takes (sizes the int8 inputs and a batched step's
+/// table); how many it takes on an adapter is `Caps::gemv_max_cols`. Past one workgroup's
+/// columns (`GEMV_GROUP_COLS`, `GEMV_Q8_GROUP_COLS`) they come in groups, one per
+/// workgroup_id.z, still one dispatch, each weight read from L2 after the first group.
+pub const GEMV_MAX_COLS: u32 = 64;
 
-/// The int8-activation GEMV holds each column's quantized x in registers: up to 4 columns.
-pub const GEMV_Q8_MAX_COLS: u32 = 4;
+/// Columns the GEMV takes on GPUs by default: on an H200 (profiling/results/
+/// h200-bench-2026-11-23-run11-*.json) it beats the GEMMs (a few dozen workgroups, each
+/// looping over all of k) up to 32 tokens and loses at 64: TinyLlama Q4_K_M pp16 / pp20 /
+/// pp32 / pp64 at 1,992 / 1,975 / 2,355 / 2,614 tok/s against 1,053 / 1,237 / 1,891 / 3,207,
+/// Llama-7B 879 / 936 / 1,028 against 334 / 388 / 582 (pp64 1,097 / 963).
+pub const GEMV_DEFAULT_COLS: u32 = 32;
+
+/// Columns one float-GEMV workgroup holds in registers (as llama.cpp's Vulkan backend and candle).
+pub const GEMV_GROUP_COLS: u32 = 8;
+
+/// The int8-activation GEMV holds each column's quantized x in registers: 4 columns a workgroup.
+pub const GEMV_Q8_GROUP_COLS: u32 = 4;
 
 /// Weights (n x k) from which the int8-activation GEMV takes over from the float one on GPUs
 /// with native integer dot products, its quantize dispatch included. On an H200
@@ -139,7 +152,7 @@ pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 /// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
 /// latency, not bandwidth, so what matters is enough workgroups in flight.
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
-    if m <= GEMV_MAX_COLS {
+    if m <= caps.gemv_max_cols.min(GEMV_MAX_COLS) {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
         } else if n <= 512 {
@@ -159,7 +172,6 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             _ => u64::MAX,
         };
         let q8 = caps.int8_dot
-            && m <= GEMV_Q8_MAX_COLS
             && min_weights < u64::MAX
             && (caps.int8_gemv_always || (!caps.cpu_adapter && n as u64 * k as u64 >= min_weights));
         // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices,
@@ -169,9 +181,13 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             (true, false) => GemvShape { wg: 128, rows: 2 },
             (false, _) => shape,
         };
-        return MatmulKernel::Gemv { ncols: m.max(1), shape, q8 };
+        let group = if q8 { GEMV_Q8_GROUP_COLS } else { GEMV_GROUP_COLS };
+        return MatmulKernel::Gemv { ncols: m.clamp(1, group), shape, q8 };
     }
-    if caps.cpu_adapter || m < 64 || n < 128 {
+    // Matrix cores from the first column past the GEMV's: a 20-token prompt on TinyLlama's
+    // shapes went to 32x32 float tiles (64-80 workgroups each looping over all of k).
+    let coop = caps.coopmat && !caps.cpu_adapter && (format.is_quantized() || format == WeightFormat::F16);
+    if caps.cpu_adapter || (!coop && m < 64) || n < 128 {
         return MatmulKernel::Gemm { tile: GemmTile::T32 };
     }
     let tiles = |bm: u32, bn: u32| m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
@@ -186,7 +202,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     // tiles of 8 subgroups reach 100-150 TFLOP/s where there are enough of them to fill the
     // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152); below that 128x64 tiles
     // do better (512x2048x2048: 129 against 94), and 64x64 ones for few tokens.
-    if caps.coopmat && (format.is_quantized() || format == WeightFormat::F16) {
+    if coop {
         let tile = if m < 128 {
             GemmTile::Coop64
         } else if tiles(128, 128) >= COOP_FILL_TILES {
@@ -241,7 +257,14 @@ mod tests {
         assert!(q8(1, 4096, 4096, WeightFormat::Q8_0));
         assert!(!q8(1, 5632, 2048, WeightFormat::Q8_0), "Q8_0 switches later");
         assert!(!q8(1, 65536, 8192, WeightFormat::F16), "float weights");
-        assert!(!q8(5, 65536, 8192, WeightFormat::Q4K), "5 columns");
+        // Past 4 columns the int8 GEMV runs in groups of 4 (grid z), up to the GEMV's columns.
+        let wide = Caps { gemv_max_cols: 32, ..c };
+        assert!(matches!(
+            plan_matmul(11, 65536, 8192, WeightFormat::Q4K, &wide),
+            MatmulKernel::Gemv { q8: true, ncols: GEMV_Q8_GROUP_COLS, .. }
+        ));
+        assert!(matches!(plan_matmul(32, 4096, 4096, WeightFormat::Q4K, &wide), MatmulKernel::Gemv { q8: true, .. }));
+        assert!(matches!(plan_matmul(33, 4096, 4096, WeightFormat::Q4K, &wide), MatmulKernel::Gemm { .. }));
         let shape = |n, k| match plan(1, n, k, WeightFormat::Q4K) {
             MatmulKernel::Gemv { shape, .. } => (shape.wg, shape.rows),
             k => panic!("{k}"),
@@ -303,7 +326,9 @@ mod tests {
         assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
         assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T128x64));
-        assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::T32));
+        assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::Coop64));
+        assert_eq!(gemm(9, WeightFormat::F16), Some(GemmTile::Coop64));
+        assert_eq!(gemm(32, WeightFormat::F32), Some(GemmTile::T32));
         assert_eq!(gemm(4, WeightFormat::Q4K), None);
     }
 

@@ -12,7 +12,7 @@ use kiln::doctor::data::{k_for, q8_exact_x, MatmulCase};
 use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
-use kiln::plan::{GemmTile, GemvShape, MatmulKernel};
+use kiln::plan::{GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS};
 use kiln::quant::WeightFormat;
 
 const TOL: f32 = 2e-5;
@@ -64,12 +64,14 @@ fn gemv_every_format() {
                 (2, GemvShape { wg: 32, rows: 4 }),
                 (3, GemvShape { wg: 256, rows: 2 }),
                 (8, GemvShape { wg: 128, rows: 2 }),
+                // Three groups of 8 columns (workgroup_id.z), the last ragged.
+                (19, GemvShape { wg: 64, rows: 4 }),
             ] {
                 let k = k_for(format, 3, 171);
                 let n = 37;
-                let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: false };
+                let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_GROUP_COLS), shape, q8: false };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 8, None));
+                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m >= 8, None));
             }
         }
     }
@@ -168,9 +170,11 @@ fn split_tensors_match_unsplit_results() {
     }
 }
 
-/// A GEMV with a fused input: the kernel at 64 invocations on 4 rows over m columns.
+/// A GEMV with a fused input: the kernel at 64 invocations on 4 rows over m columns (in
+/// groups of a workgroup's columns where m has more).
 fn gemv(m: usize, q8: bool) -> MatmulKernel {
-    MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape { wg: 64, rows: 4 }, q8 }
+    let group = if q8 { GEMV_Q8_GROUP_COLS } else { GEMV_GROUP_COLS };
+    MatmulKernel::Gemv { ncols: (m as u32).min(group), shape: GemvShape { wg: 64, rows: 4 }, q8 }
 }
 
 /// GEMV with the RMSNorm of x fused in front equals RMSNorm then GEMV.
@@ -179,7 +183,7 @@ fn gemv_with_fused_rms_norm() {
     for g in gpus() {
         for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
             let (n, k) = (45usize, k_for(format, 2, 96));
-            for m in [1usize, 3] {
+            for m in [1usize, 3, 10] {
                 let c = case(format, n, k, m, 77);
                 let input = Input::Norm { gamma: randn(&mut rng(5), k, 1.0), eps: 1e-5 };
                 let run = Run { input, ..Run::plain(gemv(m, false), false, false) };
@@ -218,11 +222,13 @@ fn gemv_q8_every_format() {
                 (2, GemvShape { wg: 32, rows: 4 }),
                 (3, GemvShape { wg: 64, rows: 2 }),
                 (4, GemvShape { wg: 64, rows: 4 }),
+                // Three groups of 4 columns (workgroup_id.z), the last ragged.
+                (11, GemvShape { wg: 128, rows: 2 }),
             ] {
                 // Several x tiles for the 32-invocation shape, a ragged last one.
                 let k = if format == WeightFormat::Q8_0 { 32 * 75 } else { 256 * 11 };
                 let n = 37;
-                let kernel = MatmulKernel::Gemv { ncols: m, shape, q8: true };
+                let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_Q8_GROUP_COLS), shape, q8: true };
                 let x = q8_exact_x(m as usize, k, 11 + m as u64);
                 let what = format!("[{}] gemv_q8 {} n={n} k={k} m={m}", g.name, format.name());
                 assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x)));
@@ -243,7 +249,7 @@ fn gemv_q8_fused_and_split() {
     for g in gpus() {
         for format in [WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
             let (n, k) = (45usize, k_for(format, 2, 0));
-            for m in [1usize, 3] {
+            for m in [1usize, 3, 6] {
                 let c = case(format, n, k, m, 78);
                 let inputs = [
                     ("norm", Input::Norm { gamma: randn(&mut rng(5), k, 1.0), eps: 1e-5 }),
@@ -292,11 +298,13 @@ fn fused_epilogues_match_reference() {
             let mut kernels: Vec<(&str, usize, MatmulKernel)> = vec![
                 ("gemv m=1", 1, gemv(1, 64, 4, false)),
                 ("gemv m=3", 3, gemv(3, 128, 2, false)),
+                ("gemv groups of 8, m=11", 11, gemv(8, 64, 4, false)),
                 ("gemm m=13", 13, MatmulKernel::Gemm { tile: GemmTile::T32 }),
                 ("gemm 128x64 m=70", 70, MatmulKernel::Gemm { tile: GemmTile::T128x64 }),
             ];
             if int8 && format != WeightFormat::F32 {
                 kernels.push(("gemv_q8 m=2", 2, gemv(2, 128, 2, true)));
+                kernels.push(("gemv_q8 groups of 4, m=6", 6, gemv(4, 128, 2, true)));
             }
             if g.ctx.caps.coopmat && format != WeightFormat::F32 {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));

@@ -79,6 +79,16 @@ fn stories260k_teacher_forced_logits() {
             assert!(max < 1e-3, "[{}] ubatch {ubatch}: max |Δ| {max}", g.name);
         }
     }
+    // Prompts of up to 64 tokens run on the GEMV in groups of columns, as on GPUs (CPU
+    // adapters take the GEMM from 9 columns unless told): steps of 40 tokens, 5 groups of 8.
+    let grouped = kiln::gpu::ContextOptions { gemv_max_cols: Some(64), ..Default::default() };
+    let ctx = Arc::new(GpuContext::new(&grouped).unwrap());
+    assert_eq!(ctx.caps.gemv_max_cols, 64);
+    let mut s = load(&ctx, "stories260K/stories260K.gguf").session(opts(false, 40, true)).unwrap();
+    let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
+    let (max, rms, same) = compare(&got, &want, 512);
+    eprintln!("stories260K on the GEMV in steps of 40: max |Δ| {max:.2e}, rms {rms:.2e}, argmax {same}");
+    assert!(max < 1e-3, "steps of 40 on the GEMV: max |Δ| {max}");
 }
 
 /// Greedy decoding from BOS reproduces the reference's 200 tokens.
@@ -255,9 +265,9 @@ fn qwen_architectures_run_consistently() {
 }
 
 /// Decode through the int8-activation GEMV (forced for every quantized GEMV: the test
-/// models are far below the size where the planner picks it), in steps of 1 token and of 1
+/// models are far below the size where the planner picks it), in steps of 1 token, of 1
 /// to 4 tokens (the Q/K/V and gate/up groups share one quantized input; the multi-column
-/// kernels run). The logits differ from the float GEMV's (the path ran), and rounding
+/// kernels run) and of 13 to 31 (groups of 4 columns). The logits differ from the float GEMV's (the path ran), and rounding
 /// activations to int8 moves them by about 0.9% RMS of their size on these models: each
 /// run is held to 1.5% RMS, 6% at most, and argmax equal on 97% of rows, a row whose two
 /// top reference logits are closer than the RMS bound counting as equal: such near-ties (a
@@ -274,7 +284,7 @@ fn int8_gemv_decode_matches_reference() {
         eprintln!("int8 GEMV runs on Vulkan only; {} has none", native.ctx.describe());
         return;
     }
-    let opts_int8 = kiln::gpu::ContextOptions { int8_gemv_always: true, ..Default::default() };
+    let opts_int8 = kiln::gpu::ContextOptions { int8_gemv_always: true, gemv_max_cols: Some(64), ..Default::default() };
     let ctx = Arc::new(GpuContext::new(&opts_int8).unwrap());
     assert!(ctx.caps.int8_dot && ctx.caps.int8_gemv_always, "{:?}", ctx.caps);
     let n = 64;
@@ -284,7 +294,7 @@ fn int8_gemv_decode_matches_reference() {
             &f32s(&testdata().join(format!("derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32")))[..n * 512];
         let size = (want.iter().map(|v| (v * v) as f64).sum::<f64>() / want.len() as f64).sqrt() as f32;
         let decode = |ctx: &Arc<GpuContext>, steps: &[usize]| {
-            let mut s = load(ctx, &file).session(opts(true, 8, true)).unwrap();
+            let mut s = load(ctx, &file).session(opts(true, 32, true)).unwrap();
             let mut logits = Vec::new();
             let mut i = 0;
             for step in steps.iter().cycle() {
@@ -298,7 +308,8 @@ fn int8_gemv_decode_matches_reference() {
             logits
         };
         let float = decode(&native.ctx, &[1]);
-        for steps in [&[1usize][..], &[1, 3, 4, 2]] {
+        // Steps past 4 columns run the int8 GEMV in groups of 4 (workgroup_id.z).
+        for steps in [&[1usize][..], &[1, 3, 4, 2], &[20, 13, 31]] {
             let got = decode(&ctx, steps);
             let (vs_float, ..) = compare(&got, &float, 512);
             let (max, rms, same) = compare(&got, want, 512);

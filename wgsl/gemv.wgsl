@@ -1,4 +1,5 @@
 // GEMV for decode and few-token batches: Y[m, n] = sum_k W[n, k] * X[m, k] for m < n_cols,
+// NCOLS columns per workgroup (common/matmul_params.wgsl's col0),
 // one body for every weight format (the format file supplies the unit functions). Each
 // workgroup owns ROWS rows of one weight chunk; its invocations stride over the row's units.
 // Parameters: common/matmul_params.wgsl; input (fused RMSNorm, SwiGLU): common/gemv_input.wgsl;
@@ -8,6 +9,7 @@ var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    col0 = wid.z * NCOLS;
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
     let n_units = unit_count(p.k);
     var acc: array<f32, ROWS * NCOLS>;
@@ -28,7 +30,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         var s0: array<f32, NCOLS>;
         var s1: array<f32, NCOLS>;
         for (var m = 0u; m < NCOLS; m++) {
-            let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
+            let xr = min(col0 + m, p.n_cols - 1u) * (p.x_stride / 4u);
             x0l[m] = load_in(xr, c0, 0u, inv[m]);
             x0h[m] = load_in(xr, c0, 1u, inv[m]);
             s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));

@@ -25,6 +25,7 @@ fn x_half(m: u32, half: u32) -> XHalf {
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    col0 = wid.z * NCOLS;
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
@@ -36,7 +37,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         var xa: array<XHalf, NCOLS>;
         var xb: array<XHalf, NCOLS>;
         for (var m = 0u; m < NCOLS; m++) {
-            let xm = min(m, p.n_cols - 1u);
+            let xm = min(col0 + m, p.n_cols - 1u);
             xa[m] = x_half(xm, dot_unit_half(u, 0u));
             xb[m] = x_half(xm, dot_unit_half(u, 1u));
         }

@@ -68,6 +68,9 @@ fn skip(name: &str, why: String) -> Check {
     Check { name: name.into(), uses: Uses::NONE, body: Err(why) }
 }
 
+/// Matmul kernels per check of the fused inputs and epilogues.
+const FUSED_KERNELS_PER_CHECK: usize = 1;
+
 /// Every kernel check for an adapter with `caps`, in the order they run. GEMVs run at one
 /// column (decode), the most and one width between, spread over the formats so that every
 /// width runs; `every_width`: every format at every width.
@@ -114,20 +117,24 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     // The fused inputs and epilogues are the same code for every weight format: they run on
     // the commonest quantized one, and the GEMM's on a float one too (its weights load as
     // vectors).
+    // Each runs every fused variant of its kernels (a pipeline each): in checks of a few
+    // kernels, so that they spread over the doctor's threads instead of one thread compiling
+    // dozens of pipelines after the others are done.
+    let mut fused = |name: String, uses: Uses, ks: Vec<MatmulKernel>, f: WeightFormat| {
+        let parts = ks.chunks(FUSED_KERNELS_PER_CHECK).count();
+        for (i, part) in ks.chunks(FUSED_KERNELS_PER_CHECK).enumerate() {
+            let name = if parts > 1 { format!("{name} [{}/{parts}]", i + 1) } else { name.clone() };
+            v.push(check(name, uses, fused_matmuls(f, part.to_vec(), caps.f16)));
+        }
+    };
     for f in [WeightFormat::F16, WeightFormat::Q4K] {
         let ks = gemv_widths(&planned_matmuls(f, caps), Widths::Ends);
         if f.is_quantized() {
-            v.push(check(format!("fused gemv {f}"), Uses::BOTH, fused_matmuls(f, pick(&ks, gemv), caps.f16)));
-            let q8 = pick(&ks, gemv_q8);
-            if !q8.is_empty() {
-                v.push(check(format!("fused gemv_q8 {f}"), Uses::BOTH, fused_matmuls(f, q8, caps.f16)));
-            }
+            fused(format!("fused gemv {f}"), Uses::BOTH, pick(&ks, gemv), f);
+            fused(format!("fused gemv_q8 {f}"), Uses::BOTH, pick(&ks, gemv_q8), f);
         }
-        v.push(check(format!("fused gemm {f}"), Uses::F16, fused_matmuls(f, pick(&ks, gemm), caps.f16)));
-        let co = pick(&ks, coop);
-        if !co.is_empty() {
-            v.push(check(format!("fused gemm_coop {f}"), Uses::F16, fused_matmuls(f, co, caps.f16)));
-        }
+        fused(format!("fused gemm {f}"), Uses::F16, pick(&ks, gemm), f);
+        fused(format!("fused gemm_coop {f}"), Uses::F16, pick(&ks, coop), f);
     }
     v.push(check("rms_norm", Uses::SUBGROUPS, rms_norm));
     v.push(check("silu_mul, add", Uses::NONE, elementwise));
@@ -151,13 +158,29 @@ fn no_int8_reason(caps: &Caps) -> String {
     }
 }
 
+/// Columns a GEMV check runs: the kernel's own, or for a workgroup of the most columns,
+/// two groups and a ragged third (workgroup_id.z), as prompts past one group run it.
+fn gemv_cols(kernel: MatmulKernel) -> usize {
+    match kernel {
+        MatmulKernel::Gemv { ncols, q8, .. } => {
+            let group = if q8 { crate::plan::GEMV_Q8_GROUP_COLS } else { crate::plan::GEMV_GROUP_COLS };
+            if ncols == group {
+                2 * ncols as usize + 1
+            } else {
+                ncols as usize
+            }
+        }
+        MatmulKernel::Gemm { .. } => 0,
+    }
+}
+
 /// (m, n, k) a kernel runs on: ragged against its tiles and rows per workgroup.
 fn shape_for(kernel: MatmulKernel, format: WeightFormat) -> (usize, usize, usize) {
     match kernel {
-        MatmulKernel::Gemv { ncols, q8: false, .. } => (ncols as usize, 37, k_for(format, 3, 171)),
+        MatmulKernel::Gemv { q8: false, .. } => (gemv_cols(kernel), 37, k_for(format, 3, 171)),
         // Several of the int8 GEMV's x tiles, a ragged last one.
-        MatmulKernel::Gemv { ncols, q8: true, .. } => {
-            (ncols as usize, 37, if format == WeightFormat::Q8_0 { 32 * 75 } else { 256 * 11 })
+        MatmulKernel::Gemv { q8: true, .. } => {
+            (gemv_cols(kernel), 37, if format == WeightFormat::Q8_0 { 32 * 75 } else { 256 * 11 })
         }
         MatmulKernel::Gemm { .. } => (137, 130, k_for(format, 2, 100)),
     }
@@ -265,7 +288,7 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
                 MatmulKernel::Gemm { tile } => (false, false, tile.is_coop()),
             };
             let m = match kernel {
-                MatmulKernel::Gemv { ncols, .. } => ncols as usize,
+                MatmulKernel::Gemv { .. } => gemv_cols(kernel),
                 MatmulKernel::Gemm { .. } => 70,
             };
             let tol = if q8 {

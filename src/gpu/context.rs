@@ -25,6 +25,11 @@ pub struct Caps {
     /// Plan the int8-activation GEMV for every quantized GEMV it can run, whatever the size
     /// or adapter (tests of the models' int8 path with small models on CPU adapters).
     pub int8_gemv_always: bool,
+    /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
+    /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
+    /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
+    /// option, in tests) sets it.
+    pub gemv_max_cols: u32,
     pub subgroup_min: u32,
     pub subgroup_max: u32,
     /// A CPU adapter (lavapipe, llvmpipe, WARP): smaller tiles and workloads suit it better.
@@ -42,6 +47,7 @@ impl Caps {
             coopmat: false,
             int8_dot: false,
             int8_gemv_always: false,
+            gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
             cpu_adapter: false,
@@ -64,6 +70,8 @@ pub struct ContextOptions {
     pub memory_override: Option<u64>,
     /// Plan the int8-activation GEMV wherever it can run (`Caps::int8_gemv_always`; tests).
     pub int8_gemv_always: bool,
+    /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
+    pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
     /// small adapters, e.g. `wgpu::Limits::default()`: WebGPU's 128 MiB binding).
     pub limits: Option<wgpu::Limits>,
@@ -81,6 +89,7 @@ impl ContextOptions {
             max_binding_override: crate::config::max_binding_from_env(),
             memory_override: crate::config::gpu_memory_from_env(),
             pipeline_cache: crate::config::pipeline_cache_from_env(),
+            gemv_max_cols: crate::config::gemv_max_cols_from_env(),
             ..Default::default()
         })
     }
@@ -389,6 +398,14 @@ impl GpuContext {
                 && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,
+            gemv_max_cols: opts
+                .gemv_max_cols
+                .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {
+                    crate::plan::GEMV_GROUP_COLS
+                } else {
+                    crate::plan::GEMV_DEFAULT_COLS
+                })
+                .clamp(1, crate::plan::GEMV_MAX_COLS),
             subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
             subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,

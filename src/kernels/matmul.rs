@@ -176,14 +176,18 @@ pub fn launch(
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape, q8 } => {
-            if q8 && (ncols > crate::plan::GEMV_Q8_MAX_COLS || !format.is_quantized()) {
+            let group = if q8 { crate::plan::GEMV_Q8_GROUP_COLS } else { crate::plan::GEMV_GROUP_COLS };
+            if q8 && !format.is_quantized() {
+                return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {format}")));
+            }
+            if ncols == 0 || ncols > group {
+                return Err(KilnError::invalid("matmul", format!("GEMV workgroups of {ncols} columns (1 to {group})")));
+            }
+            if m > crate::plan::GEMV_MAX_COLS {
                 return Err(KilnError::invalid(
                     "matmul",
-                    format!("no int8-activation GEMV for {format} with {ncols} columns"),
+                    format!("GEMV over m={m} columns (at most {})", crate::plan::GEMV_MAX_COLS),
                 ));
-            }
-            if m > ncols {
-                return Err(KilnError::invalid("matmul", format!("GEMV for {ncols} columns given m={m}")));
             }
             // The int8 GEMV's fused input is applied by its quantize dispatch (`Q8Input`).
             let key = KernelKey::Gemv {
@@ -197,14 +201,16 @@ pub fn launch(
                 q8,
                 epi,
             };
-            Ok((key, grid(rows.div_ceil(shape.rows))))
+            // One workgroup per ROWS rows and group of ncols columns (grid z).
+            let [gx, gy, _] = grid(rows.div_ceil(shape.rows));
+            Ok((key, [gx, gy, m.div_ceil(ncols).max(1)]))
         }
         MatmulKernel::Gemm { tile } => {
             if matches!(epi, Epi::Qkv { batched: true, .. }) {
-                return Err(KilnError::invalid("matmul", "a batched decode step runs on the GEMV (m <= 8)"));
+                return Err(KilnError::invalid("matmul", "a batched decode step runs on the GEMV"));
             }
             if norm || glu {
-                return Err(KilnError::invalid("matmul", "a fused RMSNorm or SwiGLU needs the GEMV kernel (m <= 8)"));
+                return Err(KilnError::invalid("matmul", "a fused RMSNorm or SwiGLU needs the GEMV kernel"));
             }
             let (bm, bn, ..) = tile.dims();
             let (gx, gy) = (rows.div_ceil(bn), m.div_ceil(bm));
@@ -228,24 +234,41 @@ struct Q8Input {
     blocks: wgpu::Buffer,
 }
 
-/// Whether the planner picks the int8 GEMV for `mm` at some m.
+/// Whether the planner picks the int8 GEMV for `mm` (it does for every m the GEMV takes, or
+/// for none).
 fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
-    (1..=crate::plan::GEMV_Q8_MAX_COLS).any(|m| {
-        matches!(
-            crate::plan::plan_matmul(m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
-            MatmulKernel::Gemv { q8: true, .. }
-        )
-    })
+    matches!(
+        crate::plan::plan_matmul(1, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
+        MatmulKernel::Gemv { q8: true, .. }
+    )
 }
 
-/// The int8 blocks of up to `GEMV_Q8_MAX_COLS` rows of k activations.
+/// The int8 blocks of up to `GEMV_MAX_COLS` rows of k activations.
 fn q8_blocks(ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
-    ctx.storage(q8_input_bytes(crate::plan::GEMV_Q8_MAX_COLS, k), "int8 activations")
+    ctx.storage(q8_input_bytes(crate::plan::GEMV_MAX_COLS, k), "int8 activations")
 }
 
 /// Bytes of the int8 blocks of `m` rows of k activations (48 per 32: quants, d and sums).
-fn q8_input_bytes(m: u32, k: u32) -> u64 {
+pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
     m as u64 * (k / 32) as u64 * 48
+}
+
+/// The int8 GEMVs' quantized inputs of one session: one buffer per input length k, shared
+/// by every matmul bound through it. Each quantize dispatch is followed by the GEMVs that read
+/// its output before the next quantize of the same length, all in one stream of dispatches,
+/// so sharing is safe within a session (not between sessions submitted independently).
+#[derive(Default)]
+pub struct Q8Scratch(std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>);
+
+impl Q8Scratch {
+    fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.0.borrow().get(&k) {
+            return Ok(b.clone());
+        }
+        let b = q8_blocks(ctx, k)?;
+        self.0.borrow_mut().insert(k, b.clone());
+        Ok(b)
+    }
 }
 
 /// A matmul bound to its buffers once (one bind group per weight chunk); each `record`
@@ -277,6 +300,12 @@ impl BoundMatmul {
         Self::with_q8(ctx, mm, stage, wants_q8(ctx, mm))
     }
 
+    /// As `new`, the int8 input from the session's `scratch`.
+    pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
+        let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
+        Self::bind(ctx, mm, stage, blocks)
+    }
+
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
     pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
         let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
@@ -287,11 +316,21 @@ impl BoundMatmul {
     /// SwiGLU, e.g. the Q, K and V projections): their int8 GEMVs share one quantized copy
     /// of it, which `record_group` writes once per step.
     pub fn group(ctx: &GpuContext, mms: &[Matmul], stage: &'static str) -> Result<Vec<BoundMatmul>> {
+        Self::group_in(ctx, mms, stage, &Q8Scratch::default())
+    }
+
+    /// As `group`, the int8 input from the session's `scratch`.
+    pub fn group_in(
+        ctx: &GpuContext,
+        mms: &[Matmul],
+        stage: &'static str,
+        scratch: &Q8Scratch,
+    ) -> Result<Vec<BoundMatmul>> {
         let k = mms.first().map(|mm| mm.w.k).unwrap_or(0);
         if mms.iter().any(|mm| mm.w.k != k) {
             return Err(KilnError::invalid("matmul", "a group of matmuls must share its input length k"));
         }
-        let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(q8_blocks(ctx, k)?) } else { None };
+        let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(scratch.blocks(ctx, k)?) } else { None };
         mms.iter().map(|mm| Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)))).collect()
     }
 
@@ -501,7 +540,10 @@ impl BoundMatmul {
                 })?;
                 if quantize {
                     q8.quantize.set(ctx, &self.params(m, 0, 0));
-                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, grid((self.k / 32).div_ceil(super::QUANTIZE_WG))));
+                    // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns.
+                    let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
+                    let gz = m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1);
+                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, [gx, gy, gz]));
                 }
                 q8.chunks.iter().collect()
             }

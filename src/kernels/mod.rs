@@ -151,7 +151,7 @@ pub enum KernelKey {
         epi: Epi,
     },
     /// A GEMV input quantized to int8 blocks for the int8-activation GEMV, through the fused
-    /// RMSNorm or SwiGLU (quantize_q8.wgsl); up to `plan::GEMV_Q8_MAX_COLS` rows.
+    /// RMSNorm or SwiGLU (quantize_q8.wgsl); `plan::GEMV_Q8_GROUP_COLS` rows per workgroup.
     QuantizeQ8 {
         subgroups: bool,
         norm: bool,
@@ -340,7 +340,7 @@ impl KernelKey {
             }
             KernelKey::QuantizeQ8 { subgroups, norm, glu } => c
                 .const_u32("WG", QUANTIZE_WG)
-                .const_u32("NCOLS", crate::plan::GEMV_Q8_MAX_COLS)
+                .const_u32("NCOLS", crate::plan::GEMV_Q8_GROUP_COLS)
                 .const_bool("NORM", norm)
                 .const_bool("GLU", glu)
                 .include("common/quant.wgsl")
@@ -523,7 +523,7 @@ impl KernelKey {
         }
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
-                for ncols in 1..=crate::plan::GEMV_MAX_COLS as u8 {
+                for ncols in 1..=crate::plan::GEMV_GROUP_COLS as u8 {
                     for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
                             let epi = Epi::Plain;
@@ -542,7 +542,7 @@ impl KernelKey {
                                 epi,
                             });
                         }
-                        if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_MAX_COLS {
+                        if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_GROUP_COLS {
                             let epis = fused_epis.iter().chain(&batched_epis).copied();
                             for epi in std::iter::once(Epi::Plain).chain(epis) {
                                 v.push(KernelKey::Gemv {

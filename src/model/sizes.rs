@@ -5,7 +5,7 @@
 
 use crate::config::PrefillAttention;
 use crate::error::{KilnError, Result};
-use crate::gpu::{storage_size, GpuContext};
+use crate::gpu::{kv_storage_size, storage_size, GpuContext};
 use crate::kernels::attention::AttnShape;
 use crate::model::config::ModelConfig;
 use crate::model::session::SessionOptions;
@@ -52,6 +52,9 @@ pub struct SessionSizes {
     pub sampler_states: u64,
     /// ... and configuration (`kernels::sample::SampleConfig`).
     pub sampler_configs: u64,
+    /// The int8 GEMVs' quantized inputs (`kernels::matmul::Q8Scratch`), one per input length
+    /// (n_embd, q_dim, n_ff), each of up to `plan::GEMV_MAX_COLS` columns: their total.
+    pub q8_inputs: u64,
     pub n_layer: u64,
 }
 
@@ -86,12 +89,20 @@ impl SessionSizes {
             kv_layer: n_seq * opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
             sampler_states: n_seq * f(crate::kernels::sample::STATE_WORDS as u64),
             sampler_configs: n_seq * std::mem::size_of::<crate::kernels::sample::SampleConfig>() as u64,
+            q8_inputs: {
+                let mut ks = vec![cfg.n_embd, cfg.q_dim(), cfg.n_ff];
+                ks.sort_unstable();
+                ks.dedup();
+                ks.iter()
+                    .map(|&k| storage_size(crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k)))
+                    .sum()
+            },
             n_layer: cfg.n_layer as u64,
         }
     }
 
     /// Each kind of storage buffer with how many of it a session holds.
-    fn buffers(&self) -> [(&'static str, u64, u64); 12] {
+    fn buffers(&self) -> [(&'static str, u64, u64); 13] {
         [
             ("token ids", self.ids, 1),
             ("hidden states", self.x, 2),
@@ -105,12 +116,14 @@ impl SessionSizes {
             ("KV cache", self.kv_layer, 2 * self.n_layer),
             ("sampler states", self.sampler_states, 1),
             ("sampler configurations", self.sampler_configs, 1),
+            // Counted as one: the buffers' sizes summed (each is smaller than this).
+            ("int8 activations", self.q8_inputs, 1),
         ]
     }
 
     /// GPU memory of the KV cache (every layer's K and V).
     pub fn kv_bytes(&self) -> u64 {
-        2 * self.n_layer * storage_size(self.kv_layer)
+        2 * self.n_layer * kv_storage_size(self.kv_layer)
     }
 
     /// GPU memory of everything else: activations, logits and their readback.
@@ -122,10 +135,11 @@ impl SessionSizes {
     /// The first buffer the device cannot bind whole, as (what, bytes).
     pub fn first_too_large(&self, ctx: &GpuContext) -> Option<(&'static str, u64)> {
         let readback_ok = self.logits <= ctx.limits.max_buffer_size;
+        let kv = |b: &(&str, u64, u64)| b.0 == "KV cache";
         self.buffers()
             .into_iter()
-            .find(|b| !ctx.fits_storage(b.1))
-            .map(|b| (b.0, storage_size(b.1)))
+            .find(|b| if kv(b) { !ctx.fits_kv_storage(b.1) } else { !ctx.fits_storage(b.1) })
+            .map(|b| (b.0, if kv(&b) { kv_storage_size(b.1) } else { storage_size(b.1) }))
             .or(if readback_ok { None } else { Some(("logits readback", self.logits)) })
     }
 }
@@ -205,13 +219,13 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
         SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 })
     };
     // One layer's K (or V) cache must fit one buffer binding.
-    if !ctx.fits_storage(sizes(n_ctx, 1).kv_layer) {
+    if !ctx.fits_kv_storage(sizes(n_ctx, 1).kv_layer) {
         let per_pos = sizes(1, 1).kv_layer;
         // The longest context that fits (bisect: lo fits or is 0, hi does not).
         let (mut lo, mut hi) = (0u32, n_ctx);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if ctx.fits_storage(mid as u64 * per_pos) {
+            if ctx.fits_kv_storage(mid as u64 * per_pos) {
                 lo = mid;
             } else {
                 hi = mid;
@@ -220,7 +234,7 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
         if req.ctx_size.is_some() || lo < req.min_ctx.max(1) {
             return Err(KilnError::TooLarge {
                 what: format!("a KV cache of {n_ctx} positions (one layer's keys; -c {lo} would fit)"),
-                needed: storage_size(sizes(n_ctx, 1).kv_layer),
+                needed: kv_storage_size(sizes(n_ctx, 1).kv_layer),
                 limit: ctx.max_storage(),
             });
         }

@@ -6,7 +6,7 @@
 
 use crate::engine::Model;
 use crate::error::{KilnError, Result};
-use crate::gpu::storage_size;
+use crate::gpu::kv_storage_size;
 use crate::model::{Output, Session, SessionOptions, SessionSizes};
 use crate::sample::Sampler;
 use crate::server::metrics::BatchCounts;
@@ -303,7 +303,7 @@ pub fn plan_slots(
         let s = sizes(n_ctx);
         (s.kv_bytes() + s.activation_bytes()) * if shared { 1 } else { count as u64 }
     };
-    let fits_binding = |n_ctx: u32| model.ctx.fits_storage(sizes(n_ctx).kv_layer);
+    let fits_binding = |n_ctx: u32| model.ctx.fits_kv_storage(sizes(n_ctx).kv_layer);
     let left = model.ctx.device_memory.map(|m| m.saturating_sub(model.weight_gpu_bytes));
     let fits = |n_ctx: u32| fits_binding(n_ctx) && left.is_none_or(|l| total(n_ctx) <= l);
     let mut notes = Vec::new();
@@ -318,7 +318,7 @@ pub fn plan_slots(
                 _ => format!(
                     "one layer's keys for {} tokens take {} bytes, more than the adapter binds at once ({})",
                     if shared { n_ctx * count } else { n_ctx },
-                    storage_size(sizes(n_ctx).kv_layer),
+                    kv_storage_size(sizes(n_ctx).kv_layer),
                     model.ctx.max_storage()
                 ),
             };

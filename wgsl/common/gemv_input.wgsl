@@ -41,14 +41,14 @@ fn load_in(row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
     return v * norm_scale(c, part, inv_rms);
 }
 
-// 1 / rms of each x row for the fused RMSNorm (k % 4 == 0 there); 1 without NORM.
+// 1 / rms of each x row (columns col0 .. col0 + NCOLS - 1) for the fused RMSNorm (k % 4 == 0 there); 1 without NORM.
 // Uniform control flow: it has barriers.
 fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {
     var inv: array<f32, NCOLS>;
     for (var m = 0u; m < NCOLS; m++) { inv[m] = 1.0; }
     if (NORM) {
         for (var m = 0u; m < NCOLS; m++) {
-            let xr = min(m, p.n_cols - 1u) * (p.x_stride / 4u);
+            let xr = min(col0 + m, p.n_cols - 1u) * (p.x_stride / 4u);
             var ss = 0.0;
             for (var i = lane.lid; i < p.k / 4u; i += WG) {
                 let v = x[xr + i];

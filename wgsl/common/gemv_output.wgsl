@@ -1,5 +1,5 @@
 // The output side of both GEMV bodies (gemv.wgsl, gemv_q8.wgsl): Y, the bias, and the
-// reduction of every lane's partial sums; other epilogues than plain go through
+// reduction of every lane's partial sums (columns col0 + 0 .. NCOLS - 1); other epilogues than plain go through
 // common/matmul_epilogue.wgsl. Header constants: WG, ROWS, NCOLS, EPI; the including body
 // declares `partial` (workgroup f32s, ROWS * NCOLS * LANE_GROUPS_MAX).
 
@@ -25,7 +25,7 @@ fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
                 t0 += partial[(r * NCOLS + m) * LANE_GROUPS_MAX + g];
                 t1 += partial[((r + 1u) * NCOLS + m) * LANE_GROUPS_MAX + g];
             }
-            if (m < p.n_cols) { store_pair(m, row0 + r, t0, t1); }
+            if (col0 + m < p.n_cols) { store_pair(col0 + m, row0 + r, t0, t1); }
         }
         return;
     }
@@ -33,11 +33,11 @@ fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
         let r = i / NCOLS;
         let m = i % NCOLS;
         let row = row0 + r;
-        if (row < p.n_rows && m < p.n_cols) {
+        if (row < p.n_rows && col0 + m < p.n_cols) {
             var total = 0.0;
             for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
             let n = p.row_offset + row;
-            let o = m * p.y_stride + n;
+            let o = (col0 + m) * p.y_stride + n;
             var v = total;
             if (p.has_bias != 0u) { v += bias[n]; }
             if (p.accumulate != 0u) { v += y[o]; }

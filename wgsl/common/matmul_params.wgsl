@@ -17,3 +17,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+
+// The first of the NCOLS columns this workgroup takes (GEMVs and the quantizer): columns
+// come in groups of NCOLS, one group per workgroup_id.z, so a GEMV over more columns than
+// one workgroup holds in registers is still one dispatch. 0 elsewhere.
+var<private> col0: u32;

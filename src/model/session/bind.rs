@@ -11,7 +11,7 @@ use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, Sof
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention::{self, FlashParams};
-use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, RopeShape};
+use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, Q8Scratch, RopeShape};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::sample::SampleConfig;
@@ -99,15 +99,17 @@ impl Session {
             glu: None,
             epi: Epilogue::Plain,
         };
+        // The int8 GEMVs' quantized inputs, one buffer per input length for the session.
+        let scratch = Q8Scratch::default();
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
-            BoundMatmul::new(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage)
+            BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
-        // Matmuls that only prefill runs (m > 8, after a norm or SwiGLU dispatch) are GEMMs:
+        // Matmuls that only prefill runs (past the GEMV's columns, after a norm or SwiGLU dispatch) are GEMMs:
         // no int8 GEMV input to bind.
         let mm_prefill = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::with_q8(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, false)
         };
-        // Decode (m <= 8) reads the residual stream and applies the RMSNorm in the GEMV itself
+        // Decode and short prompts (the GEMV's columns) read the residual stream and applies the RMSNorm in the GEMV itself
         // (or in the quantize dispatch that the int8 GEMVs of a group share).
         let mm_norm = |w, norm_w, ybuf, ys, bias| Matmul {
             w,
@@ -164,8 +166,8 @@ impl Session {
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
-            let kc = st(sizes.kv_layer, &format!("k_cache.{li}"))?;
-            let vc = st(sizes.kv_layer, &format!("v_cache.{li}"))?;
+            let kc = ctx.kv_storage(sizes.kv_layer, &format!("k_cache.{li}"))?;
+            let vc = ctx.kv_storage(sizes.kv_layer, &format!("v_cache.{li}"))?;
             let (qkv, q_src) = match &w.qkv {
                 Qkv::Stacked { parts, bias } => {
                     // Decode reads the residual stream with the RMSNorm fused, prefill the normed copy.
@@ -201,7 +203,7 @@ impl Session {
                     let prefill: Vec<BoundMatmul> = (0..parts.len())
                         .map(|p| BoundMatmul::with_q8(&ctx, &part(p, false), "qkv", false))
                         .collect::<Result<_>>()?;
-                    (QkvOps::Stacked { decode: BoundMatmul::group(&ctx, &decode, "qkv")?, prefill }, &qb)
+                    (QkvOps::Stacked { decode: BoundMatmul::group_in(&ctx, &decode, "qkv", &scratch)?, prefill }, &qb)
                 }
                 Qkv::Separate { wq, wk, wv, bq, bk, bv, q_norm, k_norm } => {
                     let (q_src, k_src) = if q_norm.is_some() { (&qn, &kn) } else { (&qb, &kb) };
@@ -210,9 +212,10 @@ impl Session {
                         mm_norm(wk, &w.attn_norm, &kb, kvd, bk.as_ref()),
                         mm_norm(wv, &w.attn_norm, &vb, kvd, bv.as_ref()),
                     ];
-                    let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] = BoundMatmul::group(&ctx, &fused, "qkv")?
-                        .try_into()
-                        .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
+                    let [q_fused, k_fused, v_fused]: [BoundMatmul; 3] =
+                        BoundMatmul::group_in(&ctx, &fused, "qkv", &scratch)?
+                            .try_into()
+                            .map_err(|_| KilnError::invalid("model", "Q/K/V group"))?;
                     let head_norm = |g: &Option<wgpu::Buffer>, src, dst| -> Result<Option<Bound>> {
                         match g {
                             Some(g) => {
@@ -262,7 +265,7 @@ impl Session {
                         epi: Epilogue::SwiGlu,
                     };
                     FfnOps::Interleaved {
-                        decode: BoundMatmul::new(&ctx, &gu(true), "ffn_gate_up")?,
+                        decode: BoundMatmul::new_in(&ctx, &gu(true), "ffn_gate_up", &scratch)?,
                         prefill: BoundMatmul::with_q8(&ctx, &gu(false), "ffn_gate_up", false)?,
                         down: mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
                     }
@@ -270,13 +273,14 @@ impl Session {
                 GateUp::Separate { w_gate, w_up } => {
                     let fused =
                         [mm_norm(w_gate, &w.ffn_norm, &gate, sf, None), mm_norm(w_up, &w.ffn_norm, &up, sf, None)];
-                    let [gate_fused, up_fused]: [BoundMatmul; 2] = BoundMatmul::group(&ctx, &fused, "ffn_gate_up")?
-                        .try_into()
-                        .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
+                    let [gate_fused, up_fused]: [BoundMatmul; 2] =
+                        BoundMatmul::group_in(&ctx, &fused, "ffn_gate_up", &scratch)?
+                            .try_into()
+                            .map_err(|_| KilnError::invalid("model", "gate/up group"))?;
                     FfnOps::Separate {
                         gate_fused,
                         up_fused,
-                        down_fused: BoundMatmul::new(
+                        down_fused: BoundMatmul::new_in(
                             &ctx,
                             &Matmul {
                                 glu: Some(&up),
@@ -285,6 +289,7 @@ impl Session {
                                 ..Matmul::dense(&w.w_down, &gate, &x, 0)
                             },
                             "ffn_down",
+                            &scratch,
                         )?,
                         gate: mm_prefill(w_gate, &xn, se, &gate, sf, None, false, "ffn_gate_up")?,
                         up: mm_prefill(w_up, &xn, se, &up, sf, None, false, "ffn_gate_up")?,
@@ -372,7 +377,7 @@ impl Session {
                 glu: None,
                 epi: Epilogue::Plain,
             };
-            BoundMatmul::new(&ctx, &m, "lm_head")
+            BoundMatmul::new_in(&ctx, &m, "lm_head", &scratch)
         };
         let lm_head_x = head(&x)?;
         let lm_head_last = head(&x_last)?;
@@ -416,21 +421,12 @@ impl Session {
             "sample",
             &[&logits, &out_id, &sample_state, &sample_configs, &step_state],
         )?;
-        // Batched steps need the stacked Q/K/V epilogue (it takes each column's position).
-        // Where a decode GEMV runs on int8 activations, a step of more columns than that
-        // kernel takes would switch it to the float GEMV and change the results: steps stay
-        // within its columns.
+        // Batched steps need the stacked Q/K/V epilogue (it takes each column's position), and
+        // stay on the GEMV, whose results for a column do not depend on the others beside it.
         let batch_cols = if !layers.iter().all(|l| matches!(l.qkv, QkvOps::Stacked { .. })) {
             1
-        } else if layers
-            .iter()
-            .flat_map(|l| l.decode_matmuls())
-            .chain([&lm_head_x])
-            .any(|b| matches!(b.plan(&ctx, 1), crate::plan::MatmulKernel::Gemv { q8: true, .. }))
-        {
-            sizes::batch_columns(opts.n_seq).min(crate::plan::GEMV_Q8_MAX_COLS)
         } else {
-            sizes::batch_columns(opts.n_seq)
+            sizes::batch_columns(opts.n_seq).min(ctx.caps.gemv_max_cols)
         };
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial];
         keep.extend(scores);

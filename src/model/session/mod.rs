@@ -101,22 +101,6 @@ pub(super) struct LayerOps {
     ffn: FfnOps,
 }
 
-impl LayerOps {
-    /// The matmuls a one-token step runs.
-    fn decode_matmuls(&self) -> Vec<&BoundMatmul> {
-        let mut v: Vec<&BoundMatmul> = match &self.qkv {
-            QkvOps::Stacked { decode, .. } => decode.iter().collect(),
-            QkvOps::Separate { q_fused, k_fused, v_fused, .. } => vec![q_fused, k_fused, v_fused],
-        };
-        v.push(&self.wo);
-        match &self.ffn {
-            FfnOps::Interleaved { decode, down, .. } => v.extend([decode, down]),
-            FfnOps::Separate { gate_fused, up_fused, down_fused, .. } => v.extend([gate_fused, up_fused, down_fused]),
-        }
-        v
-    }
-}
-
 /// How a layer computes prefill attention (`config::PrefillAttention`).
 pub(super) enum PrefillAttnOps {
     /// One flash-attention dispatch, no score matrix.
