@@ -191,7 +191,10 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         use std::sync::atomic::Ordering::Relaxed;
         self.metrics.record_step(generated);
         self.metrics.slots_busy.store(self.running.len() as u64, Relaxed);
-        self.metrics.gpu_memory_bytes.store(self.slots.gpu_memory_bytes(), Relaxed);
+        // The allocator's report walks every block: now and then, not every step.
+        if self.ticks % 64 == 1 {
+            self.metrics.gpu_memory_bytes.store(self.slots.gpu_memory_bytes(), Relaxed);
+        }
         if let Ok(mut b) = self.metrics.batches.lock() {
             *b = self.slots.batch_counts();
         }

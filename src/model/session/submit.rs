@@ -165,8 +165,11 @@ impl Session {
 
     /// Builds the pipelines this session's steps use before the first step needs them, by
     /// recording (never submitting) prompt steps at the sizes the planner treats differently
-    /// (each GEMV width up to 8 tokens, 16 for up to 63, a full batch) and a chained decode
-    /// step: a prompt's first token then costs its computation, not shader compilation. With
+    /// (each GEMV width up to 8 tokens, 16 in column groups, 40 on the small GEMM tile, a
+    /// full batch), a chained decode step, and batched steps of every width up to one GEMV
+    /// workgroup's and the widest, at a short context and the longest (decode attention's
+    /// variants differ by length): a prompt's first token, or a server's first step of
+    /// three sequences, then costs its computation, not shader compilation. With
     /// a pipeline cache on disk, a second start compiles from it. The CLI calls this after
     /// opening a session. Not on CPU adapters: llvmpipe compiles a shader at its first
     /// dispatch, whatever was built before.
@@ -178,8 +181,9 @@ impl Session {
         let room = self.opts.n_ctx - self.pos[0];
         let mut enc =
             ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
-        let mut sizes: Vec<u32> = (2..=8).chain([16, self.opts.ubatch]).collect();
+        let mut sizes: Vec<u32> = (2..=8).chain([16, 40, self.opts.ubatch]).collect();
         sizes.retain(|&m| m <= room.min(self.opts.ubatch));
+        sizes.sort_unstable();
         sizes.dedup();
         for m in sizes {
             let mut rec = Recorder::new(&mut enc, "warm-up", None);
@@ -189,6 +193,17 @@ impl Session {
         }
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
+        }
+        let wide = self.batch_cols as u32;
+        if wide > 1 {
+            let widths = (1..=wide.min(crate::plan::GEMV_GROUP_COLS)).chain([wide]);
+            for (m, kv_len) in widths.flat_map(|m| [(m, 1), (m, self.opts.n_ctx)]) {
+                let shape = StepShape { m, pos0: 0, kv_base: 0, batched: Some(kv_len), table_sampler: true };
+                let mut rec = Recorder::new(&mut enc, "warm-up", None);
+                let r = self.record_forward(&mut rec, &shape, Output::Sampled, false);
+                rec.finish();
+                r?;
+            }
         }
         // Scoring sessions (perplexity, eval): the LM head over every position and the NLL
         // kernel, so that the first chunk does not wait for them to compile.
