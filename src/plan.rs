@@ -127,7 +127,9 @@ pub const GEMV_DEFAULT_COLS: u32 = 32;
 /// Columns one float-GEMV workgroup holds in registers (as llama.cpp's Vulkan backend and candle).
 pub const GEMV_GROUP_COLS: u32 = 8;
 
-/// The int8-activation GEMV holds each column's quantized x in registers: 4 columns a workgroup.
+/// The int8-activation GEMV holds each column's quantized x in registers: 4 columns a workgroup
+/// (8 was slower on an H200: TinyLlama pp16 1,638 against 1,958 tok/s, Llama-7B pp20 567
+/// against 941; run 14).
 pub const GEMV_Q8_GROUP_COLS: u32 = 4;
 
 /// Weights (n x k) from which the int8-activation GEMV takes over from the float one on GPUs
@@ -139,7 +141,10 @@ pub const GEMV_Q8_GROUP_COLS: u32 = 4;
 pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 
 /// 128x128 cooperative tiles from this many per GEMM: about one per SM of a large GPU (an
-/// H200 has 132), below which 128x64 tiles keep more of them busy.
+/// H200 has 132), below which 128x64 tiles keep more of them busy; and up to 256 tokens,
+/// 64x64 tiles where 128x64 ones would not give each SM two (H200, run 14 in
+/// profiling/results: TinyLlama Q4_K_M pp128 3,534 -> 5,933 tok/s, pp256 7,637 -> 11,147;
+/// Llama-7B pp128 1,212 -> 1,802).
 pub const COOP_FILL_TILES: u64 = 128;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
@@ -203,7 +208,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152); below that 128x64 tiles
     // do better (512x2048x2048: 129 against 94), and 64x64 ones for few tokens.
     if coop {
-        let tile = if m < 128 {
+        let tile = if m < 128 || (m <= 256 && tiles(128, 64) < 2 * COOP_FILL_TILES) {
             GemmTile::Coop64
         } else if tiles(128, 128) >= COOP_FILL_TILES {
             GemmTile::Coop128
