@@ -140,14 +140,15 @@ fn a_session_that_cannot_fit_is_refused_with_the_sizes() {
         .expect("a device with WebGPU's default limits");
     let (preset, ft) = kiln::synth::parse_spec("qwen3-0.6b:q8_0").unwrap();
     let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
-    // f32 keys of 40960 positions x 1024 are 160 MiB, over one 128 MiB binding.
+    // f32 keys of 40960 positions x 1024 are 160 MiB, over one 128 MiB binding; 32768 of
+    // them are exactly 128 MiB (KV-cache layers carry no tail pad).
     let req = SessionRequest { ctx_size: Some(40960), min_ctx: 1, ubatch: 512, f16_kv: false, all_logits: false };
     let err = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap_err().to_string();
-    assert!(err.contains("KV cache of 40960 positions") && err.contains("-c 32767 would fit"), "{err}");
+    assert!(err.contains("KV cache of 40960 positions") && err.contains("-c 32768 would fit"), "{err}");
     assert!(err.contains("134217728"), "{err}");
     // Without -c the context is capped, with a note.
     let req = SessionRequest { ctx_size: None, ..req };
     let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
-    assert_eq!(fitted.opts.n_ctx, 32767);
-    assert!(fitted.notes.iter().any(|n| n.contains("context capped at 32767")), "{:?}", fitted.notes);
+    assert_eq!(fitted.opts.n_ctx, 32768);
+    assert!(fitted.notes.iter().any(|n| n.contains("context capped at 32768")), "{:?}", fitted.notes);
 }

@@ -34,6 +34,9 @@ pub struct Caps {
     pub subgroup_max: u32,
     /// A CPU adapter (lavapipe, llvmpipe, WARP): smaller tiles and workloads suit it better.
     pub cpu_adapter: bool,
+    /// Workgroups of 1024 invocations run here, and subgroups are at least 16 wide (so a
+    /// workgroup's subgroup partial sums fit the reductions' 64 slots).
+    pub wide_workgroups: bool,
 }
 
 impl Caps {
@@ -51,6 +54,7 @@ impl Caps {
             subgroup_min: 0,
             subgroup_max: 0,
             cpu_adapter: false,
+            wide_workgroups: false,
         }
     }
 }
@@ -409,6 +413,11 @@ impl GpuContext {
             subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
             subgroup_max: if subgroups { info.subgroup_max_size } else { 0 },
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
+            wide_workgroups: subgroups
+                && info.subgroup_min_size >= 16
+                && info.device_type != wgpu::DeviceType::Cpu
+                && limits.max_compute_invocations_per_workgroup >= 1024
+                && limits.max_compute_workgroup_size_x >= 1024,
         };
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding = match opts.max_binding_override {

@@ -305,7 +305,7 @@ impl KernelKey {
     }
 
     /// Composes this kernel's WGSL.
-    pub fn source(&self, _caps: &Caps) -> Result<ShaderSource> {
+    pub fn source(&self, caps: &Caps) -> Result<ShaderSource> {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
@@ -458,7 +458,7 @@ impl KernelKey {
             }
             KernelKey::Sample { subgroups, batched } => {
                 let c = c
-                    .const_u32("WG", sample::SAMPLE_WG)
+                    .const_u32("WG", sample::sample_wg(caps))
                     .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
                     .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
                     .const_u32("BAN", crate::sample::BAN_CAP as u32)

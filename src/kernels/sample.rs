@@ -9,6 +9,21 @@ use crate::sample::{SamplerConfig, BAN_CAP, HISTORY_CAP};
 /// Invocations per sampling workgroup.
 pub const SAMPLE_WG: u32 = 256;
 
+/// Invocations per sampling workgroup where `Caps::wide_workgroups`: one workgroup reads
+/// the whole vocabulary several times (the maximum, the top-k threshold's counts, the
+/// candidates), so the pick's time is those passes' latency; four times the invocations
+/// take a quarter of the iterations each.
+pub const SAMPLE_WG_WIDE: u32 = 1024;
+
+/// The sampling workgroup's size on an adapter with `caps`.
+pub fn sample_wg(caps: &crate::gpu::Caps) -> u32 {
+    if caps.wide_workgroups {
+        SAMPLE_WG_WIDE
+    } else {
+        SAMPLE_WG
+    }
+}
+
 /// Words of one row's sampling state: draws made, tokens appended, banned tokens, one unused,
 /// the history ring (`HISTORY_CAP` ids), then the banned ids (`BAN_CAP`).
 pub const STATE_WORDS: usize = 4 + HISTORY_CAP + BAN_CAP;
