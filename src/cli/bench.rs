@@ -81,7 +81,7 @@ pub struct BenchArgs {
     /// Progress lines on stderr (instead of a progress bar), as llama-bench's --progress.
     #[arg(long)]
     pub progress: bool,
-    /// Skip the untimed warm-up run of each test.
+    /// Skip the untimed warm-up: a third of a second of prefills before the first timed test (GPUs), and a run of each test before its repetitions.
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
     /// Per-stage GPU profile of every test (also PROFILE=1).
