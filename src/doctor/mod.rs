@@ -251,11 +251,11 @@ fn run_parallel<J: Sync, R: Send>(
         for _ in 0..threads.min(jobs.len()) {
             let tx = tx.clone();
             let (next, work, order) = (&next, &work, &order);
-            s.spawn(move || loop {
-                let Some(&i) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) else { break };
-                let job = &jobs[i];
-                if tx.send((i, work(job))).is_err() {
-                    break;
+            s.spawn(move || {
+                while let Some(&i) = order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    if tx.send((i, work(&jobs[i]))).is_err() {
+                        break;
+                    }
                 }
             });
         }
