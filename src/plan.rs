@@ -141,10 +141,10 @@ pub const GEMV_Q8_GROUP_COLS: u32 = 4;
 pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 
 /// 128x128 cooperative tiles from this many per GEMM: about one per SM of a large GPU (an
-/// H200 has 132), below which 128x64 tiles keep more of them busy; and up to 256 tokens,
-/// 64x64 tiles where 128x64 ones would not give each SM two (H200, run 14 in
-/// profiling/results: TinyLlama Q4_K_M pp128 3,534 -> 5,933 tok/s, pp256 7,637 -> 11,147;
-/// Llama-7B pp128 1,212 -> 1,802).
+/// H200 has 132), below which 128x64 tiles keep more of them busy; and 64x64 tiles where
+/// 128x64 ones would not give each SM two (H200, runs 14 and 18 in profiling/results:
+/// TinyLlama Q4_K_M pp128 3,534 -> 5,933 tok/s, pp256 7,637 -> 11,147, pp512 11,384 ->
+/// 16,081, F16 pp512 9,863 -> 13,767; Llama-7B pp128 1,212 -> 1,802, pp512 unchanged).
 pub const COOP_FILL_TILES: u64 = 128;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
@@ -208,7 +208,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152); below that 128x64 tiles
     // do better (512x2048x2048: 129 against 94), and 64x64 ones for few tokens.
     if coop {
-        let tile = if m < 128 || (m <= 256 && tiles(128, 64) < 2 * COOP_FILL_TILES) {
+        let tile = if m < 128 || tiles(128, 64) < 2 * COOP_FILL_TILES {
             GemmTile::Coop64
         } else if tiles(128, 128) >= COOP_FILL_TILES {
             GemmTile::Coop128
@@ -326,7 +326,9 @@ mod tests {
         let gemm = |m, f| gemm_n(m, 4096, f);
         // 4 x 32 tiles of 128x128 fill the GPU; 4 x 16 would not.
         assert_eq!(gemm(512, WeightFormat::Q4K), Some(GemmTile::Coop128));
-        assert_eq!(gemm_n(512, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128x64));
+        // 4 x 32 tiles of 128x64 would not give each of ~132 SMs two: 64x64 ones.
+        assert_eq!(gemm_n(512, 2048, WeightFormat::Q4K), Some(GemmTile::Coop64));
+        assert_eq!(gemm_n(2048, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128));
         assert_eq!(gemm(64, WeightFormat::Q8_0), Some(GemmTile::Coop64));
         assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
