@@ -205,8 +205,10 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     // would lose range in f16).
     // Double-buffered padded tiles (examples/coop_lab.rs on an H200, F16 operands): 128x128
     // tiles of 8 subgroups reach 100-150 TFLOP/s where there are enough of them to fill the
-    // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152); below that 128x64 tiles
-    // do better (512x2048x2048: 129 against 94), and 64x64 ones for few tokens.
+    // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152). With kiln's weight decode
+    // in the staging, though, the model's GEMMs ran faster on 64x64 tiles wherever 128x64
+    // ones would not give each SM two (TinyLlama pp512 11,384 -> 16,081 tok/s; see
+    // COOP_FILL_TILES): more workgroups hide more of the staging's latency.
     if coop {
         let tile = if m < 128 || tiles(128, 64) < 2 * COOP_FILL_TILES {
             GemmTile::Coop64
