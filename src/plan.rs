@@ -145,6 +145,8 @@ pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 /// 128x64 ones would not give each SM two (H200, runs 14 and 18 in profiling/results:
 /// TinyLlama Q4_K_M pp128 3,534 -> 5,933 tok/s, pp256 7,637 -> 11,147, pp512 11,384 ->
 /// 16,081, F16 pp512 9,863 -> 13,767; Llama-7B pp128 1,212 -> 1,802, pp512 unchanged).
+/// Below four 128x64 tiles per SM instead, Llama-7B's 4096-wide matrices went to 64x64 tiles
+/// and its pp512 fell from 3,376 to 2,710 (run 21).
 pub const COOP_FILL_TILES: u64 = 128;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
