@@ -377,13 +377,13 @@ pub fn bench_model(
     // Time to first token of a 20-token prompt on an empty cache: the first after the session
     // opened (the GPU idle until then), and the best of three once it is warm.
     let n = 20.min(n_ctx as usize);
-    let first = |s: &mut crate::model::Session| -> Result<f64> {
+    let prompt_ms = |s: &mut crate::model::Session| -> Result<f64> {
         s.reset();
         let t = Instant::now();
         s.forward(&prompt[..n], Output::Argmax)?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
     };
-    let first_ms = first(&mut s)?;
+    let first_ms = prompt_ms(&mut s)?;
     // A GPU that was idle runs its first short steps at low clocks (an H200: a 20-token
     // prompt in 33-56 ms, 10 ms warm): a third of a second of prefills brings them up before
     // anything is timed, as the earlier tests of a llama-bench run do for the later ones.
@@ -396,7 +396,7 @@ pub fn bench_model(
     }
     let mut warm = Vec::new();
     for _ in 0..3 {
-        warm.push(first(&mut s)?);
+        warm.push(prompt_ms(&mut s)?);
     }
     s.reset();
     let ttft = Ttft { prompt_tokens: n as u32, first_ms, best_ms: warm.iter().copied().fold(f64::MAX, f64::min) };

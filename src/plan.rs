@@ -132,6 +132,21 @@ pub const GEMV_GROUP_COLS: u32 = 8;
 /// against 941; run 14).
 pub const GEMV_Q8_GROUP_COLS: u32 = 4;
 
+/// Columns one workgroup of the float (`q8` false) or int8 GEMV holds; more come in groups.
+pub fn gemv_group_cols(q8: bool) -> u32 {
+    if q8 {
+        GEMV_Q8_GROUP_COLS
+    } else {
+        GEMV_GROUP_COLS
+    }
+}
+
+/// Whether a matmul of m columns runs on the GEMV on an adapter with `caps` (else a GEMM):
+/// the planner's choice, which also decides where the forward pass fuses the RMSNorm.
+pub fn gemv_takes(m: u32, caps: &Caps) -> bool {
+    m <= caps.gemv_max_cols.min(GEMV_MAX_COLS)
+}
+
 /// Weights (n x k) from which the int8-activation GEMV takes over from the float one on GPUs
 /// with native integer dot products, its quantize dispatch included. On an H200
 /// (profiling/results/h200-gemv-q8-prequant-2026-11-21.txt), for K-quants it wins from
@@ -159,7 +174,7 @@ pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 /// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
 /// latency, not bandwidth, so what matters is enough workgroups in flight.
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
-    if m <= caps.gemv_max_cols.min(GEMV_MAX_COLS) {
+    if gemv_takes(m, caps) {
         let shape = if caps.cpu_adapter {
             GemvShape { wg: 64, rows: 4 }
         } else if n <= 512 {
@@ -188,8 +203,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             (true, false) => GemvShape { wg: 128, rows: 2 },
             (false, _) => shape,
         };
-        let group = if q8 { GEMV_Q8_GROUP_COLS } else { GEMV_GROUP_COLS };
-        return MatmulKernel::Gemv { ncols: m.clamp(1, group), shape, q8 };
+        return MatmulKernel::Gemv { ncols: m.clamp(1, gemv_group_cols(q8)), shape, q8 };
     }
     // Matrix cores from the first column past the GEMV's: a 20-token prompt on TinyLlama's
     // shapes went to 32x32 float tiles (64-80 workgroups each looping over all of k).

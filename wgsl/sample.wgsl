@@ -62,36 +62,15 @@ fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 // NaN logits never count.
 fn usable(v: f32) -> bool { return v == v; }
 
-// Logits i, i + WG, i + 2 WG and i + 3 WG of the row (0 past its end; `in4` says which are
-// in it), all four loaded before any is used: one workgroup reads the whole row on every
-// pass, so the loads' latency, not their bytes, sets a pass's time.
-fn load4(base: u32, i: u32, n: u32) -> vec4<f32> {
-    let last = n - 1u;
-    return vec4<f32>(
-        logits[base + min(i, last)],
-        logits[base + min(i + WG, last)],
-        logits[base + min(i + 2u * WG, last)],
-        logits[base + min(i + 3u * WG, last)],
-    );
-}
-
-fn in4(i: u32, n: u32) -> vec4<bool> {
-    return (vec4<u32>(i) + vec4<u32>(0u, WG, 2u * WG, 3u * WG)) < vec4<u32>(n);
-}
-
 // How many logits of the row lie within each distance d[j] below the maximum (mx - v <=
 // d[j]): counted in registers, added up with one batched reduction (cand_v, unused yet, holds
 // the groups' sums). Uniform control flow.
 fn count_within(base: u32, n: u32, mx: f32, d: array<f32, 4>, lane: Lane) -> array<u32, 4> {
     var c = vec4<u32>(0u);
     let dv = vec4<f32>(d[0], d[1], d[2], d[3]);
-    for (var i = lane.lid; i < n; i += 4u * WG) {
-        let v4 = load4(base, i, n);
-        let ok = in4(i, n);
-        for (var u = 0u; u < 4u; u++) {
-            let v = v4[u];
-            if (ok[u] && usable(v)) { c += vec4<u32>(vec4<f32>(mx - v) <= dv); }
-        }
+    for (var i = lane.lid; i < n; i += WG) {
+        let v = logits[base + i];
+        if (usable(v)) { c += vec4<u32>(vec4<f32>(mx - v) <= dv); }
     }
     workgroupBarrier();
     for (var j = 0u; j < 4u; j++) {
@@ -201,16 +180,11 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     // The largest logit and its lowest index (greedy's answer, and softmax's reference).
     var best = -3.4028235e38;
     var best_i = 0xffffffffu;
-    // Each invocation's indices in increasing order: the first of equal values stays.
-    for (var i = lane.lid; i < n; i += 4u * WG) {
-        let v4 = load4(base, i, n);
-        let ok = in4(i, n);
-        for (var u = 0u; u < 4u; u++) {
-            let v = v4[u];
-            if (ok[u] && usable(v) && (v > best || best_i == 0xffffffffu)) {
-                best = v;
-                best_i = i + u * WG;
-            }
+    for (var i = lane.lid; i < n; i += WG) {
+        let v = logits[base + i];
+        if (usable(v) && (v > best || best_i == 0xffffffffu)) {
+            best = v;
+            best_i = i;
         }
     }
     let mx = wg_max(best, lane);
@@ -270,19 +244,14 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         }
         if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
         workgroupBarrier();
-        for (var i0 = lane.lid; i0 < n; i0 += 4u * WG) {
-            let v4 = load4(base, i0, n);
-            let ok = in4(i0, n);
-            for (var u = 0u; u < 4u; u++) {
-                let v = v4[u];
-                let i = i0 + u * WG;
-                let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
-                if (ok[u] && usable(v) && keep) {
-                    let slot = atomicAdd(&n_cand, 1u);
-                    if (slot < CAP) {
-                        cand_v[slot] = v;
-                        cand_i[slot] = i;
-                    }
+        for (var i = lane.lid; i < n; i += WG) {
+            let v = logits[base + i];
+            let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
+            if (usable(v) && keep) {
+                let slot = atomicAdd(&n_cand, 1u);
+                if (slot < CAP) {
+                    cand_v[slot] = v;
+                    cand_i[slot] = i;
                 }
             }
         }

@@ -163,8 +163,7 @@ fn no_int8_reason(caps: &Caps) -> String {
 fn gemv_cols(kernel: MatmulKernel) -> usize {
     match kernel {
         MatmulKernel::Gemv { ncols, q8, .. } => {
-            let group = if q8 { crate::plan::GEMV_Q8_GROUP_COLS } else { crate::plan::GEMV_GROUP_COLS };
-            if ncols == group {
+            if ncols == crate::plan::gemv_group_cols(q8) {
                 2 * ncols as usize + 1
             } else {
                 ncols as usize

@@ -34,11 +34,6 @@ impl GpuContext {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
-    /// Whether a storage buffer holding `bytes` can be created and bound on this device.
-    pub fn fits_storage(&self, bytes: u64) -> bool {
-        storage_size(bytes) <= self.max_storage()
-    }
-
     /// Whether one layer's KV cache of `bytes` can be created and bound on this device.
     pub fn fits_kv_storage(&self, bytes: u64) -> bool {
         kv_storage_size(bytes) <= self.max_storage()

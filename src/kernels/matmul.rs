@@ -176,7 +176,7 @@ pub fn launch(
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape, q8 } => {
-            let group = if q8 { crate::plan::GEMV_Q8_GROUP_COLS } else { crate::plan::GEMV_GROUP_COLS };
+            let group = crate::plan::gemv_group_cols(q8);
             if q8 && !format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {format}")));
             }

@@ -53,8 +53,9 @@ pub struct SessionSizes {
     /// ... and configuration (`kernels::sample::SampleConfig`).
     pub sampler_configs: u64,
     /// The int8 GEMVs' quantized inputs (`kernels::matmul::Q8Scratch`), one per input length
-    /// (n_embd, q_dim, n_ff), each of up to `plan::GEMV_MAX_COLS` columns: their total.
-    pub q8_inputs: u64,
+    /// (n_embd, q_dim, n_ff; 0 where a length repeats), each of up to `plan::GEMV_MAX_COLS`
+    /// columns. Counted whether or not the planner picks the int8 GEMV: at most this.
+    pub q8_inputs: [u64; 3],
     pub n_layer: u64,
 }
 
@@ -90,34 +91,34 @@ impl SessionSizes {
             sampler_states: n_seq * f(crate::kernels::sample::STATE_WORDS as u64),
             sampler_configs: n_seq * std::mem::size_of::<crate::kernels::sample::SampleConfig>() as u64,
             q8_inputs: {
-                let mut ks = vec![cfg.n_embd, cfg.q_dim(), cfg.n_ff];
-                ks.sort_unstable();
-                ks.dedup();
-                ks.iter()
-                    .map(|&k| storage_size(crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k)))
-                    .sum()
+                let ks = [cfg.n_embd, cfg.q_dim(), cfg.n_ff];
+                let bytes = |k| crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k);
+                std::array::from_fn(|i| if ks[..i].contains(&ks[i]) { 0 } else { bytes(ks[i]) })
             },
             n_layer: cfg.n_layer as u64,
         }
     }
 
-    /// Each kind of storage buffer with how many of it a session holds.
-    fn buffers(&self) -> [(&'static str, u64, u64); 13] {
+    /// Each kind of activation storage buffer, as (what, bytes allocated with the tail pad,
+    /// how many of it a session holds).
+    fn activation_buffers(&self) -> [(&'static str, u64, u64); 14] {
+        let q8 = |i: usize| ("int8 activations", storage_size(self.q8_inputs[i]), (self.q8_inputs[i] > 0) as u64);
+        let b = |what, bytes, count| (what, storage_size(bytes), count);
         [
-            ("token ids", self.ids, 1),
-            ("hidden states", self.x, 2),
-            ("query activations", self.q, 3),
-            ("key/value activations", self.kv_step, 3),
-            ("feed-forward activations", self.ffn, 3),
-            ("attention scores", self.scores, (self.scores > 0) as u64),
-            ("decode attention partials", self.partials, 1),
-            ("last hidden state", self.x_last, 1),
-            ("logits", self.logits, 1),
-            ("KV cache", self.kv_layer, 2 * self.n_layer),
-            ("sampler states", self.sampler_states, 1),
-            ("sampler configurations", self.sampler_configs, 1),
-            // Counted as one: the buffers' sizes summed (each is smaller than this).
-            ("int8 activations", self.q8_inputs, 1),
+            b("token ids", self.ids, 1),
+            b("hidden states", self.x, 2),
+            b("query activations", self.q, 3),
+            b("key/value activations", self.kv_step, 3),
+            b("feed-forward activations", self.ffn, 3),
+            b("attention scores", self.scores, (self.scores > 0) as u64),
+            b("decode attention partials", self.partials, 1),
+            b("last hidden state", self.x_last, 1),
+            b("logits", self.logits, 1),
+            b("sampler states", self.sampler_states, 1),
+            b("sampler configurations", self.sampler_configs, 1),
+            q8(0),
+            q8(1),
+            q8(2),
         ]
     }
 
@@ -128,18 +129,18 @@ impl SessionSizes {
 
     /// GPU memory of everything else: activations, logits and their readback.
     pub fn activation_bytes(&self) -> u64 {
-        let storage: u64 = self.buffers().iter().filter(|b| b.0 != "KV cache").map(|b| b.2 * storage_size(b.1)).sum();
+        let storage: u64 = self.activation_buffers().iter().map(|b| b.2 * b.1).sum();
         storage + self.logits
     }
 
-    /// The first buffer the device cannot bind whole, as (what, bytes).
+    /// The first buffer the device cannot bind whole, as (what, bytes allocated).
     pub fn first_too_large(&self, ctx: &GpuContext) -> Option<(&'static str, u64)> {
         let readback_ok = self.logits <= ctx.limits.max_buffer_size;
-        let kv = |b: &(&str, u64, u64)| b.0 == "KV cache";
-        self.buffers()
+        self.activation_buffers()
             .into_iter()
-            .find(|b| if kv(b) { !ctx.fits_kv_storage(b.1) } else { !ctx.fits_storage(b.1) })
-            .map(|b| (b.0, if kv(&b) { kv_storage_size(b.1) } else { storage_size(b.1) }))
+            .map(|b| (b.0, b.1))
+            .chain([("KV cache", kv_storage_size(self.kv_layer))])
+            .find(|b| b.1 > ctx.max_storage())
             .or(if readback_ok { None } else { Some(("logits readback", self.logits)) })
     }
 }

@@ -116,7 +116,7 @@ impl Session {
         // Where the sequence's region starts, in cache elements (one sequence's prefill).
         let kv_off = step.kv_base * self.shape.kv_stride();
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
-        let fused = m <= ctx.caps.gemv_max_cols.min(crate::plan::GEMV_MAX_COLS);
+        let fused = crate::plan::gemv_takes(m, &ctx.caps);
         let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m)).collect());
         for l in &self.layers {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
