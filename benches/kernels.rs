@@ -227,5 +227,45 @@ fn attention_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(kernels, benches, attention_benches);
+/// The sampler (one workgroup over a row of 32,000 logits, TinyLlama's vocabulary) per
+/// setting: greedy, top-k alone, llama.cpp's default chain, and the chain with a repetition
+/// penalty; on logits spread like a synthetic model's (normal, sigma 1.5) and like a trained
+/// one's (a few dozen tokens well above a normal, sigma 3 bulk). Time per pick.
+fn sample_benches(c: &mut Criterion) {
+    use kiln::kernels::sample::{self, initial_state, SampleConfig};
+    use kiln::sample::SamplerConfig;
+    let ctx = GpuContext::new(&ContextOptions::from_env().expect("env")).expect("GPU");
+    let mut timer = PassTimer::new(&ctx, 1).expect("timestamps");
+    let mut g = c.benchmark_group("sample");
+    g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    let n_vocab = 32000u32;
+    // A deterministic normal from a hash (Box-Muller).
+    let unit = |i: u64| ((i.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as f64 + 0.5) / (1u64 << 24) as f64;
+    let normal = |i: u64| (-2.0 * unit(2 * i).ln()).sqrt() * (std::f64::consts::TAU * unit(2 * i + 1)).cos();
+    let flat: Vec<f32> = (0..n_vocab as u64).map(|i| (1.5 * normal(i)) as f32).collect();
+    let peaked: Vec<f32> =
+        (0..n_vocab as u64).map(|i| (3.0 * normal(i)) as f32 + if i % 997 == 0 { 12.0 } else { 0.0 }).collect();
+    let settings = [
+        ("greedy", SamplerConfig { temperature: 0.0, ..Default::default() }),
+        ("top_k 40", SamplerConfig { top_p: 1.0, min_p: 0.0, ..Default::default() }),
+        ("default", SamplerConfig::default()),
+        ("default, repeat 1.1", SamplerConfig { repeat_penalty: 1.1, ..Default::default() }),
+    ];
+    let history: Vec<u32> = (0..64).map(|i| i * 131 % n_vocab).collect();
+    for (dist, logits) in [("flat", &flat), ("peaked", &peaked)] {
+        for (name, cfg) in &settings {
+            let lb = ctx.upload_f32(logits, "logits").unwrap();
+            let ids = ctx.storage(4, "ids").unwrap();
+            let state = ctx.upload(bytemuck::cast_slice(&initial_state(0, &history, &[])), "state").unwrap();
+            let k = SampleConfig::new(cfg, n_vocab, n_vocab);
+            let d = sample::prepare(&ctx, &k, &lb, &ids, &state, 1).unwrap();
+            g.bench_function(format!("{dist}/{name}"), |b| {
+                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(kernels, benches, attention_benches, sample_benches);
 criterion_main!(kernels);

@@ -330,3 +330,43 @@ fn decode_attention_over_columns_of_a_shared_cache() {
         }
     }
 }
+
+/// Weight uploads land byte for byte in the GPU layout when the staging memory is filled by
+/// several threads: tensors of a few MiB each (split among the threads), contiguous and
+/// gathered from rows of two tensors, repacked (Q8_0, Q6_K) or not (Q4_K), enough of them
+/// that writes straddle the belt's staging buffers.
+#[test]
+fn large_uploads_land_byte_for_byte() {
+    use kiln::gpu::WeightTensor;
+    use kiln::quant::repack_for_gpu;
+    let g = &gpus()[0];
+    let bytes = |n: usize, seed: u64| -> Vec<u8> {
+        (0..n as u64).map(|i| ((i ^ seed).wrapping_mul(0x9E3779B97F4A7C15) >> 56) as u8).collect()
+    };
+    let mut uploaded = Vec::new();
+    for round in 0..2u64 {
+        for format in [WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0] {
+            let (rows, k) = (2048usize, 2048usize);
+            let row_bytes = format.row_bytes(k).unwrap();
+            let data = bytes(rows * row_bytes, round * 7 + format as u64);
+            let w = WeightTensor::upload_deferred(&g.ctx, "contiguous", format, rows, k, &data).unwrap();
+            uploaded.push((w, repack_for_gpu(format, &data).unwrap()));
+            // Rows interleaved from two tensors, as the gate/up matrix is built.
+            let (a, b) = (bytes(rows / 2 * row_bytes, 100 + round), bytes(rows / 2 * row_bytes, 200 + round));
+            let row = |r: usize| {
+                let t = if r % 2 == 0 { &a } else { &b };
+                &t[r / 2 * row_bytes..(r / 2 + 1) * row_bytes]
+            };
+            let w = WeightTensor::upload_rows_deferred(&g.ctx, "gathered", format, rows, k, &row).unwrap();
+            let gguf: Vec<u8> = (0..rows).flat_map(|r| row(r).to_vec()).collect();
+            uploaded.push((w, repack_for_gpu(format, &gguf).unwrap()));
+        }
+    }
+    g.ctx.finish_uploads().unwrap();
+    for (w, want) in &uploaded {
+        assert_eq!(w.chunks.len(), 1, "{} {:?}: one chunk", w.name, w.format);
+        let got = g.ctx.read_bytes(&w.chunks[0].buffer, 0, want.len() as u64).unwrap();
+        let first_bad = got.iter().zip(want).position(|(x, y)| x != y);
+        assert!(first_bad.is_none(), "{} {:?}: byte {first_bad:?} differs", w.name, w.format);
+    }
+}

@@ -190,7 +190,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let mx = wg_max(best, lane);
     let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
 
-    if (cfg.greedy == 0u) {
+    if (cfg.greedy == 0u && PHASES > 1u) {
         // Candidates: the top_k largest logits (top-p and min-p act on their softmax below).
         // A search over distances below the maximum finds a threshold that holds at least
         // top_k and at most CAP of them without sorting the vocabulary: each round counts the
@@ -239,90 +239,97 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         }
         var min_key = 0u;
         let exact = !found;
-        if (exact) {
-            min_key = kth_largest_key(base, n, cfg.top_k, lane);
-        }
-        if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
-        workgroupBarrier();
-        for (var i = lane.lid; i < n; i += WG) {
-            let v = logits[base + i];
-            let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
-            if (usable(v) && keep) {
-                let slot = atomicAdd(&n_cand, 1u);
-                if (slot < CAP) {
-                    cand_v[slot] = v;
-                    cand_i[slot] = i;
+        if (PHASES > 2u) {
+            if (exact) {
+                min_key = kth_largest_key(base, n, cfg.top_k, lane);
+            }
+            if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
+            workgroupBarrier();
+            for (var i = lane.lid; i < n; i += WG) {
+                let v = logits[base + i];
+                let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
+                if (usable(v) && keep) {
+                    let slot = atomicAdd(&n_cand, 1u);
+                    if (slot < CAP) {
+                        cand_v[slot] = v;
+                        cand_i[slot] = i;
+                    }
                 }
             }
-        }
-        workgroupBarrier();
-        let count = min(atomicLoad(&n_cand), CAP);
-        // Bitonic sort of the candidates (padded with the smallest float) into the order of
-        // the CPU reference.
-        var size = 1u;
-        while (size < count) { size *= 2u; }
-        for (var i = count + lane.lid; i < size; i += WG) {
-            cand_v[i] = -3.4028235e38;
-            cand_i[i] = 0xffffffffu;
-        }
-        workgroupBarrier();
-        for (var k = 2u; k <= size; k *= 2u) {
-            for (var j = k / 2u; j > 0u; j /= 2u) {
-                for (var i = lane.lid; i < size; i += WG) {
-                    let o = i ^ j;
-                    if (o > i) {
-                        let up = (i & k) == 0u;
-                        let swap = select(before(cand_v[i], cand_i[i], cand_v[o], cand_i[o]),
-                                          before(cand_v[o], cand_i[o], cand_v[i], cand_i[i]), up);
-                        if (swap) {
-                            let tv = cand_v[i];
-                            cand_v[i] = cand_v[o];
-                            cand_v[o] = tv;
-                            let ti = cand_i[i];
-                            cand_i[i] = cand_i[o];
-                            cand_i[o] = ti;
-                        }
-                    }
+            workgroupBarrier();
+            let count = min(atomicLoad(&n_cand), CAP);
+            if (PHASES > 3u) {
+                // Bitonic sort of the candidates (padded with the smallest float) into the order of
+                // the CPU reference.
+                var size = 1u;
+                while (size < count) { size *= 2u; }
+                for (var i = count + lane.lid; i < size; i += WG) {
+                    cand_v[i] = -3.4028235e38;
+                    cand_i[i] = 0xffffffffu;
                 }
                 workgroupBarrier();
-            }
-        }
-        // One invocation walks the sorted candidates as the CPU reference does.
-        if (lane.lid == 0u) {
-            var keep = min(count, cfg.top_k);
-            let top = cand_v[0];
-            var sum = 0.0;
-            for (var i = 0u; i < keep; i++) { sum += exp(cand_v[i] - top); }
-            if (cfg.top_p < 1.0) {
-                var acc = 0.0;
-                for (var i = 0u; i < keep; i++) {
-                    acc += exp(cand_v[i] - top) / sum;
-                    if (acc >= cfg.top_p) {
-                        keep = i + 1u;
-                        break;
+                for (var k = 2u; k <= size; k *= 2u) {
+                    for (var j = k / 2u; j > 0u; j /= 2u) {
+                        for (var i = lane.lid; i < size; i += WG) {
+                            let o = i ^ j;
+                            if (o > i) {
+                                let up = (i & k) == 0u;
+                                let swap = select(before(cand_v[i], cand_i[i], cand_v[o], cand_i[o]),
+                                                  before(cand_v[o], cand_i[o], cand_v[i], cand_i[i]), up);
+                                if (swap) {
+                                    let tv = cand_v[i];
+                                    cand_v[i] = cand_v[o];
+                                    cand_v[o] = tv;
+                                    let ti = cand_i[i];
+                                    cand_i[i] = cand_i[o];
+                                    cand_i[o] = ti;
+                                }
+                            }
+                        }
+                        workgroupBarrier();
                     }
                 }
-            }
-            if (cfg.min_p > 0.0) {
-                let p_floor = cfg.min_p / sum;
-                var k = 1u;
-                while (k < keep && exp(cand_v[k] - top) / sum >= p_floor) { k += 1u; }
-                keep = k;
-            }
-            var weight_total = 0.0;
-            for (var i = 0u; i < keep; i++) { weight_total += exp((cand_v[i] - top) / cfg.temp); }
-            var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
-            var pick = cand_i[max(keep, 1u) - 1u];
-            for (var i = 0u; i < keep; i++) {
-                let w = exp((cand_v[i] - top) / cfg.temp);
-                if (r < w) {
-                    pick = cand_i[i];
-                    break;
+                // One invocation walks the sorted candidates as the CPU reference does.
+                if (lane.lid == 0u && PHASES > 4u) {
+                    var keep = min(count, cfg.top_k);
+                    let top = cand_v[0];
+                    var sum = 0.0;
+                    for (var i = 0u; i < keep; i++) { sum += exp(cand_v[i] - top); }
+                    if (cfg.top_p < 1.0) {
+                        var acc = 0.0;
+                        for (var i = 0u; i < keep; i++) {
+                            acc += exp(cand_v[i] - top) / sum;
+                            if (acc >= cfg.top_p) {
+                                keep = i + 1u;
+                                break;
+                            }
+                        }
+                    }
+                    if (cfg.min_p > 0.0) {
+                        let p_floor = cfg.min_p / sum;
+                        var k = 1u;
+                        while (k < keep && exp(cand_v[k] - top) / sum >= p_floor) { k += 1u; }
+                        keep = k;
+                    }
+                    var weight_total = 0.0;
+                    for (var i = 0u; i < keep; i++) { weight_total += exp((cand_v[i] - top) / cfg.temp); }
+                    var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
+                    var pick = cand_i[max(keep, 1u) - 1u];
+                    for (var i = 0u; i < keep; i++) {
+                        let w = exp((cand_v[i] - top) / cfg.temp);
+                        if (r < w) {
+                            pick = cand_i[i];
+                            break;
+                        }
+                        r -= w;
+                    }
+                    picked = pick;
                 }
-                r -= w;
+                if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0]) + min_key; }
             }
-            picked = pick;
+            if (lane.lid == 0u && PHASES == 3u) { picked = count + min_key; }
         }
+        if (lane.lid == 0u && PHASES <= 2u) { picked = u32(hi) + arg; }
     } else if (lane.lid == 0u) {
         picked = arg;
     }

@@ -90,10 +90,14 @@ pub fn load_model(args: &mut ModelArgs) -> Result<(Model, Tokenizer)> {
     bar.finish_and_clear();
     let model = model?;
     let mib = model.weights.bytes as f64 / (1 << 20) as f64;
+    let staging = model.ctx.upload_stats();
     tracing::info!(
-        "loaded {mib:.1} MiB of weights in {:.2} s ({:.2} GB/s){}",
+        "loaded {mib:.1} MiB of weights in {:.2} s ({:.2} GB/s; staging filled by {} threads in {:.2} s, {:.2} s waiting for the GPU's copies){}",
         model.load_secs,
         model.weights.bytes as f64 / model.load_secs.max(1e-9) / 1e9,
+        staging.threads,
+        staging.fill_secs,
+        staging.wait_secs,
         match crate::gpu::host_resident_memory() {
             Some((now, peak)) =>
                 format!("; host memory {:.1} MiB, peak {:.1} MiB", now as f64 / MIB, peak as f64 / MIB),

@@ -148,7 +148,7 @@ enum Rows<'a> {
     /// GGUF bytes of every row, back to back.
     Contiguous(&'a [u8]),
     /// Row r's GGUF bytes, wherever they are.
-    Each(&'a dyn Fn(usize) -> &'a [u8]),
+    Each(&'a (dyn Fn(usize) -> &'a [u8] + Sync)),
 }
 
 /// Rows `[row_start, row_start + rows)` of a weight matrix in one buffer (one binding).
@@ -213,7 +213,7 @@ impl WeightTensor {
         format: WeightFormat,
         rows: usize,
         k: usize,
-        row: &'a dyn Fn(usize) -> &'a [u8],
+        row: &'a (dyn Fn(usize) -> &'a [u8] + Sync),
     ) -> Result<WeightTensor> {
         Self::create(ctx, name, format, rows, k, Rows::Each(row))
     }
@@ -250,37 +250,25 @@ impl WeightTensor {
         // An even count, so fused epilogues always find both rows of a pair in one chunk.
         let rows_per_chunk = (room / gpu_row.max(1)).max(1).min(rows.max(1) as u64) as usize;
         let rows_per_chunk = if rows_per_chunk >= 2 { rows_per_chunk & !1 } else { rows_per_chunk };
-        // Rows per write: the repacked formats go through a host buffer of this size.
-        let rows_per_piece = ((crate::gpu::upload::STAGING_BYTES / 4) / gpu_row.max(1)).max(1) as usize;
-        let mut repacked = Vec::new();
-        let mut gathered = Vec::new();
         let mut chunks = Vec::new();
         let mut r0 = 0usize;
         while r0 < rows || (rows == 0 && chunks.is_empty()) {
             let n = rows_per_chunk.min(rows - r0);
             let buffer = ctx.storage(n as u64 * gpu_row, &format!("{name}[{r0}..{}]", r0 + n))?;
-            let mut done = 0usize;
-            while done < n && !matches!(data, Rows::Unwritten) {
-                let p = rows_per_piece.min(n - done);
-                let (a, b) = (r0 + done, r0 + done + p);
-                let src: &[u8] = match &data {
-                    Rows::Contiguous(bytes) => &bytes[a * row_bytes..b * row_bytes],
-                    Rows::Each(row) => {
-                        gathered.clear();
-                        (a..b).for_each(|r| gathered.extend_from_slice(row(r)));
-                        &gathered
-                    }
-                    Rows::Unwritten => &[],
-                };
-                let at = done as u64 * gpu_row;
-                if format.gpu_block_bytes() == format.block_bytes() {
-                    ctx.write(&buffer, at, src)?;
-                } else {
-                    repacked.clear();
-                    crate::quant::repack_for_gpu_into(format, src, &mut repacked)?;
-                    ctx.write(&buffer, at, &repacked)?;
+            let len = n * gpu_row as usize;
+            let first = r0;
+            match &data {
+                Rows::Unwritten => {}
+                Rows::Contiguous(bytes) if format.gpu_block_bytes() == format.block_bytes() => {
+                    ctx.write(&buffer, 0, &bytes[first * row_bytes..(first + n) * row_bytes])?
                 }
-                done += p;
+                Rows::Contiguous(bytes) => {
+                    let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+                    ctx.write_with(&buffer, 0, len, &|at, out| fill_gpu_rows(format, &row, first, row_bytes, at, out))?
+                }
+                Rows::Each(row) => {
+                    ctx.write_with(&buffer, 0, len, &|at, out| fill_gpu_rows(format, row, first, row_bytes, at, out))?
+                }
             }
             chunks.push(WeightChunk { buffer, row_start: r0 as u32, rows: n as u32 });
             r0 += n;
@@ -289,6 +277,56 @@ impl WeightTensor {
             }
         }
         Ok(WeightTensor { name: name.to_string(), format, rows: rows as u32, k: k as u32, chunks })
+    }
+}
+
+/// Bytes `[at, at + out.len())` of rows `first, first + 1, …` of a matrix in the GPU
+/// layout, where `row(r)` is row r's GGUF bytes (`row_bytes` each): rows gathered from
+/// several tensors and blocks repacked (`quant::repack_block_for_gpu`) on their way into
+/// staging memory, with no host copy in between.
+fn fill_gpu_rows<'r>(
+    format: WeightFormat,
+    row: &dyn Fn(usize) -> &'r [u8],
+    first: usize,
+    row_bytes: usize,
+    at: usize,
+    mut out: wgpu::WriteOnly<'_, [u8]>,
+) {
+    let (block, gpu_block) = (format.block_bytes(), format.gpu_block_bytes());
+    let blocks_per_row = row_bytes / block;
+    let gpu_row = blocks_per_row * gpu_block;
+    let end = at + out.len();
+    if block == gpu_block {
+        // Whole runs of a row at a time.
+        let mut pos = at;
+        while pos < end {
+            let (r, off) = (first + pos / gpu_row, pos % gpu_row);
+            let take = (gpu_row - off).min(end - pos);
+            out.slice(pos - at..pos - at + take).copy_from_slice(&row(r)[off..off + take]);
+            pos += take;
+        }
+        return;
+    }
+    // Repacked blocks, assembled a few KiB at a time on the stack.
+    let mut buf = [0u8; 8192];
+    let mut g = at / gpu_block;
+    let mut pos = at;
+    while pos < end {
+        let mut filled = 0;
+        let start = pos;
+        while filled + gpu_block <= buf.len() && pos < end {
+            let (r, j) = (first + g / blocks_per_row, g % blocks_per_row);
+            let src = &row(r)[j * block..(j + 1) * block];
+            let b0 = g * gpu_block;
+            let mut one = [0u8; 256];
+            crate::quant::repack_block_for_gpu(format, src, &mut one[..gpu_block]);
+            let (lo, hi) = (pos - b0, (end - b0).min(gpu_block));
+            buf[filled..filled + hi - lo].copy_from_slice(&one[lo..hi]);
+            filled += hi - lo;
+            pos = b0 + hi;
+            g += 1;
+        }
+        out.slice(start - at..start - at + filled).copy_from_slice(&buf[..filled]);
     }
 }
 

@@ -243,6 +243,8 @@ pub struct GpuContext {
     pub device_memory: Option<u64>,
     /// Queue writes not yet submitted (bounded staging, gpu/upload.rs).
     pub(crate) uploads: crate::gpu::upload::UploadQueue,
+    /// What the last `finish_uploads` measured (loading reports it).
+    pub(crate) last_uploads: std::sync::Mutex<crate::gpu::upload::UploadStats>,
     /// The driver's pipeline cache, loaded from and saved to disk (gpu/pipelines.rs).
     pub(crate) disk_cache: Option<crate::gpu::pipelines::DiskCache>,
 }
@@ -466,6 +468,7 @@ impl GpuContext {
             device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
             fault,
             uploads: Default::default(),
+            last_uploads: Default::default(),
         };
         ctx.disk_cache = disk_cache;
         let ctx = Arc::new(ctx);

@@ -462,6 +462,7 @@ impl KernelKey {
                     .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
                     .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
                     .const_u32("BAN", crate::sample::BAN_CAP as u32)
+                    .const_u32("PHASES", sample::phases())
                     .include(reduce_file(subgroups));
                 let c = if batched {
                     step_file(c, true).include("common/sample_columns.wgsl")

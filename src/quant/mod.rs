@@ -204,22 +204,32 @@ pub fn repack_for_gpu_into(format: WeightFormat, gguf_bytes: &[u8], gpu_bytes: &
     }
     let n_blocks = gguf_bytes.len() / block_bytes;
     let out_len = n_blocks.checked_mul(format.gpu_block_bytes()).ok_or(QuantError::Overflow)?;
-    gpu_bytes.reserve(out_len);
-    match format {
-        WeightFormat::Q8_0 => {
-            for block in gguf_bytes.chunks_exact(block_bytes) {
-                gpu_bytes.extend_from_slice(&block[2..34]);
-                gpu_bytes.extend_from_slice(&block[0..2]);
-                gpu_bytes.extend_from_slice(&[0, 0]);
-            }
-        }
-        WeightFormat::Q6K => {
-            for block in gguf_bytes.chunks_exact(block_bytes) {
-                gpu_bytes.extend_from_slice(block);
-                gpu_bytes.extend_from_slice(&[0; 14]);
-            }
-        }
-        _ => gpu_bytes.extend_from_slice(gguf_bytes),
+    if format.gpu_block_bytes() == block_bytes {
+        gpu_bytes.extend_from_slice(gguf_bytes);
+        return Ok(());
+    }
+    let start = gpu_bytes.len();
+    gpu_bytes.resize(start + out_len, 0);
+    let gpu_block = format.gpu_block_bytes();
+    for (block, out) in gguf_bytes.chunks_exact(block_bytes).zip(gpu_bytes[start..].chunks_exact_mut(gpu_block)) {
+        repack_block_for_gpu(format, block, out);
     }
     Ok(())
+}
+
+/// One block in the GPU layout: `src` is `block_bytes()` GGUF bytes, `dst` is
+/// `gpu_block_bytes()` bytes (see `repack_for_gpu_into`).
+pub fn repack_block_for_gpu(format: WeightFormat, src: &[u8], dst: &mut [u8]) {
+    match format {
+        WeightFormat::Q8_0 => {
+            dst[..32].copy_from_slice(&src[2..34]);
+            dst[32..34].copy_from_slice(&src[0..2]);
+            dst[34..36].fill(0);
+        }
+        WeightFormat::Q6K => {
+            dst[..210].copy_from_slice(src);
+            dst[210..224].fill(0);
+        }
+        _ => dst.copy_from_slice(src),
+    }
 }
