@@ -156,6 +156,13 @@ pub fn decode_block_from_env() -> Option<u32> {
     *BLOCK.get_or_init(|| std::env::var("KILN_DECODE_BLOCK").ok().and_then(|v| v.trim().parse().ok()))
 }
 
+/// `KILN_SPLIT_K=<n>`: K ranges of every GEMM on a GPU (1: no split-K), overriding the
+/// planner (`plan::gemm_splits`; a knob for measurements).
+pub fn split_k_from_env() -> Option<u32> {
+    static SPLITS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *SPLITS.get_or_init(|| std::env::var("KILN_SPLIT_K").ok().and_then(|v| v.trim().parse().ok()).filter(|&s| s >= 1))
+}
+
 /// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrefillAttention {

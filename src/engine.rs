@@ -130,7 +130,7 @@ impl Model {
     /// become one error naming the context size.
     pub fn session(&self, opts: SessionOptions) -> Result<Session> {
         let opts = crate::model::fit_session(&self.ctx, &self.cfg, opts)?;
-        let sizes = crate::model::SessionSizes::new(&self.cfg, &opts);
+        let sizes = crate::model::SessionSizes::new(&self.cfg, &opts, &self.ctx.caps);
         let oom = format!(
             "the adapter has no room for a context of {} tokens ({:.1} MiB of KV cache and {:.1} MiB of activations beside {:.1} MiB of weights{}); lower -c (or --ubatch)",
             opts.n_ctx,

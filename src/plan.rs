@@ -245,6 +245,53 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
     MatmulKernel::Gemm { tile }
 }
 
+/// Split-K: a GEMM with fewer tiles than this is split along K into ranges that run as
+/// workgroups of their own (workgroup_id.z), their partial sums added up by a second
+/// dispatch that applies the epilogue (gemm_reduce.wgsl). Two tiles per SM of an H200: below
+/// that, each workgroup walked all of K alone while most SMs idled (a 128-token prompt on
+/// TinyLlama's 2048-wide matrices: 64 tiles of 64x64).
+pub const SPLIT_K_FILL_TILES: u64 = 2 * COOP_FILL_TILES;
+/// The most K ranges.
+pub const SPLIT_K_MAX: u32 = 8;
+/// The fewest BK steps one K range walks.
+pub const SPLIT_K_MIN_STEPS: u32 = 8;
+/// Floats of the partial sums a split GEMM may write ([splits][m][rows]): a session's one
+/// scratch buffer, which bounds the splits (so it fits by construction).
+pub const SPLIT_K_SCRATCH_FLOATS: u64 = 2 * SPLIT_K_FILL_TILES * 64 * 64;
+
+/// K ranges for a GEMM of `tile` over Y[m, n] = X[m, k] · W[n, k]ᵀ: 1 (no split) on CPU
+/// adapters, for the wide tiles (picked only where tiles are plenty), and wherever the tiles
+/// fill the GPU; else enough ranges for `SPLIT_K_FILL_TILES` workgroups, each of at least
+/// `SPLIT_K_MIN_STEPS` K steps, at most `SPLIT_K_MAX`, within the scratch.
+/// `KILN_SPLIT_K=N` sets N wherever a GEMM runs on a GPU (1: never split; to compare).
+pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
+    let (bm, bn, bk, ..) = tile.dims();
+    let steps = k.div_ceil(bk);
+    let most_by_scratch = (SPLIT_K_SCRATCH_FLOATS / (m.max(1) as u64 * n.max(1) as u64)).min(SPLIT_K_MAX as u64) as u32;
+    if caps.cpu_adapter {
+        return 1;
+    }
+    if let Some(forced) = crate::config::split_k_from_env() {
+        return forced.min(steps).min(most_by_scratch).max(1);
+    }
+    if !matches!(tile, GemmTile::T32 | GemmTile::T64 | GemmTile::Coop64) {
+        return 1;
+    }
+    let tiles = m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
+    if tiles >= SPLIT_K_FILL_TILES {
+        return 1;
+    }
+    (SPLIT_K_FILL_TILES.div_ceil(tiles) as u32).min(steps / SPLIT_K_MIN_STEPS).min(most_by_scratch).clamp(1, SPLIT_K_MAX)
+}
+
+/// Weights per K range of a GEMM split `splits` ways (a whole number of BK steps), and the
+/// ranges that takes (the last may be shorter; never empty).
+pub fn split_k_range(k: u32, tile: GemmTile, splits: u32) -> (u32, u32) {
+    let bk = tile.dims().2;
+    let len = k.div_ceil(bk).div_ceil(splits.max(1)).max(1) * bk;
+    (len, k.div_ceil(len).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -114,9 +114,9 @@ fn full_size_sessions_fit_webgpu_default_limits() {
     };
     assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, want));
     let whole = kiln::model::session::SessionOptions { ubatch: 512, ..fitted.opts };
-    let gemm = SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Gemm);
+    let gemm = SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Gemm, &ctx.caps);
     assert_eq!(gemm.first_too_large(&ctx).map(|b| b.0), Some("attention scores"));
-    assert_eq!(SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Flash).scores, 0);
+    assert_eq!(SessionSizes::with_attention(&model.cfg, &whole, PrefillAttention::Flash, &ctx.caps).scores, 0);
     // What still grows with the ubatch: every position's logits. Qwen3's 151936-token
     // vocabulary at 512 positions is 297 MiB: the ubatch comes down to whole 16-token steps
     // of at most 128 MiB (220 rows fit).

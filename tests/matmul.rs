@@ -126,6 +126,54 @@ fn gemm_coop_every_format() {
     }
 }
 
+/// Split-K: a GEMM over K ranges (workgroup_id.z) writing partial sums, added up by a second
+/// pass through the epilogue, matches the reference: 2, 3 and more ranges than K has steps
+/// (capped), ragged K ranges, bias and residual add, and the fused SwiGLU and Q/K/V epilogues
+/// applied by the second pass; on the float GEMM everywhere and on cooperative matrices where
+/// the adapter has them.
+#[test]
+fn split_k_gemm_matches_reference() {
+    for g in gpus() {
+        let mut tiles = vec![GemmTile::T32];
+        if g.ctx.caps.coopmat {
+            tiles.push(GemmTile::Coop64);
+        }
+        for tile in tiles {
+            let kernel = MatmulKernel::Gemm { tile };
+            let coop = tile.is_coop();
+            for format in [WeightFormat::Q4K, WeightFormat::Q8_0, WeightFormat::F16] {
+                for (m, n, blocks, float_k) in [(9usize, 45usize, 3usize, 100usize), (70, 130, 5, 300)] {
+                    let k = k_for(format, blocks, float_k);
+                    for splits in [2u32, 3, 64] {
+                        let what = format!("[{}] split-K {splits} {tile:?} {} m={m} n={n} k={k}", g.name, format.name());
+                        let c = case(format, n, k, m, (m * 7 + n + splits as usize) as u64);
+                        let run = Run { splits, ..Run::plain(kernel, true, true) };
+                        let (got, want, x) = run_one(&g.ctx, &c, &run);
+                        if coop {
+                            assert_within(&what, &got, &want, &coop_bound(&c.w_ref, n, k, &x, m), TOL);
+                        } else {
+                            assert_close(&what, &got, &want, TOL);
+                        }
+                    }
+                }
+            }
+            // The fused epilogues, applied by the second pass.
+            let (k, m) = (512, 13);
+            let mut epis = vec![(Epi::SwiGlu, 66)];
+            epis.extend(qkv_shapes(g.ctx.caps.f16).into_iter().take(2).map(|s| (Epi::Qkv(s), s.rows())));
+            for (epi, n) in epis {
+                let c = case(WeightFormat::Q4K, n, k, m, (m * 13 + n) as u64);
+                let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 3 };
+                for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
+                    let what = format!("[{}] split-K 3 {tile:?} {epi:?} {}", g.name, o.what);
+                    let tol = if coop { COOP_EPILOGUE_TOL } else { TOL * 4.0 };
+                    assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn planner_choice_runs_for_decode_and_prefill() {
     let g = &gpus()[0];
@@ -330,7 +378,7 @@ fn fused_epilogues_match_reference() {
                 }
                 for (epi, n) in epis {
                     let c = case(format, n, k, m, (m * 13 + n) as u64);
-                    let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi };
+                    let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 1 };
                     for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                         let what = format!("[{}] {format} {what} {epi:?} {}", g.name, o.what);
                         assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
@@ -370,7 +418,7 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
             s.kv_base = 7;
             s.batched = batched;
             let c = case(format, s.rows(), k, m, (m * 31 + s.rows()) as u64);
-            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s) };
+            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits: 1 };
             for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                 let what = format!("[{}] {format} {kernel} batched={batched} {:?} {}", g.name, s.kv, o.what);
                 assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });

@@ -7,6 +7,7 @@
 // drivers keep it in registers.
 // Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y:
 // common/gemm_io.wgsl; the epilogue (pairs of adjacent columns): common/matmul_epilogue.wgsl.
+// With EPI_PARTIAL (split-K) each workgroup_id.z sums one range of p.split_k weights.
 
 // Tiles stored k-major ([k][m] and [k][n]) so the inner loop reads TM and TN as vec4s.
 var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;
@@ -19,8 +20,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tx = lid % (BN / TN);
     let ty = lid / (BN / TN);
     var acc: Acc;
+    // Split-K (EPI_PARTIAL): this workgroup's K range only.
+    split_z = wid.z;
+    let k_begin = select(0u, wid.z * p.split_k, EPI == EPI_PARTIAL);
+    let k_end = select(p.k, min(p.k, k_begin + p.split_k), EPI == EPI_PARTIAL);
 
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
         // X tile, four k at a time: consecutive invocations read consecutive vec4s of a row.
         for (var i = lid; i < BM * BK / 4u; i += WG) {
             let mm = i / (BK / 4u);

@@ -102,8 +102,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var c30 = TileC();
     var c31 = TileC();
 
-    let steps = (p.k + BK - 1u) / BK;
-    stash(lid, fetch(lid, m0, n0, 0u), 0u);
+    // Split-K (EPI_PARTIAL): this workgroup's K range only (a whole number of BK steps;
+    // the fetch past its end reads into the buffer no one reads).
+    split_z = wid.z;
+    let k_begin = select(0u, wid.z * p.split_k, EPI == EPI_PARTIAL);
+    let k_end = select(p.k, min(p.k, k_begin + p.split_k), EPI == EPI_PARTIAL);
+    let steps = (k_end - k_begin + BK - 1u) / BK;
+    stash(lid, fetch(lid, m0, n0, k_begin), 0u);
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
@@ -112,7 +117,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         // multiply-adds, otherwise after they are issued, so that the matrix cores work
         // while the loads and the decode wait on memory.
         var next: Staged;
-        if (FETCH_FIRST) { next = fetch(lid, m0, n0, (step + 1u) * BK); }
+        let k_next = k_begin + (step + 1u) * BK;
+        if (FETCH_FIRST) { next = fetch(lid, m0, n0, k_next); }
         for (var kk = 0u; kk < BK; kk += 16u) {
             let ia = cur * BM * LDS + sm * LDS + kk;
             let ib = cur * BN * LDS + sn * LDS + kk;
@@ -137,7 +143,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 c31 = coopMultiplyAdd(a3, b1, c31);
             }
         }
-        if (!FETCH_FIRST) { next = fetch(lid, m0, n0, (step + 1u) * BK); }
+        if (!FETCH_FIRST) { next = fetch(lid, m0, n0, k_next); }
         stash(lid, next, 1u - cur);
         workgroupBarrier();
     }

@@ -127,7 +127,7 @@ pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: b
     let mut session = model.session(fitted.opts)?;
     let (n_ctx, ubatch) = (session.opts.n_ctx, session.opts.ubatch);
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
-    let kv_bytes = SessionSizes::new(c, &session.opts).kv_bytes();
+    let kv_bytes = SessionSizes::new(c, &session.opts, &ctx.caps).kv_bytes();
     tracing::info!(
         "GPU memory: weights {:.1} MiB, KV cache {:.1} MiB ({n_ctx} tokens), activations {:.1} MiB (batch {ubatch}); total {:.1} MiB{}",
         model.weight_gpu_bytes as f64 / MIB,

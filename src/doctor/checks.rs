@@ -299,13 +299,14 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             };
             let mut r = Rng::new(m as u64 + 5);
             let norm = Input::Norm { gamma: r.normal(k, 1.0), eps: 1e-5 };
-            let mut runs: Vec<(String, Input, Epi, usize)> = Vec::new();
+            // (what, input, epilogue, rows, K ranges)
+            let mut runs: Vec<(String, Input, Epi, usize, u32)> = Vec::new();
             if gemv {
-                runs.push(("+rms_norm".into(), norm.clone(), Epi::Plain, 45));
-                runs.push(("+silu·up".into(), Input::Glu { up: r.normal(m * k, 1.0) }, Epi::Plain, 45));
+                runs.push(("+rms_norm".into(), norm.clone(), Epi::Plain, 45, 1));
+                runs.push(("+silu·up".into(), Input::Glu { up: r.normal(m * k, 1.0) }, Epi::Plain, 45, 1));
             }
             let input = if gemv { norm.clone() } else { Input::Plain };
-            runs.push(("swiglu".into(), input.clone(), Epi::SwiGlu, 66));
+            runs.push(("swiglu".into(), input.clone(), Epi::SwiGlu, 66, 1));
             // Every Q/K/V epilogue through the first kernel, the default one (an f16 cache)
             // through the others.
             let shapes = qkv_shapes(f16);
@@ -318,20 +319,29 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             for s in shapes {
                 let part = s.v_format.map(|f| format!(" +V part {f}")).unwrap_or_default();
                 let what = format!("qkv neox={} n_rot={} {:?}{part}", s.neox, s.n_rot, s.kv);
-                runs.push((what, input.clone(), Epi::Qkv(s), s.rows()));
+                runs.push((what, input.clone(), Epi::Qkv(s), s.rows(), 1));
+            }
+            // GEMMs with few tiles run split along K on GPUs (plan::gemm_splits): the partial
+            // sums, then the epilogue in a pass of its own.
+            if !gemv && !ck.ctx.caps.cpu_adapter {
+                runs.push(("swiglu split-K 3".into(), Input::Plain, Epi::SwiGlu, 66, 3));
+                if let Some(&default) = qkv_shapes(f16).last() {
+                    let what = format!("qkv {:?} split-K 3", default.kv);
+                    runs.push((what, Input::Plain, Epi::Qkv(default), default.rows(), 3));
+                }
             }
             // A batched decode step's epilogue (kiln serve's continuous batching), on GEMVs of
             // two columns and more: each column its own sequence, in a slot of a shared cache.
             if gemv && m >= 2 {
                 if let Some(&default) = qkv_shapes(f16).last() {
                     let s = QkvShape { batched: true, kv_base: 7, ..default };
-                    runs.push((format!("qkv batched {:?}", s.kv), input.clone(), Epi::Qkv(s), s.rows()));
+                    runs.push((format!("qkv batched {:?}", s.kv), input.clone(), Epi::Qkv(s), s.rows(), 1));
                 }
             }
-            for (what, input, epi, n) in runs {
+            for (what, input, epi, n, splits) in runs {
                 let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
                 let plain_epi = matches!(epi, Epi::Plain);
-                let out = mm::run(ck.ctx, &c, &Run { kernel, bias: !plain_epi, accumulate: false, input, epi })?;
+                let out = mm::run(ck.ctx, &c, &Run { kernel, bias: !plain_epi, accumulate: false, input, epi, splits })?;
                 ck.ran(1);
                 for o in &out.outputs {
                     let what = format!("{kernel} m={m} {what} {}", o.what);

@@ -104,11 +104,14 @@ pub struct Run {
     pub accumulate: bool,
     pub input: Input,
     pub epi: Epi,
+    /// A GEMM split into this many K ranges (split-K: partial sums, then the epilogue in a
+    /// second pass); 1: not split.
+    pub splits: u32,
 }
 
 impl Run {
     pub fn plain(kernel: MatmulKernel, bias: bool, accumulate: bool) -> Run {
-        Run { kernel, bias, accumulate, input: Input::Plain, epi: Epi::Plain }
+        Run { kernel, bias, accumulate, input: Input::Plain, epi: Epi::Plain, splits: 1 }
     }
 }
 
@@ -168,7 +171,7 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 glu: up.as_ref(),
                 ..Matmul::dense(&w, &x, &y, m as u32)
             };
-            dispatch(ctx, &mm, run.kernel)?;
+            dispatch(ctx, &mm, run)?;
             let want = match run.accumulate {
                 true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
                 false => plain(),
@@ -188,7 +191,7 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 epi: Epilogue::SwiGlu,
                 ..Matmul::dense(&w, &x, &y, m as u32)
             };
-            dispatch(ctx, &mm, run.kernel)?;
+            dispatch(ctx, &mm, run)?;
             let got = ctx.read_f32(&y, m * n / 2)?;
             outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain(), m, n), f16: false });
         }
@@ -197,12 +200,16 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
     Ok(Outcome { outputs, input })
 }
 
-fn dispatch(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel) -> Result<()> {
-    dispatch_columns(ctx, mm, kernel, false)
+fn dispatch(ctx: &GpuContext, mm: &Matmul, run: &Run) -> Result<()> {
+    dispatch_columns(ctx, mm, run, false)
 }
 
-fn dispatch_columns(ctx: &GpuContext, mm: &Matmul, kernel: MatmulKernel, batched: bool) -> Result<()> {
-    let ds = matmul::prepare_columns(ctx, mm, kernel, "doctor", batched)?;
+fn dispatch_columns(ctx: &GpuContext, mm: &Matmul, run: &Run, batched: bool) -> Result<()> {
+    let ds = if run.splits > 1 {
+        matmul::prepare_split(ctx, mm, run.kernel, run.splits, "doctor")?
+    } else {
+        matmul::prepare_columns(ctx, mm, run.kernel, "doctor", batched)?
+    };
     run_dispatches(ctx, &ds.iter().collect::<Vec<_>>())
 }
 
@@ -300,7 +307,7 @@ fn run_qkv(
             },
             ..Matmul::dense(&w, x, if reaches(0, qd) { &q } else { &unused }, m as u32)
         };
-        dispatch_columns(ctx, &mm, run.kernel, s.batched)?;
+        dispatch_columns(ctx, &mm, run, s.batched)?;
     }
     let plain = matmul::reference(&w_ref, n, k, input, m, bias_values, None);
     let positions: Vec<usize> = cols.iter().map(|c| c.pos as usize).collect();

@@ -35,6 +35,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("gemv_q8.wgsl", include_str!("../../wgsl/gemv_q8.wgsl")),
     ("quantize_q8.wgsl", include_str!("../../wgsl/quantize_q8.wgsl")),
     ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
+    ("gemm_reduce.wgsl", include_str!("../../wgsl/gemm_reduce.wgsl")),
     ("gemm_micro_4x4.wgsl", include_str!("../../wgsl/gemm_micro_4x4.wgsl")),
     ("gemm_micro_8x8.wgsl", include_str!("../../wgsl/gemm_micro_8x8.wgsl")),
     ("gemm_coop.wgsl", include_str!("../../wgsl/gemm_coop.wgsl")),

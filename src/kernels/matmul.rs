@@ -21,7 +21,10 @@ pub struct MatmulParams {
     pub has_bias: u32,
     pub accumulate: u32,
     pub eps: f32,
-    pub _pad: [u32; 3],
+    /// Split-K: K ranges, and weights per range (GEMM partials and gemm_reduce.wgsl).
+    pub splits: u32,
+    pub split_k: u32,
+    pub _pad: u32,
 }
 
 /// One matmul: which buffers, and how X and Y are laid out.
@@ -257,18 +260,56 @@ pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
 /// by every matmul bound through it. Each quantize dispatch is followed by the GEMVs that read
 /// its output before the next quantize of the same length, all in one stream of dispatches,
 /// so sharing is safe within a session (not between sessions submitted independently).
+/// The same holds for the split-K GEMMs' partial sums: one scratch buffer for all of them.
 #[derive(Default)]
-pub struct Q8Scratch(std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>);
+pub struct Q8Scratch {
+    blocks: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
+    partials: std::cell::RefCell<Option<wgpu::Buffer>>,
+}
 
 impl Q8Scratch {
     fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.0.borrow().get(&k) {
+        if let Some(b) = self.blocks.borrow().get(&k) {
             return Ok(b.clone());
         }
         let b = q8_blocks(ctx, k)?;
-        self.0.borrow_mut().insert(k, b.clone());
+        self.blocks.borrow_mut().insert(k, b.clone());
         Ok(b)
     }
+
+    /// The split-K partials buffer, on adapters where the planner splits GEMMs.
+    fn partials(&self, ctx: &GpuContext) -> Result<Option<wgpu::Buffer>> {
+        if split_k_scratch_bytes(&ctx.caps) == 0 {
+            return Ok(None);
+        }
+        if let Some(b) = self.partials.borrow().as_ref() {
+            return Ok(Some(b.clone()));
+        }
+        let b = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
+        *self.partials.borrow_mut() = Some(b.clone());
+        Ok(Some(b))
+    }
+}
+
+/// Bytes of the split-K partials scratch (`plan::SPLIT_K_SCRATCH_FLOATS` floats).
+pub const SPLIT_K_SCRATCH_BYTES: u64 = crate::plan::SPLIT_K_SCRATCH_FLOATS * 4;
+
+/// The split-K scratch a session holds on an adapter with `caps`: none on CPU adapters,
+/// where the planner never splits.
+pub fn split_k_scratch_bytes(caps: &crate::gpu::Caps) -> u64 {
+    if caps.cpu_adapter {
+        0
+    } else {
+        SPLIT_K_SCRATCH_BYTES
+    }
+}
+
+/// A GEMM split along K: per weight chunk, the GEMM writing its partial sums into the
+/// scratch (`Epi::Partial`) and the pass adding them up through the real epilogue.
+struct SplitK {
+    partial: Vec<Bound>,
+    reduce: Vec<Bound>,
+    scratch_floats: u64,
 }
 
 /// A matmul bound to its buffers once (one bind group per weight chunk); each `record`
@@ -292,6 +333,10 @@ pub struct BoundMatmul {
     /// Present when the int8-activation GEMV may run (the planner picks it for some m, or a
     /// caller asked for it).
     q8: Option<Q8Input>,
+    /// Present where GEMMs may be split along K (a partials scratch was given).
+    split: Option<SplitK>,
+    /// K ranges for every GEMM instead of the planner's (tests of the split-K path).
+    forced_splits: Option<u32>,
 }
 
 impl BoundMatmul {
@@ -303,13 +348,18 @@ impl BoundMatmul {
     /// As `new`, the int8 input from the session's `scratch`.
     pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
         let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
-        Self::bind(ctx, mm, stage, blocks)
+        Self::bind(ctx, mm, stage, blocks, scratch.partials(ctx)?)
+    }
+
+    /// For prefill only (no int8 GEMV), with the session's split-K scratch.
+    pub fn prefill_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
+        Self::bind(ctx, mm, stage, None, scratch.partials(ctx)?)
     }
 
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
     pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
         let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
-        Self::bind(ctx, mm, stage, blocks)
+        Self::bind(ctx, mm, stage, blocks, None)
     }
 
     /// Binds matmuls that read the same input (the same X through the same fused RMSNorm or
@@ -331,12 +381,22 @@ impl BoundMatmul {
             return Err(KilnError::invalid("matmul", "a group of matmuls must share its input length k"));
         }
         let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(scratch.blocks(ctx, k)?) } else { None };
-        mms.iter().map(|mm| Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)))).collect()
+        let partials = scratch.partials(ctx)?;
+        mms.iter()
+            .map(|mm| Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)), partials.clone()))
+            .collect()
     }
 
     /// Binds `mm`; with `blocks`, also the int8 GEMV reading them and the quantize dispatch
-    /// writing them.
-    fn bind(ctx: &GpuContext, mm: &Matmul, stage: &'static str, blocks: Option<wgpu::Buffer>) -> Result<BoundMatmul> {
+    /// writing them; with `partials`, the split-K GEMM writing its partial sums there and the
+    /// pass adding them up.
+    fn bind(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        blocks: Option<wgpu::Buffer>,
+        partials: Option<wgpu::Buffer>,
+    ) -> Result<BoundMatmul> {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
         let y_cols = match mm.epi {
             Epilogue::Plain => mm.w.rows,
@@ -413,8 +473,37 @@ impl BoundMatmul {
         } else {
             None
         };
+        let split = match partials {
+            Some(scratch) => {
+                let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
+                let rkey = KernelKey::GemmReduce { epi };
+                let partial = mm
+                    .w
+                    .chunks
+                    .iter()
+                    .map(|c| Bound::new::<MatmulParams>(ctx, &pkey, stage, &[&c.buffer, mm.x, &scratch, &dummy, &dummy]))
+                    .collect::<Result<Vec<_>>>()?;
+                let reduce = mm
+                    .w
+                    .chunks
+                    .iter()
+                    .map(|c| {
+                        Bound::new::<MatmulParams>(
+                            ctx,
+                            &rkey,
+                            stage,
+                            &with_extra([&c.buffer, &scratch, mm.y, bias, &dummy], &extra),
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Some(SplitK { partial, reduce, scratch_floats: scratch.size() / 4 })
+            }
+            None => None,
+        };
         Ok(BoundMatmul {
             q8,
+            split,
+            forced_splits: None,
             stage,
             format: mm.w.format,
             k: mm.w.k,
@@ -446,7 +535,22 @@ impl BoundMatmul {
             has_bias: self.has_bias as u32,
             accumulate: self.accumulate as u32,
             eps: self.norm_eps.unwrap_or(0.0),
-            _pad: [0; 3],
+            splits: 1,
+            split_k: self.k,
+            _pad: 0,
+        }
+    }
+
+    /// A GEMM's K ranges over m columns of a chunk of `rows` rows: (weights per range,
+    /// ranges); one range where it is not split or cannot be.
+    fn split_k(&self, ctx: &GpuContext, m: u32, rows: u32, tile: crate::plan::GemmTile) -> (u32, u32) {
+        let Some(split) = &self.split else { return (self.k, 1) };
+        let want = self.forced_splits.unwrap_or_else(|| crate::plan::gemm_splits(m, rows, self.k, tile, &ctx.caps));
+        let (len, splits) = crate::plan::split_k_range(self.k, tile, want);
+        if splits > 1 && splits as u64 * m as u64 * rows as u64 <= split.scratch_floats {
+            (len, splits)
+        } else {
+            (self.k, 1)
         }
     }
 
@@ -467,8 +571,19 @@ impl BoundMatmul {
         let (m64, k64, n64) = (m as f64, self.k as f64, self.n as f64);
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
+        let kernel = self.plan(ctx, m);
+        let split = match kernel {
+            MatmulKernel::Gemm { tile } => {
+                let rows = self.chunks.iter().map(|c| c.2).max().unwrap_or(self.n);
+                match self.split_k(ctx, m, rows, tile).1 {
+                    1 => String::new(),
+                    s => format!("+splitK{s}"),
+                }
+            }
+            _ => String::new(),
+        };
         crate::profile::StageWork {
-            kernel: format!("{}{fused} {}", self.plan(ctx, m), self.format.name()),
+            kernel: format!("{kernel}{split}{fused} {}", self.format.name()),
             shape: format!("{m}x{}·{}", self.k, self.n),
             bytes: w_bytes + x_bytes + y_bytes,
             flops: 2.0 * m64 * k64 * n64,
@@ -549,9 +664,26 @@ impl BoundMatmul {
             }
             _ => self.chunks.iter().map(|(b, ..)| b).collect(),
         };
-        for (b, (_, row_start, rows)) in chunks.into_iter().zip(&self.chunks) {
+        for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
-            b.set(ctx, &self.params(m, *row_start, *rows));
+            let params = self.params(m, *row_start, *rows);
+            if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {
+                let (split_k, splits) = self.split_k(ctx, m, *rows, tile);
+                if splits > 1 {
+                    let params = MatmulParams { splits, split_k, ..params };
+                    // The GEMM over each K range into the scratch, then the sums through the
+                    // epilogue: one invocation per pair of outputs.
+                    split.partial[i].set(ctx, &params);
+                    let pkey = KernelKey::Gemm { format: self.format, tile, epi: Epi::Partial };
+                    out.push((&split.partial[i], ctx.pipeline(&pkey)?, [grid[0], grid[1], splits]));
+                    split.reduce[i].set(ctx, &params);
+                    let pairs = m * rows.div_ceil(2);
+                    let rkey = KernelKey::GemmReduce { epi };
+                    out.push((&split.reduce[i], ctx.pipeline(&rkey)?, crate::gpu::grid(pairs.div_ceil(super::WG_ELT))));
+                    continue;
+                }
+            }
+            b.set(ctx, &params);
             out.push((b, ctx.pipeline(&key)?, grid));
         }
         Ok(out)
@@ -582,6 +714,32 @@ pub fn prepare_columns(
     let bm = BoundMatmul::with_q8(ctx, mm, stage, q8)?;
     let dispatches = bm
         .dispatches(ctx, mm.m, kernel, true, batched)?
+        .into_iter()
+        .map(|(b, pipeline, grid)| Dispatch {
+            label: stage,
+            pipeline,
+            bind_group: b.bind_group.clone(),
+            workgroups: grid,
+            params: Some(b.params.clone()),
+        })
+        .collect();
+    Ok(dispatches)
+}
+
+/// One-off dispatches for `mm` on `kernel` (a GEMM) split into `splits` K ranges (fewer where
+/// K has fewer steps), the partial sums in a scratch buffer of their own (tests of split-K).
+pub fn prepare_split(
+    ctx: &GpuContext,
+    mm: &Matmul,
+    kernel: MatmulKernel,
+    splits: u32,
+    stage: &'static str,
+) -> Result<Vec<Dispatch>> {
+    let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
+    let mut bm = BoundMatmul::bind(ctx, mm, stage, None, Some(scratch))?;
+    bm.forced_splits = Some(splits);
+    let dispatches = bm
+        .dispatches(ctx, mm.m, kernel, true, false)?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,

@@ -111,6 +111,9 @@ pub enum Epi {
     /// `batched`: each column is its own sequence (a batched decode step's table of
     /// positions and cache regions), else the step's tokens are one sequence's.
     Qkv { kv: KvKind, neox: bool, batched: bool },
+    /// A split-K GEMM's raw sums over its K range, into the partials scratch (the real
+    /// epilogue runs in `KernelKey::GemmReduce`).
+    Partial,
 }
 
 impl Epi {
@@ -128,6 +131,7 @@ impl Epi {
             Epi::Plain => 0,
             Epi::SwiGlu => 1,
             Epi::Qkv { .. } => 2,
+            Epi::Partial => 3,
         }
     }
 }
@@ -160,6 +164,11 @@ pub enum KernelKey {
     Gemm {
         format: WeightFormat,
         tile: GemmTile,
+        epi: Epi,
+    },
+    /// Split-K's second pass (gemm_reduce.wgsl): the partial sums of a `Gemm` with
+    /// `Epi::Partial` added up, then `epi` applied.
+    GemmReduce {
         epi: Epi,
     },
     Embed {
@@ -268,10 +277,15 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
-            KernelKey::Gemv { epi: Epi::Qkv { .. }, .. } | KernelKey::Gemm { epi: Epi::Qkv { .. }, .. } => {
+            KernelKey::Gemv { epi: Epi::Qkv { .. }, .. }
+            | KernelKey::Gemm { epi: Epi::Qkv { .. }, .. }
+            | KernelKey::GemmReduce { epi: Epi::Qkv { .. } } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read]
             }
-            KernelKey::Gemv { .. } | KernelKey::Gemm { .. } | KernelKey::QuantizeQ8 { .. } => {
+            KernelKey::Gemv { .. }
+            | KernelKey::Gemm { .. }
+            | KernelKey::GemmReduce { .. }
+            | KernelKey::QuantizeQ8 { .. } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read]
             }
             KernelKey::Embed { .. }
@@ -384,6 +398,13 @@ impl KernelKey {
                     c.const_u32("TM", tm).const_u32("TN", tn).include(tile.micro_file()).include("gemm.wgsl").build()
                 }
             }
+            KernelKey::GemmReduce { epi } => {
+                let c = c
+                    .enable_f16(matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
+                    .const_u32("WG", WG_ELT)
+                    .include("common/matmul_params.wgsl");
+                epilogue(c, epi).include("gemm_reduce.wgsl").build()
+            }
             KernelKey::Embed { format } => c
                 .const_u32("WG", WG_ELT)
                 .include("common/quant.wgsl")
@@ -488,7 +509,9 @@ impl KernelKey {
     pub fn needs(&self) -> (bool, bool) {
         match *self {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
-            KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), false),
+            KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } | KernelKey::GemmReduce { epi: Epi::Qkv { kv, .. } } => {
+                (kv.needs_f16(), false)
+            }
             KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
             KernelKey::Gemv { subgroups, .. }
             | KernelKey::QuantizeQ8 { subgroups, .. }
@@ -563,11 +586,14 @@ impl KernelKey {
                 }
             }
             for tile in GemmTile::ALL.into_iter().chain(GemmTile::COOP) {
-                for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+                for epi in [Epi::Plain, Epi::Partial].into_iter().chain(fused_epis.iter().copied()) {
                     v.push(KernelKey::Gemm { format, tile, epi });
                 }
             }
             v.push(KernelKey::Embed { format });
+        }
+        for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+            v.push(KernelKey::GemmReduce { epi });
         }
         for kv in KvKind::ALL {
             v.push(KernelKey::AttnGemm { kv });

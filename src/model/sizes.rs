@@ -56,16 +56,25 @@ pub struct SessionSizes {
     /// (n_embd, q_dim, n_ff; 0 where a length repeats), each of up to `plan::GEMV_MAX_COLS`
     /// columns. Counted whether or not the planner picks the int8 GEMV: at most this.
     pub q8_inputs: [u64; 3],
+    /// The split-K GEMMs' partial sums (`kernels::matmul::split_k_scratch_bytes`: on GPUs;
+    /// CPU adapters never split).
+    pub split_k_partials: u64,
     pub n_layer: u64,
 }
 
 impl SessionSizes {
     /// The sizes for the prefill attention this process uses (`KILN_PREFILL_ATTENTION`).
-    pub fn new(cfg: &ModelConfig, opts: &SessionOptions) -> SessionSizes {
-        Self::with_attention(cfg, opts, crate::config::prefill_attention_from_env())
+    /// The sizes on an adapter with `caps` (CPU adapters hold no split-K scratch).
+    pub fn new(cfg: &ModelConfig, opts: &SessionOptions, caps: &crate::gpu::Caps) -> SessionSizes {
+        Self::with_attention(cfg, opts, crate::config::prefill_attention_from_env(), caps)
     }
 
-    pub fn with_attention(cfg: &ModelConfig, opts: &SessionOptions, attn: PrefillAttention) -> SessionSizes {
+    pub fn with_attention(
+        cfg: &ModelConfig,
+        opts: &SessionOptions,
+        attn: PrefillAttention,
+        caps: &crate::gpu::Caps,
+    ) -> SessionSizes {
         let n_seq = opts.n_seq.max(1) as u64;
         let cols = batch_columns(opts.n_seq) as u64;
         let b = (opts.ubatch.max(1) as u64).max(cols);
@@ -95,13 +104,14 @@ impl SessionSizes {
                 let bytes = |k| crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k);
                 std::array::from_fn(|i| if ks[..i].contains(&ks[i]) { 0 } else { bytes(ks[i]) })
             },
+            split_k_partials: crate::kernels::matmul::split_k_scratch_bytes(caps),
             n_layer: cfg.n_layer as u64,
         }
     }
 
     /// Each kind of activation storage buffer, as (what, bytes allocated with the tail pad,
     /// how many of it a session holds).
-    fn activation_buffers(&self) -> [(&'static str, u64, u64); 14] {
+    fn activation_buffers(&self) -> [(&'static str, u64, u64); 15] {
         let q8 = |i: usize| ("int8 activations", storage_size(self.q8_inputs[i]), (self.q8_inputs[i] > 0) as u64);
         let b = |what, bytes, count| (what, storage_size(bytes), count);
         [
@@ -119,6 +129,7 @@ impl SessionSizes {
             q8(0),
             q8(1),
             q8(2),
+            b("split-K partial sums", self.split_k_partials, (self.split_k_partials > 0) as u64),
         ]
     }
 
@@ -151,7 +162,7 @@ impl SessionSizes {
 /// an error naming the buffer and what to do when even one token per step does not fit.
 pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) -> Result<SessionOptions> {
     let with = |ubatch: u32| SessionOptions { ubatch, ..opts };
-    let too_large = |ubatch: u32| SessionSizes::new(cfg, &with(ubatch)).first_too_large(ctx);
+    let too_large = |ubatch: u32| SessionSizes::new(cfg, &with(ubatch), &ctx.caps).first_too_large(ctx);
     let want = opts.ubatch.max(1);
     if let Some((what, needed)) = too_large(1) {
         let hint = match what {
@@ -217,7 +228,7 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
     let mut n_ctx = req.ctx_size.unwrap_or(cfg.n_ctx_train).max(req.min_ctx).max(1);
     let mut ubatch = req.ubatch.max(1);
     let sizes = |n_ctx: u32, ubatch: u32| {
-        SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 })
+        SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 }, &ctx.caps)
     };
     // One layer's K (or V) cache must fit one buffer binding.
     if !ctx.fits_kv_storage(sizes(n_ctx, 1).kv_layer) {

@@ -297,7 +297,7 @@ pub fn plan_slots(
     // The sizes of what is allocated: one session of `count` sequences, or one of one.
     let sizes = |n_ctx: u32| {
         let n_seq = if shared { count } else { 1 };
-        SessionSizes::new(cfg, &SessionOptions { n_seq, ..opts(n_ctx) })
+        SessionSizes::new(cfg, &SessionOptions { n_seq, ..opts(n_ctx) }, &model.ctx.caps)
     };
     let total = |n_ctx: u32| {
         let s = sizes(n_ctx);

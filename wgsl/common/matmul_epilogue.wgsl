@@ -8,12 +8,16 @@
 //              r = n_rot): Q is rotated into Y, K rotated and V copied straight into their
 //              KV-cache rows at the token's position, so RoPE and the cache write need no
 //              dispatch of their own.
+//   EPI_PARTIAL a split-K GEMM's raw sums over its K range (split_z): Y is the partials
+//              scratch [splits][m][n_rows]; gemm_reduce.wgsl adds them up and applies the
+//              real epilogue.
 // The including file declares y (binding 3) and bias (binding 4) and `p` (matmul_params);
 // store_qkv comes from common/epilogue_qkv.wgsl (EPI_QKV) or epilogue_none.wgsl.
 
 const EPI_PLAIN: u32 = 0u;
 const EPI_SWIGLU: u32 = 1u;
 const EPI_QKV: u32 = 2u;
+const EPI_PARTIAL: u32 = 3u;
 
 // One value of Y, plain (ragged last rows of a plain matmul).
 fn write_one(gm: u32, row: u32, v: f32) {
@@ -30,6 +34,13 @@ fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
 
 // Rows `row` and `row + 1` (row even, within the chunk) of column gm.
 fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
+    if (EPI == EPI_PARTIAL) {
+        if (gm >= p.n_cols || row >= p.n_rows) { return; }
+        let o = (split_z * p.n_cols + gm) * p.n_rows + row;
+        y[o] = v0;
+        if (row + 1u < p.n_rows) { y[o + 1u] = v1; }
+        return;
+    }
     if (EPI == EPI_PLAIN) {
         write_one(gm, row, v0);
         write_one(gm, row + 1u, v1);

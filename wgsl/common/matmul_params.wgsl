@@ -11,8 +11,8 @@ struct Params {
     has_bias: u32,   // add bias[row_offset + r]
     accumulate: u32, // add the value already in Y (fused residual)
     eps: f32,        // RMSNorm epsilon (fused RMSNorm)
-    _pad0: u32,
-    _pad1: u32,
+    splits: u32,     // split-K: K ranges (GEMM partials, gemm_reduce.wgsl)
+    split_k: u32,    // split-K: weights per K range (a multiple of the GEMM's BK)
     _pad2: u32,
 }
 
@@ -22,3 +22,6 @@ struct Params {
 // come in groups of NCOLS, one group per workgroup_id.z, so a GEMV over more columns than
 // one workgroup holds in registers is still one dispatch. 0 elsewhere.
 var<private> col0: u32;
+
+// The K range of a split-K GEMM (workgroup_id.z; EPI_PARTIAL): its first weight and its end.
+var<private> split_z: u32;

@@ -43,7 +43,7 @@ impl Session {
         shape.check()?;
         let kv = KvKind::for_cache(opts.f16_kv, &ctx.caps);
         let prefill_attention = crate::config::prefill_attention_from_env();
-        let sizes = SessionSizes::with_attention(c, &opts, prefill_attention);
+        let sizes = SessionSizes::with_attention(c, &opts, prefill_attention, &ctx.caps);
         if let Some((what, needed)) = sizes.first_too_large(&ctx) {
             return Err(KilnError::TooLarge {
                 what: format!("the session's {what} ({b} tokens per step, {} positions)", opts.n_ctx),
@@ -99,7 +99,8 @@ impl Session {
             glu: None,
             epi: Epilogue::Plain,
         };
-        // The int8 GEMVs' quantized inputs, one buffer per input length for the session.
+        // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
+        // the split-K GEMMs' partial sums.
         let scratch = Q8Scratch::default();
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
@@ -107,7 +108,7 @@ impl Session {
         // Matmuls that only prefill runs (past the GEMV's columns, after a norm or SwiGLU dispatch) are GEMMs:
         // no int8 GEMV input to bind.
         let mm_prefill = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
-            BoundMatmul::with_q8(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, false)
+            BoundMatmul::prefill_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
         // Decode and short prompts (the GEMV's columns) read the residual stream and applies the RMSNorm in the GEMV itself
         // (or in the quantize dispatch that the int8 GEMVs of a group share).
@@ -201,7 +202,7 @@ impl Session {
                     };
                     let decode: Vec<Matmul> = (0..parts.len()).map(|p| part(p, true)).collect();
                     let prefill: Vec<BoundMatmul> = (0..parts.len())
-                        .map(|p| BoundMatmul::with_q8(&ctx, &part(p, false), "qkv", false))
+                        .map(|p| BoundMatmul::prefill_in(&ctx, &part(p, false), "qkv", &scratch))
                         .collect::<Result<_>>()?;
                     (QkvOps::Stacked { decode: BoundMatmul::group_in(&ctx, &decode, "qkv", &scratch)?, prefill }, &qb)
                 }
@@ -266,7 +267,7 @@ impl Session {
                     };
                     FfnOps::Interleaved {
                         decode: BoundMatmul::new_in(&ctx, &gu(true), "ffn_gate_up", &scratch)?,
-                        prefill: BoundMatmul::with_q8(&ctx, &gu(false), "ffn_gate_up", false)?,
+                        prefill: BoundMatmul::prefill_in(&ctx, &gu(false), "ffn_gate_up", &scratch)?,
                         down: mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
                     }
                 }
