@@ -205,6 +205,33 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         };
         return MatmulKernel::Gemv { ncols: m.clamp(1, gemv_group_cols(q8)), shape, q8 };
     }
+    plan_gemm(m, n, k, format, caps)
+}
+
+/// Prompt tokens of one sequence that run on the GEMV for a model of width `n_embd`, where
+/// the planner splits small GEMMs along K (`gemm_splits`; adapters with matrix cores): past
+/// 8 tokens the split GEMM beat the GEMV on TinyLlama's 2048-wide matrices, while Llama-7B's
+/// 4096-wide ones stayed faster on the GEMV up to 32 (H200, run 31: TinyLlama Q4_K_M pp20
+/// 1,937 -> 2,939-3,080 tok/s and the time to first token of 20 tokens 10.3 -> 6.5-6.8 ms;
+/// Llama-7B pp20 912-934 on the GEMV against 657-672). Elsewhere, and for batched decode
+/// steps (whose Q/K/V epilogue runs on the GEMV only), `gemv_takes`.
+pub const PREFILL_GEMV_COLS_NARROW: u32 = 8;
+/// The widest model that `PREFILL_GEMV_COLS_NARROW` applies to.
+pub const PREFILL_NARROW_EMBD: u32 = 2048;
+
+pub fn prefill_gemv_cols(n_embd: u32, caps: &Caps) -> u32 {
+    let most = caps.gemv_max_cols.min(GEMV_MAX_COLS);
+    if caps.coopmat && !caps.cpu_adapter && n_embd <= PREFILL_NARROW_EMBD {
+        most.min(PREFILL_GEMV_COLS_NARROW)
+    } else {
+        most
+    }
+}
+
+/// The GEMM tile for Y[m, n] = X[m, k] · W[n, k]ᵀ (prefill: `plan_matmul` past the GEMV's
+/// columns; any m for matmuls bound for prefill alone).
+pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
+    let _ = k;
     // Matrix cores from the first column past the GEMV's: a 20-token prompt on TinyLlama's
     // shapes went to 32x32 float tiles (64-80 workgroups each looping over all of k).
     let coop = caps.coopmat && !caps.cpu_adapter && (format.is_quantized() || format == WeightFormat::F16);

@@ -74,7 +74,7 @@ fn llama_bench_flags_name_the_tests_and_records_carry_memory_and_load_time() {
         assert_eq!(r["n_ctx"], 24 + 16, "the largest test: pp16 @ d24");
         assert!(act > 0, "{r}");
         assert!(r["load_secs"].as_f64().unwrap() > 0.0);
-        // Time to first token: a 20-token prompt (n_ctx 40 holds it), first and best of three.
+        // Time to first token: a 20-token prompt (n_ctx 40 holds it), first and best of four.
         let t = &r["ttft"];
         assert_eq!(t["prompt_tokens"], 20, "{r}");
         let (first, best) = (t["first_ms"].as_f64().unwrap(), t["best_ms"].as_f64().unwrap());

@@ -140,13 +140,16 @@ fn prefill_matches_token_by_token() {
             lb = b.forward(&[t], Output::LastLogits).unwrap();
         }
         let (max, ..) = compare(&la, &lb, 512);
-        assert!(max < 1e-3, "{file}: prefill vs one by one: max |Δ| {max}");
+        // Matrix cores (where the adapter has them) round the prompt's activations and
+        // weights to f16; token by token runs on the GEMV in f32 (0.008 on an H200).
+        let tol = if g.ctx.caps.coopmat { 2e-2 } else { 1e-3 };
+        assert!(max < tol, "{file}: prefill vs one by one: max |Δ| {max}");
         let (na, nb) = (
             a.forward(&ids[40..41], Output::LastLogits).unwrap(),
             b.forward(&ids[40..41], Output::LastLogits).unwrap(),
         );
         let (max, ..) = compare(&na, &nb, 512);
-        assert!(max < 1e-3, "{file}: decode after prefill: max |Δ| {max}");
+        assert!(max < tol, "{file}: decode after prefill: max |Δ| {max}");
     }
 }
 
@@ -355,7 +358,9 @@ fn batched_decode_step_matches_each_sequence_alone() {
         let n_ctx = 64;
         let one = SessionOptions { n_ctx, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 1 };
         let mut shared = model.session(SessionOptions { n_seq, ..one }).unwrap();
-        assert_eq!(shared.batch_columns(), if batched { 8 } else { 1 });
+        // The GEMV's columns: 8 on CPU adapters, 32 on GPUs.
+        let widest = (n_seq as usize - 1).min(g.ctx.caps.gemv_max_cols as usize);
+        assert_eq!(shared.batch_columns(), if batched { (n_seq as usize).min(g.ctx.caps.gemv_max_cols as usize) } else { 1 });
         // Slot s holds a prompt of 1 + 3s tokens from its own place in the text; the last
         // slot stays empty.
         let active: Vec<usize> = (0..n_seq as usize - 1).rev().collect();
@@ -384,8 +389,10 @@ fn batched_decode_step_matches_each_sequence_alone() {
         }
         let stats = shared.batch_stats();
         if batched {
-            // Nine sequences: a step of eight and a step of one, three times.
-            assert_eq!((stats.steps - steps_before, stats.widest), (6, 8));
+            // Nine sequences: on CPU adapters a step of eight and a step of one, three times;
+            // on GPUs one step of nine.
+            let per_round = (n_seq as u64 - 1).div_ceil(widest as u64);
+            assert_eq!((stats.steps - steps_before, stats.widest), (3 * per_round, widest as u64));
         } else {
             assert_eq!((stats.steps - steps_before, stats.widest), (3 * active.len() as u64, 1));
         }

@@ -341,7 +341,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 if r.test == records.iter().find(|x| x.model.path == r.model.path).map_or("", |x| x.test.as_str()) {
                     writeln!(
                         o,
-                        "{}: time to first token of a {}-token prompt {:.1} ms (best of three {:.1} ms){}",
+                        "{}: time to first token of a {}-token prompt {:.1} ms (best {:.1} ms){}",
                         r.model.name,
                         t.prompt_tokens,
                         t.first_ms,

@@ -265,9 +265,18 @@ pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
 pub struct Q8Scratch {
     blocks: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
+    /// Columns of one sequence's steps (prompt chunks) that go to the GEMV
+    /// (`plan::prefill_gemv_cols`); None: `plan::gemv_takes`.
+    prefill_gemv_cols: Option<u32>,
 }
 
 impl Q8Scratch {
+    /// A session's scratch, its prompt chunks of more than `prefill_gemv_cols` tokens on the
+    /// GEMM.
+    pub fn for_session(prefill_gemv_cols: u32) -> Q8Scratch {
+        Q8Scratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
+    }
+
     fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
         if let Some(b) = self.blocks.borrow().get(&k) {
             return Ok(b.clone());
@@ -337,6 +346,10 @@ pub struct BoundMatmul {
     split: Option<SplitK>,
     /// K ranges for every GEMM instead of the planner's (tests of the split-K path).
     forced_splits: Option<u32>,
+    /// Columns of one sequence's step that go to the GEMV at most (u32::MAX: the planner's
+    /// `gemv_takes`; 0: a matmul bound for prefill alone, always on the GEMM). Batched decode
+    /// steps take the planner's choice.
+    gemv_cols: u32,
 }
 
 impl BoundMatmul {
@@ -348,12 +361,16 @@ impl BoundMatmul {
     /// As `new`, the int8 input from the session's `scratch`.
     pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
         let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
-        Self::bind(ctx, mm, stage, blocks, scratch.partials(ctx)?)
+        let mut b = Self::bind(ctx, mm, stage, blocks, scratch.partials(ctx)?)?;
+        b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
+        Ok(b)
     }
 
     /// For prefill only (no int8 GEMV), with the session's split-K scratch.
     pub fn prefill_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
-        Self::bind(ctx, mm, stage, None, scratch.partials(ctx)?)
+        let mut b = Self::bind(ctx, mm, stage, None, scratch.partials(ctx)?)?;
+        b.gemv_cols = 0;
+        Ok(b)
     }
 
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
@@ -383,7 +400,11 @@ impl BoundMatmul {
         let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(scratch.blocks(ctx, k)?) } else { None };
         let partials = scratch.partials(ctx)?;
         mms.iter()
-            .map(|mm| Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)), partials.clone()))
+            .map(|mm| {
+                let mut b = Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)), partials.clone())?;
+                b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
+                Ok(b)
+            })
             .collect()
     }
 
@@ -504,6 +525,7 @@ impl BoundMatmul {
             q8,
             split,
             forced_splits: None,
+            gemv_cols: u32::MAX,
             stage,
             format: mm.w.format,
             k: mm.w.k,
@@ -554,9 +576,22 @@ impl BoundMatmul {
         }
     }
 
-    /// The kernel the planner picks for m columns.
+    /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
+        if m > self.gemv_cols {
+            return crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
+        }
         crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+    }
+
+    /// The kernel for m columns: a batched decode step's (`batched`: the planner's choice,
+    /// the GEMV wherever it takes m) or one sequence's (`plan`).
+    fn plan_step(&self, ctx: &GpuContext, m: u32, batched: bool) -> MatmulKernel {
+        if batched {
+            crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+        } else {
+            self.plan(ctx, m)
+        }
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks,
@@ -590,15 +625,11 @@ impl BoundMatmul {
         }
     }
 
-    /// Records Y[0..m] = X[0..m] · Wᵀ with `kernel` (or the planner's choice).
-    pub fn record(
-        &self,
-        ctx: &GpuContext,
-        pass: &mut wgpu::ComputePass<'_>,
-        m: u32,
-        kernel: Option<MatmulKernel>,
-    ) -> Result<()> {
-        let kernel = kernel.unwrap_or_else(|| self.plan(ctx, m));
+    /// Records Y[0..m] = X[0..m] · Wᵀ with the planner's kernel: for one sequence's step, or
+    /// (`batched`) a batched decode step's columns, which stay on the GEMV wherever it takes
+    /// them so that a column's result does not depend on the columns beside it.
+    pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, batched: bool) -> Result<()> {
+        let kernel = self.plan_step(ctx, m, batched);
         for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, true, false)? {
             b.record_with(pass, &pipeline, grid);
         }
@@ -618,7 +649,7 @@ impl BoundMatmul {
     ) -> Result<()> {
         let mut quantized: Option<&wgpu::Buffer> = None;
         for b in group {
-            let kernel = b.plan(ctx, m);
+            let kernel = b.plan_step(ctx, m, batched);
             let fresh = match (&b.q8, quantized) {
                 (Some(q), Some(done)) => q.blocks != *done,
                 _ => true,

@@ -101,7 +101,8 @@ impl Session {
         };
         // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
         // the split-K GEMMs' partial sums.
-        let scratch = Q8Scratch::default();
+        let prefill_gemv_cols = crate::plan::prefill_gemv_cols(c.n_embd, &ctx.caps);
+        let scratch = Q8Scratch::for_session(prefill_gemv_cols);
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
@@ -441,6 +442,7 @@ impl Session {
             shape,
             pos: vec![0; opts.n_seq.max(1) as usize],
             batch_cols: batch_cols as usize,
+            prefill_gemv_cols,
             batches: Default::default(),
             ids,
             x,

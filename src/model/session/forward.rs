@@ -116,7 +116,7 @@ impl Session {
         // Where the sequence's region starts, in cache elements (one sequence's prefill).
         let kv_off = step.kv_base * self.shape.kv_stride();
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
-        let fused = crate::plan::gemv_takes(m, &ctx.caps);
+        let fused = crate::plan::gemv_takes(m, &ctx.caps) && (batched || m <= self.prefill_gemv_cols);
         let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m)).collect());
         for l in &self.layers {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
@@ -131,7 +131,7 @@ impl Session {
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::Qkv, || group_work(prefill));
                         for b in prefill {
-                            b.record(ctx, rec.pass(), m, None)?;
+                            b.record(ctx, rec.pass(), m, batched)?;
                         }
                     }
                 }
@@ -154,9 +154,9 @@ impl Session {
                         rec.stage(Stage::Qkv, || {
                             StageWork::combine(vec![q.work(ctx, m), k.work(ctx, m), v.work(ctx, m)])
                         });
-                        q.record(ctx, rec.pass(), m, None)?;
-                        k.record(ctx, rec.pass(), m, None)?;
-                        v.record(ctx, rec.pass(), m, None)?;
+                        q.record(ctx, rec.pass(), m, batched)?;
+                        k.record(ctx, rec.pass(), m, batched)?;
+                        v.record(ctx, rec.pass(), m, batched)?;
                     }
                     if let (Some(qn), Some(kn)) = (q_norm, k_norm) {
                         rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
@@ -270,22 +270,22 @@ impl Session {
                 }
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
-            l.wo.record(ctx, rec.pass(), m, None)?;
+            l.wo.record(ctx, rec.pass(), m, batched)?;
 
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
                 FfnOps::Interleaved { decode, prefill, down } => {
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m));
-                        decode.record(ctx, rec.pass(), m, None)?;
+                        decode.record(ctx, rec.pass(), m, batched)?;
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m));
-                        prefill.record(ctx, rec.pass(), m, None)?;
+                        prefill.record(ctx, rec.pass(), m, batched)?;
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m));
-                    down.record(ctx, rec.pass(), m, None)?;
+                    down.record(ctx, rec.pass(), m, batched)?;
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {
@@ -294,13 +294,13 @@ impl Session {
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m, false)?;
                         rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m));
-                        down_fused.record(ctx, rec.pass(), m, None)?;
+                        down_fused.record(ctx, rec.pass(), m, batched)?;
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m), up.work(ctx, m)]));
-                        gate.record(ctx, rec.pass(), m, None)?;
-                        up.record(ctx, rec.pass(), m, None)?;
+                        gate.record(ctx, rec.pass(), m, batched)?;
+                        up.record(ctx, rec.pass(), m, batched)?;
                         rec.stage(Stage::FfnAct, || {
                             StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
                         });
@@ -311,7 +311,7 @@ impl Session {
                             grid((m * sf).div_ceil(WG_ELT)),
                         );
                         rec.stage(Stage::FfnDown, || down.work(ctx, m));
-                        down.record(ctx, rec.pass(), m, None)?;
+                        down.record(ctx, rec.pass(), m, batched)?;
                     }
                 }
             }
@@ -334,7 +334,9 @@ impl Session {
         let ctx = &*self.ctx;
         let v = self.cfg.n_vocab;
         rec.stage(Stage::OutputNormLmHead, || head.work(ctx, m));
-        head.record(ctx, rec.pass(), m, None)?;
+        // One token, or a batched step's columns: the GEMV (with the output norm fused in)
+        // wherever it takes m.
+        head.record(ctx, rec.pass(), m, true)?;
         if pick == Output::Sampled {
             rec.stage(Stage::Sample, || {
                 StageWork::other("sample", format!("{m}x{v}"), (m * v) as f64 * 4.0 * 3.0, 0.0)

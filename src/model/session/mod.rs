@@ -162,6 +162,9 @@ pub struct Session {
     /// The most sequences a batched decode step carries (slots.rs): 1 unless every layer has
     /// the stacked Q/K/V projection, whose epilogue takes each column's position.
     batch_cols: usize,
+    /// Prompt tokens of one sequence's step that run on the GEMV (`plan::prefill_gemv_cols`);
+    /// more go to the GEMM, after a norm dispatch.
+    prefill_gemv_cols: u32,
     /// What batched decode steps carried so far.
     batches: BatchStats,
     ids: wgpu::Buffer,

@@ -160,7 +160,7 @@ impl Session {
             grid(m),
         );
         rec.stage(Stage::LmHead, || self.lm_head_all.work(ctx, m));
-        self.lm_head_all.record(ctx, rec.pass(), m, None)
+        self.lm_head_all.record(ctx, rec.pass(), m, false)
     }
 
     /// Builds the pipelines this session's steps use before the first step needs them, by
