@@ -230,8 +230,7 @@ pub fn prefill_gemv_cols(n_embd: u32, caps: &Caps) -> u32 {
 
 /// The GEMM tile for Y[m, n] = X[m, k] · W[n, k]ᵀ (prefill: `plan_matmul` past the GEMV's
 /// columns; any m for matmuls bound for prefill alone).
-pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
-    let _ = k;
+pub fn plan_gemm(m: u32, n: u32, _k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
     // Matrix cores from the first column past the GEMV's: a 20-token prompt on TinyLlama's
     // shapes went to 32x32 float tiles (64-80 workgroups each looping over all of k).
     let coop = caps.coopmat && !caps.cpu_adapter && (format.is_quantized() || format == WeightFormat::F16);
@@ -308,7 +307,10 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     if tiles >= SPLIT_K_FILL_TILES {
         return 1;
     }
-    (SPLIT_K_FILL_TILES.div_ceil(tiles) as u32).min(steps / SPLIT_K_MIN_STEPS).min(most_by_scratch).clamp(1, SPLIT_K_MAX)
+    (SPLIT_K_FILL_TILES.div_ceil(tiles) as u32)
+        .min(steps / SPLIT_K_MIN_STEPS)
+        .min(most_by_scratch)
+        .clamp(1, SPLIT_K_MAX)
 }
 
 /// Weights per K range of a GEMM split `splits` ways (a whole number of BK steps), and the

@@ -145,7 +145,8 @@ fn split_k_gemm_matches_reference() {
                 for (m, n, blocks, float_k) in [(9usize, 45usize, 3usize, 100usize), (70, 130, 5, 300)] {
                     let k = k_for(format, blocks, float_k);
                     for splits in [2u32, 3, 64] {
-                        let what = format!("[{}] split-K {splits} {tile:?} {} m={m} n={n} k={k}", g.name, format.name());
+                        let what =
+                            format!("[{}] split-K {splits} {tile:?} {} m={m} n={n} k={k}", g.name, format.name());
                         let c = case(format, n, k, m, (m * 7 + n + splits as usize) as u64);
                         let run = Run { splits, ..Run::plain(kernel, true, true) };
                         let (got, want, x) = run_one(&g.ctx, &c, &run);

@@ -360,7 +360,10 @@ fn batched_decode_step_matches_each_sequence_alone() {
         let mut shared = model.session(SessionOptions { n_seq, ..one }).unwrap();
         // The GEMV's columns: 8 on CPU adapters, 32 on GPUs.
         let widest = (n_seq as usize - 1).min(g.ctx.caps.gemv_max_cols as usize);
-        assert_eq!(shared.batch_columns(), if batched { (n_seq as usize).min(g.ctx.caps.gemv_max_cols as usize) } else { 1 });
+        assert_eq!(
+            shared.batch_columns(),
+            if batched { (n_seq as usize).min(g.ctx.caps.gemv_max_cols as usize) } else { 1 }
+        );
         // Slot s holds a prompt of 1 + 3s tokens from its own place in the text; the last
         // slot stays empty.
         let active: Vec<usize> = (0..n_seq as usize - 1).rev().collect();

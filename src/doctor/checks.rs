@@ -341,7 +341,8 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             for (what, input, epi, n, splits) in runs {
                 let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
                 let plain_epi = matches!(epi, Epi::Plain);
-                let out = mm::run(ck.ctx, &c, &Run { kernel, bias: !plain_epi, accumulate: false, input, epi, splits })?;
+                let out =
+                    mm::run(ck.ctx, &c, &Run { kernel, bias: !plain_epi, accumulate: false, input, epi, splits })?;
                 ck.ran(1);
                 for o in &out.outputs {
                     let what = format!("{kernel} m={m} {what} {}", o.what);

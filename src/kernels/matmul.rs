@@ -498,25 +498,25 @@ impl BoundMatmul {
             Some(scratch) => {
                 let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
                 let rkey = KernelKey::GemmReduce { epi };
-                let partial = mm
-                    .w
-                    .chunks
-                    .iter()
-                    .map(|c| Bound::new::<MatmulParams>(ctx, &pkey, stage, &[&c.buffer, mm.x, &scratch, &dummy, &dummy]))
-                    .collect::<Result<Vec<_>>>()?;
-                let reduce = mm
-                    .w
-                    .chunks
-                    .iter()
-                    .map(|c| {
-                        Bound::new::<MatmulParams>(
-                            ctx,
-                            &rkey,
-                            stage,
-                            &with_extra([&c.buffer, &scratch, mm.y, bias, &dummy], &extra),
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let partial =
+                    mm.w.chunks
+                        .iter()
+                        .map(|c| {
+                            Bound::new::<MatmulParams>(ctx, &pkey, stage, &[&c.buffer, mm.x, &scratch, &dummy, &dummy])
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                let reduce =
+                    mm.w.chunks
+                        .iter()
+                        .map(|c| {
+                            Bound::new::<MatmulParams>(
+                                ctx,
+                                &rkey,
+                                stage,
+                                &with_extra([&c.buffer, &scratch, mm.y, bias, &dummy], &extra),
+                            )
+                        })
+                        .collect::<Result<Vec<_>>>()?;
                 Some(SplitK { partial, reduce, scratch_floats: scratch.size() / 4 })
             }
             None => None,

@@ -285,9 +285,7 @@ impl KernelKey {
             KernelKey::Gemv { .. }
             | KernelKey::Gemm { .. }
             | KernelKey::GemmReduce { .. }
-            | KernelKey::QuantizeQ8 { .. } => {
-                &[Uniform, Read, Read, ReadWrite, Read, Read]
-            }
+            | KernelKey::QuantizeQ8 { .. } => &[Uniform, Read, Read, ReadWrite, Read, Read],
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
