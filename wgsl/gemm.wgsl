@@ -20,12 +20,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tx = lid % (BN / TN);
     let ty = lid / (BN / TN);
     var acc: Acc;
-    // Split-K (EPI_PARTIAL): this workgroup's K range only.
-    split_z = wid.z;
-    let k_begin = select(0u, wid.z * p.split_k, EPI == EPI_PARTIAL);
-    let k_end = select(p.k, min(p.k, k_begin + p.split_k), EPI == EPI_PARTIAL);
+    let ks = k_range(wid.z);
 
-    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+    for (var k0 = ks.x; k0 < ks.y; k0 += BK) {
         // X tile, four k at a time: consecutive invocations read consecutive vec4s of a row.
         for (var i = lid; i < BM * BK / 4u; i += WG) {
             let mm = i / (BK / 4u);

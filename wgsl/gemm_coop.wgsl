@@ -102,12 +102,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var c30 = TileC();
     var c31 = TileC();
 
-    // Split-K (EPI_PARTIAL): this workgroup's K range only (a whole number of BK steps;
-    // the fetch past its end reads into the buffer no one reads).
-    split_z = wid.z;
-    let k_begin = select(0u, wid.z * p.split_k, EPI == EPI_PARTIAL);
-    let k_end = select(p.k, min(p.k, k_begin + p.split_k), EPI == EPI_PARTIAL);
-    let steps = (k_end - k_begin + BK - 1u) / BK;
+    // This workgroup's K range (split-K: the fetch past its end reads into the buffer no one
+    // reads).
+    let ks = k_range(wid.z);
+    let k_begin = ks.x;
+    let steps = (ks.y - k_begin + BK - 1u) / BK;
     stash(lid, fetch(lid, m0, n0, k_begin), 0u);
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {

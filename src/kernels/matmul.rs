@@ -256,13 +256,14 @@ pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
     m as u64 * (k / 32) as u64 * 48
 }
 
-/// The int8 GEMVs' quantized inputs of one session: one buffer per input length k, shared
-/// by every matmul bound through it. Each quantize dispatch is followed by the GEMVs that read
-/// its output before the next quantize of the same length, all in one stream of dispatches,
-/// so sharing is safe within a session (not between sessions submitted independently).
-/// The same holds for the split-K GEMMs' partial sums: one scratch buffer for all of them.
+/// What the matmuls of one session share: the int8 GEMVs' quantized inputs (one buffer per
+/// input length k), the split-K GEMMs' partial sums (one buffer), and how many columns of a
+/// prompt chunk go to the GEMV. Each quantize (or partial-sums) dispatch is followed by the
+/// dispatches that read its output before the next one writes it, all in one stream of
+/// dispatches, so sharing is safe within a session (not between sessions submitted
+/// independently).
 #[derive(Default)]
-pub struct Q8Scratch {
+pub struct MatmulScratch {
     blocks: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
     /// Columns of one sequence's steps (prompt chunks) that go to the GEMV
@@ -270,11 +271,11 @@ pub struct Q8Scratch {
     prefill_gemv_cols: Option<u32>,
 }
 
-impl Q8Scratch {
+impl MatmulScratch {
     /// A session's scratch, its prompt chunks of more than `prefill_gemv_cols` tokens on the
     /// GEMM.
-    pub fn for_session(prefill_gemv_cols: u32) -> Q8Scratch {
-        Q8Scratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
+    pub fn for_session(prefill_gemv_cols: u32) -> MatmulScratch {
+        MatmulScratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
     }
 
     fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
@@ -359,7 +360,7 @@ impl BoundMatmul {
     }
 
     /// As `new`, the int8 input from the session's `scratch`.
-    pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
+    pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &MatmulScratch) -> Result<BoundMatmul> {
         let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
         let mut b = Self::bind(ctx, mm, stage, blocks, scratch.partials(ctx)?)?;
         b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
@@ -367,7 +368,12 @@ impl BoundMatmul {
     }
 
     /// For prefill only (no int8 GEMV), with the session's split-K scratch.
-    pub fn prefill_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &Q8Scratch) -> Result<BoundMatmul> {
+    pub fn prefill_in(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+    ) -> Result<BoundMatmul> {
         let mut b = Self::bind(ctx, mm, stage, None, scratch.partials(ctx)?)?;
         b.gemv_cols = 0;
         Ok(b)
@@ -383,7 +389,7 @@ impl BoundMatmul {
     /// SwiGLU, e.g. the Q, K and V projections): their int8 GEMVs share one quantized copy
     /// of it, which `record_group` writes once per step.
     pub fn group(ctx: &GpuContext, mms: &[Matmul], stage: &'static str) -> Result<Vec<BoundMatmul>> {
-        Self::group_in(ctx, mms, stage, &Q8Scratch::default())
+        Self::group_in(ctx, mms, stage, &MatmulScratch::default())
     }
 
     /// As `group`, the int8 input from the session's `scratch`.
@@ -391,7 +397,7 @@ impl BoundMatmul {
         ctx: &GpuContext,
         mms: &[Matmul],
         stage: &'static str,
-        scratch: &Q8Scratch,
+        scratch: &MatmulScratch,
     ) -> Result<Vec<BoundMatmul>> {
         let k = mms.first().map(|mm| mm.w.k).unwrap_or(0);
         if mms.iter().any(|mm| mm.w.k != k) {
@@ -457,19 +463,24 @@ impl BoundMatmul {
             Epilogue::Qkv { k_cache, v_cache, rope, step, .. } => vec![k_cache, v_cache, rope, step],
             _ => Vec::new(),
         };
-        let chunks =
+        // One binding of `key` per weight chunk: the chunk's weights at 1, then `rest` (X, Y,
+        // bias, fused-input weights), then the epilogue's buffers where `with_epilogue`.
+        let bind_chunks = |key: &KernelKey, rest: [&wgpu::Buffer; 4], with_epilogue: bool| {
+            let none: &[&wgpu::Buffer] = &[];
             mm.w.chunks
                 .iter()
                 .map(|c| {
-                    let b = Bound::new::<MatmulParams>(
-                        ctx,
-                        &key,
-                        stage,
-                        &with_extra([&c.buffer, mm.x, mm.y, bias, norm_w], &extra),
-                    )?;
-                    Ok((b, c.row_start, c.rows))
+                    let [x, y, b, n] = rest;
+                    let buffers = with_extra([&c.buffer, x, y, b, n], if with_epilogue { &extra } else { none });
+                    Bound::new::<MatmulParams>(ctx, key, stage, &buffers)
                 })
-                .collect::<Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>>>()
+        };
+        let chunks = bind_chunks(&key, [mm.x, mm.y, bias, norm_w], true)?
+            .into_iter()
+            .zip(&mm.w.chunks)
+            .map(|(b, c)| (b, c.row_start, c.rows))
+            .collect();
         let q8 = if let Some(blocks) = blocks {
             if !mm.w.format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {}", mm.w.format)));
@@ -478,18 +489,7 @@ impl BoundMatmul {
                 KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm: mm.norm.is_some(), glu: mm.glu.is_some() };
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
-            let chunks =
-                mm.w.chunks
-                    .iter()
-                    .map(|c| {
-                        Bound::new::<MatmulParams>(
-                            ctx,
-                            &key,
-                            stage,
-                            &with_extra([&c.buffer, &blocks, mm.y, bias, &dummy], &extra),
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+            let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], true)?;
             Some(Q8Input { quantize, key: qkey, chunks, blocks })
         } else {
             None
@@ -498,25 +498,8 @@ impl BoundMatmul {
             Some(scratch) => {
                 let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
                 let rkey = KernelKey::GemmReduce { epi };
-                let partial =
-                    mm.w.chunks
-                        .iter()
-                        .map(|c| {
-                            Bound::new::<MatmulParams>(ctx, &pkey, stage, &[&c.buffer, mm.x, &scratch, &dummy, &dummy])
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                let reduce =
-                    mm.w.chunks
-                        .iter()
-                        .map(|c| {
-                            Bound::new::<MatmulParams>(
-                                ctx,
-                                &rkey,
-                                stage,
-                                &with_extra([&c.buffer, &scratch, mm.y, bias, &dummy], &extra),
-                            )
-                        })
-                        .collect::<Result<Vec<_>>>()?;
+                let partial = bind_chunks(&pkey, [mm.x, &scratch, &dummy, &dummy], false)?;
+                let reduce = bind_chunks(&rkey, [&scratch, mm.y, bias, &dummy], true)?;
                 Some(SplitK { partial, reduce, scratch_floats: scratch.size() / 4 })
             }
             None => None,
@@ -579,7 +562,7 @@ impl BoundMatmul {
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
         if m > self.gemv_cols {
-            return crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
+            return crate::plan::plan_gemm(m, self.n, self.format, &ctx.caps);
         }
         crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
     }

@@ -52,7 +52,7 @@ pub struct SessionSizes {
     pub sampler_states: u64,
     /// ... and configuration (`kernels::sample::SampleConfig`).
     pub sampler_configs: u64,
-    /// The int8 GEMVs' quantized inputs (`kernels::matmul::Q8Scratch`), one per input length
+    /// The int8 GEMVs' quantized inputs (`kernels::matmul::MatmulScratch`), one per input length
     /// (n_embd, q_dim, n_ff; 0 where a length repeats), each of up to `plan::GEMV_MAX_COLS`
     /// columns. Counted whether or not the planner picks the int8 GEMV: at most this.
     pub q8_inputs: [u64; 3],

@@ -18,3 +18,12 @@ fn load_w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let ch = decode8(row, c, p.k);
     return array<vec4<f32>, 2>(chunk_lo(ch), chunk_hi(ch));
 }
+
+// The weights this workgroup sums, [x, y): all of K, or with EPI_PARTIAL (split-K) range z of
+// p.split_k weights (a whole number of BK steps), which the epilogue writes as split z.
+fn k_range(z: u32) -> vec2<u32> {
+    split_z = z;
+    if (EPI != EPI_PARTIAL) { return vec2<u32>(0u, p.k); }
+    let begin = z * p.split_k;
+    return vec2<u32>(begin, min(p.k, begin + p.split_k));
+}

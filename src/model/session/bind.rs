@@ -11,7 +11,7 @@ use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, Sof
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention::{self, FlashParams};
-use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, Q8Scratch, RopeShape};
+use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, MatmulScratch, RopeShape};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::sample::SampleConfig;
@@ -102,7 +102,7 @@ impl Session {
         // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
         // the split-K GEMMs' partial sums.
         let prefill_gemv_cols = crate::plan::prefill_gemv_cols(c.n_embd, &ctx.caps);
-        let scratch = Q8Scratch::for_session(prefill_gemv_cols);
+        let scratch = MatmulScratch::for_session(prefill_gemv_cols);
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
