@@ -64,6 +64,67 @@ fn benches(c: &mut Criterion) {
         Err(e) => eprintln!("bench peaks: probe failed: {e}"),
     }
 
+    // KILN_BENCH_BATCHED=1: the matmuls of a batched decode step (one token of each of m
+    // sequences, `kiln serve`) at TinyLlama's shapes, the RMSNorm fused where the model fuses
+    // it: the float GEMV, the int8 GEMV and the split-K cooperative GEMM at m = 1-16 columns.
+    if std::env::var("KILN_BENCH_BATCHED").as_deref() == Ok("1") {
+        let mut g = c.benchmark_group("batched_decode");
+        g.sample_size(10).warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_millis(600));
+        let shapes = [
+            (WeightFormat::Q4K, 2560, 2048, true),
+            (WeightFormat::Q4K, 2048, 2048, false),
+            (WeightFormat::Q4K, 11264, 2048, true),
+            (WeightFormat::Q6K, 2048, 5632, false),
+            (WeightFormat::Q6K, 32000, 2048, true),
+        ];
+        for (format, n, k, norm) in shapes {
+            let w = weights(&ctx, format, n, k);
+            let x = ctx.upload_f32(&vec![0.01f32; 16 * k], "x").unwrap();
+            let nw = ctx.upload_f32(&vec![1.0f32; k], "norm").unwrap();
+            let y = ctx.storage((16 * n * 4) as u64, "y").unwrap();
+            g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
+            for m in [1u32, 2, 4, 8, 16] {
+                let mut mm = Matmul::dense(&w, &x, &y, m);
+                if norm {
+                    mm.norm = Some((&nw, 1e-5));
+                }
+                let planned = plan_matmul(m, n as u32, k as u32, format, &ctx.caps);
+                let mut plans: Vec<(String, Vec<kiln::gpu::Dispatch>)> = Vec::new();
+                for (wg, rows) in [(128, 2), (128, 4), (64, 4), (256, 2)] {
+                    let plan = MatmulKernel::Gemv { ncols: m.min(8), shape: GemvShape { wg, rows }, q8: false };
+                    plans.push((format!("{plan}"), matmul::prepare_with(&ctx, &mm, plan, "b").unwrap()));
+                }
+                if ctx.caps.int8_dot {
+                    let widths: &[u32] = if m > 4 { &[4, 8] } else { &[4] };
+                    for &ncols in widths {
+                        for (wg, rows) in [(128, 2), (64, 4)] {
+                            let plan =
+                                MatmulKernel::Gemv { ncols: m.min(ncols), shape: GemvShape { wg, rows }, q8: true };
+                            plans.push((format!("{plan}"), matmul::prepare_with(&ctx, &mm, plan, "b").unwrap()));
+                        }
+                    }
+                }
+                if ctx.caps.coopmat && m >= 4 && !norm {
+                    let plan = kiln::plan::plan_gemm(m, n as u32, format, &ctx.caps);
+                    if let MatmulKernel::Gemm { tile } = plan {
+                        let splits = kiln::plan::gemm_splits(m, n as u32, k as u32, tile, &ctx.caps);
+                        let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "b").unwrap();
+                        plans.push((format!("{plan}/split{splits}"), ds));
+                    }
+                }
+                for (name, ds) in &plans {
+                    let mark = if *name == format!("{planned}") { " (planned)" } else { "" };
+                    g.bench_function(
+                        format!("{}/{n}x{k}{}/m{m}/{name}{mark}", format.name(), if norm { "+norm" } else { "" }),
+                        |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, ds, iters)),
+                    );
+                }
+            }
+        }
+        g.finish();
+        return;
+    }
+
     // KILN_BENCH_DECODE=1: the per-layer shapes of TinyLlama's decode (GEMV) and prefill
     // (GEMM) steps, every launch shape: what the planner should pick for small matrices.
     if std::env::var("KILN_BENCH_DECODE").as_deref() == Ok("1") {

@@ -167,6 +167,10 @@ pub struct BenchRecord {
     /// Tokens already in the KV cache when the test starts (llama-bench's -d).
     #[serde(default)]
     pub n_depth: u32,
+    /// Sequences decoded together, one token of each per step (`kiln bench -np`, as
+    /// llama-batched-bench's -npl); `avg_ts` is then their aggregate tokens per second.
+    #[serde(default = "one")]
+    pub n_parallel: u32,
     /// llama.cpp's -b: tokens per prompt-processing call (it caps the ubatch).
     #[serde(default)]
     pub n_batch: u32,
@@ -209,6 +213,10 @@ pub struct BenchRecord {
     /// `kiln run` after loading): submit of the prompt to its token on the host.
     #[serde(default)]
     pub ttft: Option<Ttft>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Time to first token (`BenchRecord::ttft`).
@@ -340,6 +348,9 @@ pub struct BenchOptions {
     pub sampling: Option<crate::sample::SamplerConfig>,
     /// Generation tests also run once without each decode stage (`ABLATE_STAGES`).
     pub ablate: bool,
+    /// Generation tests also run with this many sequences decoded together (values above 1;
+    /// `bench_parallel`).
+    pub parallel: Vec<u32>,
 }
 
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
@@ -512,6 +523,7 @@ pub fn bench_model(
                 n_prompt,
                 n_gen,
                 n_depth: depth,
+                n_parallel: 1,
                 n_batch: opts.n_batch,
                 ubatch: opts.ubatch,
                 n_ctx,
@@ -537,6 +549,155 @@ pub fn bench_model(
                     )),
                 },
             })?;
+        }
+    }
+    drop(s);
+    bench_parallel(model, synthetic, load_secs, opts, progress, on_record)
+}
+
+/// The generation tests with several sequences decoded together (`BenchOptions::parallel`):
+/// each sequence is filled to the depth (untimed), then every step feeds one token of each,
+/// as `kiln serve` steps its slots; tokens per second count all sequences' tokens. With
+/// `profile`, the batched steps' per-stage profile.
+fn bench_parallel(
+    model: &Model,
+    synthetic: Option<&str>,
+    load_secs: Option<f64>,
+    opts: &BenchOptions,
+    progress: &mut dyn FnMut(&str, Option<u32>),
+    on_record: &mut dyn FnMut(BenchRecord) -> Result<()>,
+) -> Result<()> {
+    let widths: Vec<u32> = opts.parallel.iter().copied().filter(|&n| n > 1).collect();
+    let gens: Vec<u32> = opts.tests.iter().filter_map(|t| if let Test::Gen(n) = t { Some(*n) } else { None }).collect();
+    let Some(&widest) = widths.iter().max() else { return Ok(()) };
+    if gens.is_empty() {
+        return Ok(());
+    }
+    let ctx: &Arc<GpuContext> = &model.ctx;
+    let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
+    let n_ctx = gens.iter().flat_map(|&g| depths.iter().map(move |&d| d + g + 1)).max().unwrap_or(1);
+    let before = ctx.buffers_alive().bytes;
+    let mut s = model.session(SessionOptions {
+        n_ctx,
+        ubatch: opts.ubatch,
+        f16_kv: opts.f16_kv,
+        all_logits: false,
+        n_seq: widest,
+    })?;
+    let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+    s.build_pipelines()?;
+    let kv_cache =
+        widest as u64 * n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
+    let gpu_memory =
+        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
+    let v = model.cfg.n_vocab as usize;
+    let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
+    let greedy = crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() };
+    let sampler = crate::sample::Sampler::new(opts.sampling.unwrap_or(greedy));
+    for &depth in depths {
+        for &n_gen in &gens {
+            for &np in &widths {
+                let name = format!("{} x{np}", Test::Gen(n_gen).name(depth));
+                let d = depth as usize;
+                // Pipelined as `kiln serve` steps its slots (the next step submitted before the
+                // last one is read) where one step carries them all; one by one when profiling
+                // (the profiler times a step at a time).
+                let run = |s: &mut crate::model::Session, pipelined: bool| -> Result<f64> {
+                    s.reset();
+                    let mut batch = Vec::with_capacity(np as usize);
+                    for slot in 0..np as usize {
+                        s.set_slot_sampling(slot, &sampler, &prompt[..=d])?;
+                        if d > 0 {
+                            s.forward_slot(slot, &prompt[..d], Output::Sampled)?;
+                        }
+                        // Each sequence its own first token, so the columns differ.
+                        batch.push((slot, prompt[d + slot % 7]));
+                    }
+                    let t = Instant::now();
+                    if pipelined && s.can_pipeline() && np as usize <= s.batch_columns() {
+                        use crate::model::session::Feed;
+                        let first: Vec<(usize, Feed)> = batch.iter().map(|&(slot, t)| (slot, Feed::Token(t))).collect();
+                        let picked: Vec<(usize, Feed)> = batch.iter().map(|&(slot, _)| (slot, Feed::Picked)).collect();
+                        s.submit_slots(&first)?;
+                        for _ in 1..n_gen {
+                            s.submit_slots(&picked)?;
+                            s.finish_slots()?;
+                        }
+                        s.finish_slots()?;
+                    } else {
+                        for _ in 0..n_gen {
+                            let picked = s.decode_slots(&batch)?;
+                            for (b, p) in batch.iter_mut().zip(picked) {
+                                b.1 = p;
+                            }
+                        }
+                    }
+                    Ok((np * n_gen) as f64 / t.elapsed().as_secs_f64())
+                };
+                if opts.warmup {
+                    progress(&name, None);
+                    run(&mut s, true)?;
+                }
+                let mut samples = Vec::new();
+                s.take_host_times();
+                for r in 0..opts.repetitions {
+                    progress(&name, Some(r));
+                    samples.push(run(&mut s, true)?);
+                }
+                let host = s.take_host_times();
+                let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
+                let host_us_per_step = (host.steps > 0).then(|| HostUs {
+                    encode: per(host.encode),
+                    submit: per(host.submit),
+                    wait: per(host.wait),
+                });
+                let (mut profile, mut profiled_ts) = (None, None);
+                if opts.profile {
+                    s.enable_profiling()?;
+                    let mut ts = Vec::new();
+                    for _ in 0..opts.repetitions.min(3) {
+                        progress(&name, None);
+                        ts.push(run(&mut s, false)?);
+                    }
+                    profiled_ts = Some(mean_sd(&ts).0);
+                    profile = s.take_profile().map(|p| p.decode);
+                    s.disable_profiling();
+                }
+                let (avg, sd) = mean_sd(&samples);
+                on_record(BenchRecord {
+                    kiln_version: env!("CARGO_PKG_VERSION").into(),
+                    git_commit: env!("KILN_GIT_COMMIT").into(),
+                    date: utc_now(),
+                    adapter: AdapterRecord::of(ctx),
+                    model: ModelRecord::of(model, synthetic),
+                    test: name,
+                    n_prompt: 0,
+                    n_gen,
+                    n_depth: depth,
+                    n_parallel: np,
+                    n_batch: opts.n_batch,
+                    ubatch: opts.ubatch,
+                    n_ctx,
+                    kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
+                    samples_ts: samples,
+                    avg_ts: avg,
+                    stddev_ts: sd,
+                    peak: opts.peak,
+                    profile,
+                    profiled_ts,
+                    gpu_memory: Some(gpu_memory),
+                    load_secs,
+                    host_us_per_step,
+                    sampling: Some(match &opts.sampling {
+                        None => "greedy".into(),
+                        Some(c) => format!(
+                            "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
+                            c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
+                        ),
+                    }),
+                    ..Default::default()
+                })?;
+            }
         }
     }
     Ok(())
@@ -602,7 +763,7 @@ fn csv_field(s: &str) -> String {
 }
 
 /// The CSV header line.
-pub const CSV_HEADER: &str = "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts,n_depth,n_batch,gpu_weights_bytes,gpu_kv_bytes,gpu_activations_bytes,load_secs\n";
+pub const CSV_HEADER: &str = "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts,n_depth,n_batch,gpu_weights_bytes,gpu_kv_bytes,gpu_activations_bytes,load_secs,n_parallel\n";
 
 /// One CSV line (repetitions joined with ';').
 pub fn csv_row(r: &BenchRecord) -> String {
@@ -640,6 +801,7 @@ pub fn csv_row(r: &BenchRecord) -> String {
         opt(r.gpu_memory.is_some(), mem.kv_cache),
         opt(r.gpu_memory.is_some(), mem.activations),
         r.load_secs.map(|s| format!("{s:.3}")).unwrap_or_default(),
+        r.n_parallel.to_string(),
     ];
     let mut o = fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",");
     o.push('\n');

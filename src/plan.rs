@@ -155,6 +155,14 @@ pub fn gemv_takes(m: u32, caps: &Caps) -> bool {
 /// switches later: it ties at 5632 x 2048 and wins from 4096 x 4096 (8.6 vs 9.9 us).
 pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 
+/// Columns from which the int8 GEMV takes every quantized matrix (batched decode steps, short
+/// prompts): its quantize dispatch applies the fused RMSNorm once per column, where each
+/// float-GEMV workgroup recomputes it over all of its columns. On an H200 at 8 columns
+/// (`KILN_BENCH_BATCHED=1 cargo bench`, profiling/results/h200-batched-gemv-2026-11-24-run37.txt),
+/// TinyLlama's Q/K/V with the norm took 17 µs against 45 on the float GEMV, its 2048 x 2048
+/// output projection 13 against 18; at 2 columns the two tie.
+pub const GEMV_Q8_MIN_COLS: u32 = 4;
+
 /// 128x128 cooperative tiles from this many per GEMM: about one per SM of a large GPU (an
 /// H200 has 132), below which 128x64 tiles keep more of them busy; and 64x64 tiles where
 /// 128x64 ones would not give each SM two (H200, runs 14 and 18 in profiling/results:
@@ -193,12 +201,13 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             WeightFormat::Q8_0 => GEMV_Q8_MIN_WEIGHTS_Q8_0,
             _ => u64::MAX,
         };
+        let many_cols = m >= GEMV_Q8_MIN_COLS;
         let q8 = caps.int8_dot
             && min_weights < u64::MAX
-            && (caps.int8_gemv_always || (!caps.cpu_adapter && n as u64 * k as u64 >= min_weights));
-        // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices,
-        // 128 on 2 for more workgroups below 8192 rows.
-        let shape = match (q8, n >= 8192) {
+            && (caps.int8_gemv_always || (!caps.cpu_adapter && (many_cols || n as u64 * k as u64 >= min_weights)));
+        // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices
+        // and for several columns, 128 on 2 for more workgroups below 8192 rows.
+        let shape = match (q8, n >= 8192 || many_cols) {
             (true, true) => GemvShape { wg: 64, rows: 4 },
             (true, false) => GemvShape { wg: 128, rows: 2 },
             (false, _) => shape,

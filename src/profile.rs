@@ -428,6 +428,8 @@ pub struct ProfSlot {
     /// Query index that ends the open pass (inside mode), where the open stage also ends.
     pass_end: Option<u32>,
     tokens: u32,
+    /// A decode step (one token, or one of each sequence of a batched step).
+    decode: bool,
 }
 
 /// Timestamps for up to two submissions in flight, and the totals so far.
@@ -496,6 +498,7 @@ impl Profiler {
                     marks: Vec::new(),
                     pass_end: None,
                     tokens: 0,
+                    decode: false,
                 }
             })
             .collect();
@@ -506,14 +509,16 @@ impl Profiler {
         self.slots.first().map(|s| s.inside).unwrap_or(false)
     }
 
-    /// The slot for submission `k` (ring of two), emptied for a new step of `tokens` tokens.
-    pub fn slot(&mut self, k: usize, tokens: u32) -> &mut ProfSlot {
+    /// The slot for submission `k` (ring of two), emptied for a new step of `tokens` tokens;
+    /// `decode`: its times go to the decode phase (one token, or a batched decode step).
+    pub fn slot(&mut self, k: usize, tokens: u32, decode: bool) -> &mut ProfSlot {
         let n = self.slots.len();
         let s = &mut self.slots[k % n];
         s.used = 0;
         s.marks.clear();
         s.pass_end = None;
         s.tokens = tokens;
+        s.decode = decode;
         s
     }
 
@@ -570,7 +575,7 @@ impl Profiler {
             prev_end = Some(e);
         }
         let span = (hi - lo).max(0.0);
-        self.profile.phase_mut(s.tokens == 1).add_step(s.tokens, span, &stages);
+        self.profile.phase_mut(s.decode).add_step(s.tokens, span, &stages);
         Ok(span * 1e-9)
     }
 }

@@ -405,6 +405,80 @@ fn batched_decode_step_matches_each_sequence_alone() {
     }
 }
 
+/// Pipelined batched steps (`submit_slots`: the next step submitted before the last one is
+/// read, each column fed the pick the step before made for its slot on the GPU) give the
+/// tokens that steps run one by one give, also when the columns change between steps (a
+/// sequence leaves, one joins with a token the host knows, the order changes), and with a
+/// prompt's step run in between (which overwrites the session's own pick buffer).
+#[test]
+fn pipelined_batched_steps_give_the_tokens_of_steps_one_by_one() {
+    let g = &gpus()[0];
+    let model = load(&g.ctx, "stories260K/stories260K.gguf");
+    let v = model.cfg.n_vocab;
+    let text = greedy_tokens();
+    let o = SessionOptions { n_ctx: 48, ubatch: 16, f16_kv: true, all_logits: false, n_seq: 4 };
+    let greedy = kiln::sample::Sampler::new(kiln::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
+    let prompt = |s: usize| -> Vec<u32> { text[4 * s..4 * s + 2 + s].iter().map(|&t| t % v).collect() };
+    // Steps: slots 0-2 for three steps, then slot 1 leaves and slot 3 joins (its prompt
+    // prefilled between two steps), then the order turns round.
+    let plan: Vec<Vec<usize>> =
+        vec![vec![0, 1, 2], vec![0, 1, 2], vec![0, 1, 2], vec![0, 2, 3], vec![3, 2, 0], vec![3, 2, 0]];
+    let run = |pipelined: bool| -> Vec<Vec<u32>> {
+        let mut s = model.session(o).unwrap();
+        assert!(s.can_pipeline() || g.ctx.caps.gemv_max_cols < 3);
+        let mut next = vec![0u32; 4];
+        for slot in 0..3 {
+            s.set_slot_sampling(slot, &greedy, &[]).unwrap();
+            next[slot] = s.forward_slot(slot, &prompt(slot), Output::Argmax).unwrap()[0] as u32;
+        }
+        let mut picks = Vec::new();
+        let mut last: Vec<usize> = Vec::new();
+        let mut in_flight: Vec<Vec<usize>> = Vec::new();
+        for (i, cols) in plan.iter().enumerate() {
+            if i == 3 {
+                // A prompt's step between two steps (slot 3 joins with its first token).
+                s.set_slot_sampling(3, &greedy, &[]).unwrap();
+                next[3] = s.forward_slot(3, &prompt(3), Output::Argmax).unwrap()[0] as u32;
+            }
+            if !pipelined {
+                let batch: Vec<(usize, u32)> = cols.iter().map(|&c| (c, next[c])).collect();
+                let got = s.decode_slots(&batch).unwrap();
+                for (&c, &t) in cols.iter().zip(&got) {
+                    next[c] = t;
+                }
+                picks.push(got);
+                continue;
+            }
+            use kiln::model::session::Feed;
+            let feeds: Vec<(usize, Feed)> = cols
+                .iter()
+                .map(|&c| (c, if last.contains(&c) { Feed::Picked } else { Feed::Token(next[c]) }))
+                .collect();
+            s.submit_slots(&feeds).unwrap();
+            in_flight.push(cols.clone());
+            last = cols.clone();
+            if in_flight.len() == 2 {
+                let got = s.finish_slots().unwrap();
+                let done = in_flight.remove(0);
+                for (&c, &t) in done.iter().zip(&got) {
+                    next[c] = t;
+                }
+                picks.push(got);
+            }
+        }
+        if pipelined {
+            let got = s.finish_slots().unwrap();
+            picks.push(got);
+            assert!(s.finish_slots().is_err(), "no step left in flight");
+        }
+        picks
+    };
+    if g.ctx.caps.gemv_max_cols < 3 {
+        return;
+    }
+    assert_eq!(run(true), run(false));
+}
+
 fn argmax(x: &[f32]) -> u32 {
     x.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
 }

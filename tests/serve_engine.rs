@@ -1,6 +1,8 @@
 //! The server's engine loop on scripted slots (no GPU): chunked prefill within the tick's
 //! budget beside running streams, prefix reuse by the next request, cancellation freeing a
-//! slot at once, a fault failing only its request, limits and end of generation.
+//! slot at once, a fault failing only its request, limits and end of generation. Each runs
+//! twice: with steps run one by one, and pipelined (the next step submitted before the last
+//! one is read, fed that step's picks), which must give the same text.
 
 mod common;
 
@@ -8,6 +10,7 @@ use std::time::Instant;
 
 use kiln::error::{KilnError, Result};
 use kiln::gguf::GgufFile;
+use kiln::model::session::Feed;
 use kiln::sample::{Sampler, SamplerConfig};
 use kiln::server::engine::{Engine, Event, FinishReason, Generation, Job, PREFILL_BUDGET};
 use kiln::server::metrics::Metrics;
@@ -28,6 +31,11 @@ struct Scripted {
     eog_after: Option<usize>,
     steps: Vec<usize>,
     decode_calls: usize,
+    /// Pipelined steps: submitted ones' picks (computed at once, read by `finish_step`) ...
+    pipelined: bool,
+    submitted: std::collections::VecDeque<Result<Vec<u32>>>,
+    /// ... and each slot's pick in the last submitted step (what `Feed::Picked` feeds).
+    last_picks: Vec<Option<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +53,14 @@ fn next_token(t: u32) -> u32 {
 
 impl Scripted {
     fn new(count: usize, n_ctx: u32) -> Scripted {
+        Scripted::with(count, n_ctx, false)
+    }
+
+    fn with(count: usize, n_ctx: u32, pipelined: bool) -> Scripted {
         Scripted {
+            pipelined,
+            submitted: Default::default(),
+            last_picks: vec![None; count],
             n_ctx,
             pos: vec![0; count],
             calls: Vec::new(),
@@ -80,18 +95,49 @@ impl Slots for Scripted {
     fn decode_step(&mut self, batch: &[(SlotId, u32)]) -> Vec<Result<u32>> {
         self.decode_calls += 1;
         self.calls.push(Call::Decode { slots: batch.iter().map(|b| b.0).collect() });
-        batch
+        batch.iter().map(|&(slot, t)| self.feed(slot, t)).collect()
+    }
+    fn pipelined(&self) -> bool {
+        self.pipelined
+    }
+    fn submit_step(&mut self, batch: &[(SlotId, Feed)]) -> Result<()> {
+        assert!(self.pipelined && self.submitted.len() < 2, "at most two steps in flight");
+        self.decode_calls += 1;
+        self.calls.push(Call::Decode { slots: batch.iter().map(|b| b.0).collect() });
+        let fed: Vec<(SlotId, u32)> = batch
             .iter()
-            .map(|&(slot, t)| {
-                if self.fail == Some((slot, self.decode_calls)) {
-                    return Err(KilnError::Gpu { context: "a decode step".into(), message: "scripted fault".into() });
-                }
-                self.pos[slot] += 1;
-                assert!(self.pos[slot] <= self.n_ctx);
-                self.steps[slot] += 1;
-                Ok(if self.eog_after == Some(self.steps[slot]) { EOG } else { next_token(t) })
+            .map(|&(slot, f)| match f {
+                Feed::Token(t) => (slot, t),
+                // After a failed step, what the GPU holds is garbage (the engine drops the pick).
+                Feed::Picked => (slot, self.last_picks[slot].unwrap_or(0)),
             })
-            .collect()
+            .collect();
+        self.last_picks = vec![None; self.pos.len()];
+        // A shared step: one column's fault is every column's.
+        let picks: Result<Vec<u32>> = fed.iter().map(|&(slot, t)| self.feed(slot, t)).collect();
+        if let Ok(p) = &picks {
+            for (&(slot, _), &pick) in fed.iter().zip(p) {
+                self.last_picks[slot] = Some(pick);
+            }
+        }
+        self.submitted.push_back(picks);
+        Ok(())
+    }
+    fn finish_step(&mut self) -> Result<Vec<u32>> {
+        self.submitted.pop_front().expect("a step in flight")
+    }
+}
+
+impl Scripted {
+    /// Feeds `t` to `slot`: its pick, or the scripted fault.
+    fn feed(&mut self, slot: SlotId, t: u32) -> Result<u32> {
+        if self.fail == Some((slot, self.decode_calls)) {
+            return Err(KilnError::Gpu { context: "a decode step".into(), message: "scripted fault".into() });
+        }
+        self.pos[slot] += 1;
+        assert!(self.pos[slot] <= self.n_ctx, "slot {slot} fed past its context");
+        self.steps[slot] += 1;
+        Ok(if self.eog_after == Some(self.steps[slot]) { EOG } else { next_token(t) })
     }
 }
 
@@ -130,9 +176,14 @@ fn prompt(n: usize, seed: u32) -> Vec<u32> {
 
 #[test]
 fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode() {
+    a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(false);
+    a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(true);
+}
+
+fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(pipelined: bool) {
     let tok = tokenizer();
     let metrics = Metrics::default();
-    let mut slots = Scripted::new(2, 1024);
+    let mut slots = Scripted::with(2, 1024, pipelined);
     let (long, mut long_rx) = job(prompt(300, 1), Some(4), &[]);
     let (short, mut short_rx) = job(prompt(5, 2), Some(20), &[]);
     {
@@ -170,9 +221,14 @@ fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode() {
 
 #[test]
 fn the_next_turn_reuses_the_slot_that_holds_its_prefix() {
+    the_next_turn_reuses_the_slot_that_holds_its_prefix_with(false);
+    the_next_turn_reuses_the_slot_that_holds_its_prefix_with(true);
+}
+
+fn the_next_turn_reuses_the_slot_that_holds_its_prefix_with(pipelined: bool) {
     let tok = tokenizer();
     let metrics = Metrics::default();
-    let mut slots = Scripted::new(3, 512);
+    let mut slots = Scripted::with(3, 512, pipelined);
     let first = prompt(40, 3);
     let other = prompt(30, 4);
     let (a, _a_rx) = job(first.clone(), Some(5), &[]);
@@ -215,9 +271,14 @@ fn the_next_turn_reuses_the_slot_that_holds_its_prefix() {
 
 #[test]
 fn a_cancelled_request_frees_its_slot_for_the_next_at_once() {
+    a_cancelled_request_frees_its_slot_for_the_next_at_once_with(false);
+    a_cancelled_request_frees_its_slot_for_the_next_at_once_with(true);
+}
+
+fn a_cancelled_request_frees_its_slot_for_the_next_at_once_with(pipelined: bool) {
     let tok = tokenizer();
     let metrics = Metrics::default();
-    let mut slots = Scripted::new(1, 512);
+    let mut slots = Scripted::with(1, 512, pipelined);
     let (a, a_rx) = job(prompt(8, 5), Some(400), &[]);
     let (b, mut b_rx) = job(prompt(8, 6), Some(3), &[]);
     let mut engine = Engine::new(&mut slots, &tok, &metrics);
@@ -243,9 +304,14 @@ fn a_cancelled_request_frees_its_slot_for_the_next_at_once() {
 
 #[test]
 fn a_fault_fails_only_its_request_and_clears_its_slot() {
+    a_fault_fails_only_its_request_and_clears_its_slot_with(false);
+    a_fault_fails_only_its_request_and_clears_its_slot_with(true);
+}
+
+fn a_fault_fails_only_its_request_and_clears_its_slot_with(pipelined: bool) {
     let tok = tokenizer();
     let metrics = Metrics::default();
-    let mut slots = Scripted::new(2, 512);
+    let mut slots = Scripted::with(2, 512, pipelined);
     slots.fail = Some((1, 3));
     let (a, mut a_rx) = job(prompt(6, 7), Some(8), &[]);
     let (b, mut b_rx) = job(prompt(6, 8), Some(8), &[]);
@@ -256,6 +322,16 @@ fn a_fault_fails_only_its_request_and_clears_its_slot() {
         engine.tick();
     }
     assert!(engine.cached(1).is_empty(), "a failed slot keeps what its cache may no longer hold");
+    if pipelined {
+        // A pipelined step is shared: its fault fails every request in it, and clears their slots.
+        assert!(engine.cached(0).is_empty());
+        assert!(engine.is_idle());
+        drop(engine);
+        for rx in [&mut a_rx, &mut b_rx] {
+            assert!(matches!(drain(rx).1, Some(Event::Failed(m)) if m.contains("scripted fault")));
+        }
+        return;
+    }
     assert_eq!(engine.cached(0).len(), 6 + 7);
     drop(engine);
     assert!(matches!(drain(&mut a_rx).1, Some(Event::Done(f)) if f.completion_tokens == 8));
@@ -267,6 +343,11 @@ fn a_fault_fails_only_its_request_and_clears_its_slot() {
 
 #[test]
 fn generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot() {
+    generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot_with(false);
+    generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot_with(true);
+}
+
+fn generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot_with(pipelined: bool) {
     let tok = tokenizer();
     let run = |slots: &mut Scripted, job: Job| {
         let metrics = Metrics::default();
@@ -278,21 +359,21 @@ fn generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot() {
         assert!(engine.is_idle());
     };
     // End of generation after 3 decode steps: 3 tokens (the EOG is not one).
-    let mut slots = Scripted::new(1, 512);
+    let mut slots = Scripted::with(1, 512, pipelined);
     slots.eog_after = Some(3);
     let (j, mut rx) = job(prompt(4, 9), None, &[]);
     run(&mut slots, j);
     let (full, last) = drain(&mut rx);
     assert!(matches!(last, Some(Event::Done(f)) if f.reason == FinishReason::Stop && f.completion_tokens == 3));
     // max_tokens.
-    let mut slots = Scripted::new(1, 512);
+    let mut slots = Scripted::with(1, 512, pipelined);
     let (j, mut rx) = job(prompt(4, 9), Some(2), &[]);
     run(&mut slots, j);
     assert!(
         matches!(drain(&mut rx).1, Some(Event::Done(f)) if f.reason == FinishReason::Length && f.completion_tokens == 2)
     );
     // No limit: the slot's context ends it (16 tokens: 4 of prompt, 12 fed of 13 generated).
-    let mut slots = Scripted::new(1, 16);
+    let mut slots = Scripted::with(1, 16, pipelined);
     let (j, mut rx) = job(prompt(4, 9), None, &[]);
     run(&mut slots, j);
     assert!(
@@ -301,7 +382,7 @@ fn generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot() {
     // A stop string from the middle of the text: what precedes it, finish reason stop.
     let stop: String = full.chars().skip(3).take(3).collect();
     let before = &full[..full.find(&stop).unwrap()];
-    let mut slots = Scripted::new(1, 512);
+    let mut slots = Scripted::with(1, 512, pipelined);
     slots.eog_after = Some(3);
     let (j, mut rx) = job(prompt(4, 9), None, &[stop.as_str()]);
     run(&mut slots, j);
@@ -309,8 +390,48 @@ fn generation_ends_at_eog_max_tokens_a_stop_string_or_a_full_slot() {
     assert_eq!(text, before, "stop {stop:?} in {full:?}");
     assert!(matches!(last, Some(Event::Done(f)) if f.reason == FinishReason::Stop));
     // A prompt that does not fit fails cleanly.
-    let mut slots = Scripted::new(1, 16);
+    let mut slots = Scripted::with(1, 16, pipelined);
     let (j, mut rx) = job(prompt(10, 9), Some(10), &[]);
     run(&mut slots, j);
     assert!(matches!(drain(&mut rx).1, Some(Event::Failed(_))));
+}
+
+#[test]
+fn pipelined_steps_give_the_text_of_steps_one_by_one() {
+    let tok = tokenizer();
+    let texts = |pipelined: bool| -> (Vec<(String, Option<Event>)>, usize) {
+        let metrics = Metrics::default();
+        let mut slots = Scripted::with(4, 40, pipelined);
+        slots.eog_after = Some(9);
+        // End of generation, max_tokens, a full slot, and a request that arrives later and
+        // takes the first one's slot once it ends.
+        let jobs = [(prompt(5, 1), None), (prompt(7, 2), Some(4)), (prompt(30, 3), None), (prompt(6, 4), Some(12))];
+        let mut rxs = Vec::new();
+        {
+            let mut engine = Engine::new(&mut slots, &tok, &metrics);
+            for (i, (p, max)) in jobs.into_iter().enumerate() {
+                let (j, rx) = job(p, max, &[]);
+                rxs.push(rx);
+                engine.enqueue(j);
+                if i == 2 {
+                    for _ in 0..3 {
+                        engine.tick();
+                    }
+                }
+            }
+            for _ in 0..60 {
+                engine.tick();
+            }
+            assert!(engine.is_idle());
+        }
+        (rxs.iter_mut().map(drain).collect(), slots.decode_calls)
+    };
+    let (one_by_one, steps) = texts(false);
+    let (pipelined, pipelined_steps) = texts(true);
+    assert_eq!(pipelined, one_by_one);
+    for (text, last) in &one_by_one {
+        assert!(!text.is_empty() && matches!(last, Some(Event::Done(_))), "{text:?} {last:?}");
+    }
+    // Run ahead past the end of generation only: at most one step more per request.
+    assert!(pipelined_steps >= steps && pipelined_steps <= steps + 4, "{pipelined_steps} against {steps}");
 }

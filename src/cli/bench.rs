@@ -55,6 +55,12 @@ pub struct BenchArgs {
     /// the test is then named e.g. "tg128 @ d4096", as llama-bench's -d).
     #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
     pub n_depth: Vec<u32>,
+    /// Also run every generation test with this many sequences decoded together, one token
+    /// of each per step as `kiln serve --parallel` steps its slots (comma-separated; the test
+    /// is then named e.g. "tg128 x8" and its t/s counts every sequence's tokens, as
+    /// llama-batched-bench's -npl).
+    #[arg(long = "parallel", value_delimiter = ',')]
+    pub parallel: Vec<u32>,
     /// Repetitions of each test (default 5; 3 for the default run on a CPU adapter).
     #[arg(short = 'r', long = "repetitions")]
     pub repetitions: Option<u32>,
@@ -240,8 +246,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let warmup = !args.no_warmup;
     let profiled_runs = if profile { repetitions.min(3) as u64 } else { 0 };
     let depths = args.n_depth.len().max(1) as u64;
-    let runs_per_model =
-        tests.len() as u64 * depths * batches.len() as u64 * (repetitions as u64 + warmup as u64 + profiled_runs);
+    if args.parallel.contains(&0) {
+        return Err(KilnError::invalid("--parallel", "at least one sequence is needed"));
+    }
+    let gen_tests = tests.iter().filter(|t| matches!(t, Test::Gen(_))).count();
+    let parallel_tests = gen_tests * args.parallel.iter().filter(|&&n| n > 1).count();
+    let runs_per_model = (tests.len() + parallel_tests) as u64
+        * depths
+        * batches.len() as u64
+        * (repetitions as u64 + warmup as u64 + profiled_runs);
     let bar = if args.progress {
         indicatif::ProgressBar::hidden()
     } else {
@@ -294,6 +307,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 profile,
                 peak,
                 ablate: args.ablate,
+                parallel: args.parallel.clone(),
                 sampling: (args.temp > 0.0).then(|| crate::sample::SamplerConfig {
                     temperature: args.temp,
                     seed: 1,

@@ -502,6 +502,15 @@ impl GpuContext {
         Ok(ctx)
     }
 
+    /// Records `message` as the context's fault unless one is recorded already (a wait that
+    /// failed: e.g. on a submission the device refused once it was lost, which reports no
+    /// error of its own).
+    pub fn record_fault(&self, message: &str) {
+        if let Ok(mut f) = self.fault.lock() {
+            f.get_or_insert_with(|| message.to_string());
+        }
+    }
+
     /// The recorded fault (device lost, failed command) as an error naming `what`.
     pub fn check_fault(&self, what: &str) -> Result<()> {
         match self.fault.lock().ok().and_then(|f| f.clone()) {

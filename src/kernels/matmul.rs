@@ -179,7 +179,8 @@ pub fn launch(
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape, q8 } => {
-            let group = crate::plan::gemv_group_cols(q8);
+            // The planner's groups (`gemv_group_cols`) or up to the float GEMV's for either body.
+            let group = crate::plan::GEMV_GROUP_COLS;
             if q8 && !format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {format}")));
             }
@@ -237,13 +238,16 @@ struct Q8Input {
     blocks: wgpu::Buffer,
 }
 
-/// Whether the planner picks the int8 GEMV for `mm` (it does for every m the GEMV takes, or
-/// for none).
+/// Whether the planner picks the int8 GEMV for `mm` at some m the GEMV takes (one token, or
+/// from `GEMV_Q8_MIN_COLS` columns): the matmul then needs the int8 input bound.
 fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
-    matches!(
-        crate::plan::plan_matmul(1, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
-        MatmulKernel::Gemv { q8: true, .. }
-    )
+    // One token, or several columns (`plan::GEMV_Q8_MIN_COLS`: batched steps, short prompts).
+    [1, crate::plan::GEMV_Q8_MIN_COLS].into_iter().any(|m| {
+        matches!(
+            crate::plan::plan_matmul(m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
+            MatmulKernel::Gemv { q8: true, .. }
+        )
+    })
 }
 
 /// The int8 blocks of up to `GEMV_MAX_COLS` rows of k activations.

@@ -3,7 +3,12 @@
 //! into free slots (the slot whose cache shares the longest prefix with the prompt), prefills
 //! at most `PREFILL_BUDGET` prompt tokens (so a long prompt never stalls the other streams for
 //! long), then runs one decode step for every generating slot (the slots batch it: one pass
-//! over the weights for all of them) and sends each its text.
+//! over the weights for all of them) and sends each its text. Where the slots pipeline their
+//! steps, a tick submits the next step before it reads the last one's picks: a sequence in
+//! the step in flight is fed the token that step picks for it, on the GPU, so the GPU never
+//! waits while the host records, submits and reads back. A sequence that ends (end of
+//! generation, a stop string, cancelled) has then had one more step run ahead for it, whose
+//! pick is dropped; limits (max_tokens, the slot's context) are never run past.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::Receiver;
@@ -12,6 +17,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::model::session::Feed;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::server::metrics::{Metrics, Outcome};
 use crate::server::slots::{SlotId, Slots};
@@ -95,13 +101,20 @@ enum Ending {
 
 /// A request in a slot.
 struct Running<'t> {
+    /// Tells this request's columns of a step in flight from those of the slot's next request.
+    id: u64,
     job: Job,
     slot: SlotId,
     /// Prompt tokens in the slot's cache (the reused prefix included).
     fed: usize,
     reused: usize,
-    /// The last token picked, to be fed by the next decode step.
+    /// The last token picked, to be fed by the next decode step (never while the request has a
+    /// column in the step in flight: that step feeds it).
     next: Option<u32>,
+    /// The last token picked (what a column fed `Feed::Picked` was fed).
+    last: Option<u32>,
+    /// The request has a column in the pipelined step in flight.
+    in_step: bool,
     generated: usize,
     decoder: StreamDecoder<'t>,
     stops: StopFilter,
@@ -121,6 +134,17 @@ pub struct Engine<'a, S: Slots + ?Sized> {
     waiting: VecDeque<Job>,
     running: Vec<Running<'a>>,
     ticks: u64,
+    next_id: u64,
+    /// The pipelined step submitted and not yet read: its columns in order.
+    in_flight: Option<Vec<Column>>,
+}
+
+/// A column of a pipelined step: whose, and the token it was fed (None: the pick of the step
+/// before, the request's `last` once that step is read).
+struct Column {
+    id: u64,
+    slot: SlotId,
+    fed: Option<u32>,
 }
 
 /// Runs the engine until `jobs` is closed and every request has ended.
@@ -156,11 +180,13 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             ticks: 0,
+            next_id: 0,
+            in_flight: None,
         }
     }
 
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_none()
     }
 
     /// The tokens `slot`'s cache holds.
@@ -240,11 +266,15 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
     fn start(&mut self, job: Job, slot: SlotId, common: usize) {
         let n_ctx = self.slots.n_ctx() as usize;
         let prompt_len = job.prompt.len();
+        self.next_id += 1;
         let mut running = Running {
+            id: self.next_id,
             slot,
             fed: 0,
             reused: 0,
             next: None,
+            last: None,
+            in_step: false,
             generated: 0,
             decoder: StreamDecoder::new(self.tok),
             stops: StopFilter::new(&job.generation.stop),
@@ -327,6 +357,9 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
 
     /// One decode step for every slot with a token to feed; returns the tokens generated.
     fn decode(&mut self) -> u64 {
+        if self.slots.pipelined() {
+            return self.decode_pipelined();
+        }
         let batch: Vec<(SlotId, u32)> =
             self.running.iter().filter(|r| r.end.is_none()).filter_map(|r| r.next.map(|t| (r.slot, t))).collect();
         if batch.is_empty() {
@@ -351,6 +384,106 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 None => {
                     self.cached[slot].clear();
                     r.end = Some(Ending::Failed("the decode step returned no token for this slot".into()));
+                }
+            }
+        }
+        generated
+    }
+
+    /// A pipelined tick: submits the next step, then reads the one in flight. The next step
+    /// feeds each request whose pick the host knows that token, and each request in the
+    /// step in flight that step's pick, unless that step may be its last (its max_tokens or
+    /// its slot's context reached).
+    fn decode_pipelined(&mut self) -> u64 {
+        let n_ctx = self.slots.n_ctx() as usize;
+        let mut cols = Vec::new();
+        let mut feeds = Vec::new();
+        for r in self.running.iter_mut() {
+            let was_in_step = std::mem::take(&mut r.in_step);
+            if r.end.is_some() {
+                continue;
+            }
+            let fed = match r.next.take() {
+                Some(t) => Some(t),
+                None if was_in_step => {
+                    // After the step in flight the cache holds one more token and one more is
+                    // generated: run ahead only if the request can go on past that.
+                    let room = self.cached[r.slot].len() + 2 <= n_ctx;
+                    let below_max = r.job.generation.max_tokens.is_none_or(|m| r.generated + 2 <= m);
+                    if !(room && below_max) {
+                        continue;
+                    }
+                    None
+                }
+                None => continue,
+            };
+            r.in_step = true;
+            cols.push(Column { id: r.id, slot: r.slot, fed });
+            feeds.push((r.slot, fed.map_or(Feed::Picked, Feed::Token)));
+        }
+        let previous = self.in_flight.take();
+        if !cols.is_empty() {
+            match self.slots.submit_step(&feeds) {
+                Ok(()) => self.in_flight = Some(cols),
+                Err(e) => {
+                    // Nothing was submitted: the step's requests fail, their caches unknown.
+                    let message = format!("GPU error in a decode step: {e}");
+                    for c in &cols {
+                        if let Some(r) = self.running.iter_mut().find(|r| r.id == c.id) {
+                            r.in_step = false;
+                            r.end = Some(Ending::Failed(message.clone()));
+                            self.cached[c.slot].clear();
+                        }
+                    }
+                }
+            }
+        }
+        let Some(previous) = previous else { return 0 };
+        let results: Vec<crate::error::Result<u32>> = match self.slots.finish_step() {
+            Ok(picks) if picks.len() == previous.len() => picks.into_iter().map(Ok).collect(),
+            Ok(picks) => {
+                let message = format!("a decode step of {} columns returned {}", previous.len(), picks.len());
+                previous.iter().map(|_| Err(crate::error::KilnError::invalid("decode step", message.clone()))).collect()
+            }
+            Err(e) => {
+                let message = e.to_string();
+                previous
+                    .iter()
+                    .map(|_| {
+                        Err(crate::error::KilnError::Gpu { context: "a decode step".into(), message: message.clone() })
+                    })
+                    .collect()
+            }
+        };
+        let mut generated = 0;
+        for (c, result) in previous.iter().zip(results) {
+            // A request that ended (or its slot's next one) takes nothing from this step.
+            let Some(r) = self.running.iter_mut().find(|r| r.id == c.id) else { continue };
+            if r.end.is_some() {
+                continue;
+            }
+            let fed = match c.fed.or(r.last) {
+                Some(t) => t,
+                None => {
+                    r.end = Some(Ending::Failed("a pipelined step fed a pick the engine never read".into()));
+                    self.cached[c.slot].clear();
+                    continue;
+                }
+            };
+            match result {
+                Ok(token) => {
+                    self.cached[c.slot].push(fed);
+                    let room = self.cached[c.slot].len() < n_ctx;
+                    r.end = accept(r, token, self.tok, room, &mut generated);
+                    r.last = Some(token);
+                    if r.in_step {
+                        // The step in flight feeds it.
+                        r.next = None;
+                    }
+                }
+                Err(e) => {
+                    self.cached[c.slot].clear();
+                    r.end = Some(Ending::Failed(format!("GPU error in a decode step: {e}")));
                 }
             }
         }

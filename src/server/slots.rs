@@ -7,6 +7,7 @@
 use crate::engine::Model;
 use crate::error::{KilnError, Result};
 use crate::gpu::kv_storage_size;
+use crate::model::session::Feed;
 use crate::model::{Output, Session, SessionOptions, SessionSizes};
 use crate::sample::Sampler;
 use crate::server::metrics::BatchCounts;
@@ -30,6 +31,22 @@ pub trait Slots {
     /// One decode step: feeds each slot its token and returns the token sampled next, in the
     /// order of `batch`. One slot's failure does not fail the others.
     fn decode_step(&mut self, batch: &[(SlotId, u32)]) -> Vec<Result<u32>>;
+    /// Whether decode steps can be pipelined (`submit_step`, `finish_step`): the next step
+    /// submitted before the last one's picks are read, so the GPU never waits for the host.
+    /// Else the engine runs each step with `decode_step`.
+    fn pipelined(&self) -> bool {
+        false
+    }
+    /// Submits one decode step over `batch` without waiting for it (pipelined slots): each
+    /// slot is fed a token the host knows, or (`Feed::Picked`) the one the last submitted
+    /// step picked for it. At most two steps are in flight.
+    fn submit_step(&mut self, _batch: &[(SlotId, Feed)]) -> Result<()> {
+        Err(KilnError::invalid("decode step", "these slots do not pipeline their steps"))
+    }
+    /// The picks of the oldest submitted step, in the order of its batch.
+    fn finish_step(&mut self) -> Result<Vec<u32>> {
+        Err(KilnError::invalid("decode step", "these slots do not pipeline their steps"))
+    }
     /// GPU memory in live buffers, for the metrics.
     fn gpu_memory_bytes(&self) -> u64 {
         0
@@ -146,6 +163,19 @@ impl Slots for BatchedSlots {
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err(KilnError::invalid("decode step", "no result for this slot"))))
             .collect()
+    }
+
+    fn pipelined(&self) -> bool {
+        // Every slot's column fits one step.
+        self.session.can_pipeline() && self.session.sequences() <= self.session.batch_columns()
+    }
+
+    fn submit_step(&mut self, batch: &[(SlotId, Feed)]) -> Result<()> {
+        self.session.submit_slots(batch)
+    }
+
+    fn finish_step(&mut self) -> Result<Vec<u32>> {
+        self.session.finish_slots()
     }
 
     fn gpu_memory_bytes(&self) -> u64 {

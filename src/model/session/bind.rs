@@ -394,6 +394,12 @@ impl Session {
             })
         };
         let chain_stage = [stage(0), stage(1)];
+        let step_picks = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("picks of the last batched step"),
+            size: super::CHAIN_MAX as u64 * 4,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let step_states = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("chained step states"),
             size: (super::CHAIN_MAX * std::mem::size_of::<crate::kernels::matmul::StepState>()) as u64,
@@ -455,6 +461,10 @@ impl Session {
             chain_stage,
             step_states,
             steps_per_submit,
+            step_picks,
+            last_step_slots: Vec::new(),
+            steps_in_flight: Default::default(),
+            next_stage: 0,
             layers,
             out_norm_all,
             lm_head_x,

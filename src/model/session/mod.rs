@@ -8,7 +8,7 @@ mod forward;
 mod score;
 mod slots;
 mod submit;
-pub use slots::BatchStats;
+pub use slots::{BatchStats, Feed};
 pub use submit::BackToBack;
 
 /// Most decode steps recorded into one command buffer.
@@ -183,6 +183,14 @@ pub struct Session {
     step_states: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
+    /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
+    /// apart from `out_id` (which a prompt's step in between overwrites) for the next step
+    /// to feed back; the slots of its columns, in order; and the steps in flight (their
+    /// submission, readback slot of `chain_stage`, columns).
+    step_picks: wgpu::Buffer,
+    last_step_slots: Vec<usize>,
+    steps_in_flight: std::collections::VecDeque<(wgpu::SubmissionIndex, usize, usize)>,
+    next_stage: usize,
     layers: Vec<LayerOps>,
     out_norm_all: Bound,
     /// LM head on x itself (one-token steps), with the output norm fused.
@@ -276,6 +284,8 @@ impl Session {
     /// Forgets the context of every sequence (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.pos.iter_mut().for_each(|p| *p = 0);
+        // No pick of an earlier step is a sequence's next token any more.
+        self.last_step_slots.clear();
     }
 
     /// Rewinds to `pos` tokens (they stay valid in the cache).

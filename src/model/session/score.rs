@@ -118,7 +118,7 @@ impl Session {
         let mut prof = self.prof.take();
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("score") });
         let recorded = {
-            let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
+            let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m, m == 1)));
             let recorded = (|| -> Result<()> {
                 self.record_step(&mut rec, &shape, false)?;
                 if !rows.is_empty() {

@@ -11,7 +11,17 @@ use super::forward::StepShape;
 use super::{Output, Session};
 use crate::error::{KilnError, Result};
 use crate::kernels::matmul::{step_table, StepColumn};
+use crate::profile::Recorder;
 use crate::sample::Sampler;
+
+/// What a column of a pipelined batched step (`Session::submit_slots`) feeds its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// A token the host knows (a prompt's first pick, or one read back).
+    Token(u32),
+    /// The token the last submitted batched step picked for this slot, still on the GPU.
+    Picked,
+}
 
 /// What decode steps over sequences carried so far (for the server's metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -161,6 +171,158 @@ impl Session {
         }
         self.count_step(group.len() as u64);
         Ok(got)
+    }
+
+    /// Whether batched steps can be pipelined (`submit_slots`): more than one column a step.
+    pub fn can_pipeline(&self) -> bool {
+        self.batch_cols > 1
+    }
+
+    /// Submits one batched decode step over `batch` (distinct slots, at most
+    /// `batch_columns`) without waiting for it: `finish_slots` returns its picks. A column fed
+    /// `Feed::Picked` takes the token the last submitted step picked for its slot straight
+    /// from GPU memory, so the next step can be submitted before the host has read the last
+    /// one and the GPU never waits for the host (as `generate_chained` for one sequence). At
+    /// most two steps are in flight. A prompt's step (`forward_slot`) may run in between: it
+    /// waits for the steps before it.
+    pub fn submit_slots(&mut self, batch: &[(usize, Feed)]) -> Result<()> {
+        if batch.is_empty() || batch.len() > self.batch_cols || !self.can_pipeline() {
+            return Err(KilnError::invalid(
+                "batched step",
+                format!(
+                    "{} columns for a pipelined step of at most {} (and more than 1)",
+                    batch.len(),
+                    self.batch_cols
+                ),
+            ));
+        }
+        if self.steps_in_flight.len() >= 2 {
+            return Err(KilnError::invalid("batched step", "two steps are in flight: finish one first"));
+        }
+        let mut picked_from = Vec::with_capacity(batch.len());
+        for (i, &(slot, feed)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == slot) {
+                return Err(KilnError::invalid("slot", format!("slot {slot} appears twice in one step")));
+            }
+            match feed {
+                Feed::Token(t) => {
+                    self.check_column(slot, t)?;
+                    picked_from.push(None);
+                }
+                Feed::Picked => {
+                    // Any token: the sampler picked it from the vocabulary.
+                    self.check_column(slot, 0)?;
+                    let Some(prev) = self.last_step_slots.iter().position(|&s| s == slot) else {
+                        return Err(KilnError::invalid(
+                            "slot",
+                            format!("slot {slot} was not in the last step, so it has no pick to feed"),
+                        ));
+                    };
+                    picked_from.push(Some(prev as u64));
+                }
+            }
+        }
+        let t0 = std::time::Instant::now();
+        let ctx = self.ctx.clone();
+        let n_ctx = self.opts.n_ctx;
+        let cols: Vec<StepColumn> = batch
+            .iter()
+            .map(|&(slot, _)| {
+                let pos = self.pos[slot];
+                StepColumn { pos, kv_len: pos + 1, kv_base: slot as u32 * n_ctx, slot: slot as u32 }
+            })
+            .collect();
+        let m = cols.len() as u32;
+        // Known tokens now; picks are copied over them on the GPU, before the step reads them.
+        let ids: Vec<u32> = batch.iter().map(|b| if let Feed::Token(t) = b.1 { t } else { 0 }).collect();
+        ctx.queue.write_buffer(&self.step_state, 0, &step_table(&cols));
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(&ids));
+        let longest = cols.iter().map(|c| c.kv_len).max().unwrap_or(1);
+        let shape = StepShape { m, pos0: 0, kv_base: 0, batched: Some(longest), table_sampler: true };
+        let mut enc =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched step") });
+        let unchanged = picked_from.iter().enumerate().all(|(i, p)| *p == Some(i as u64));
+        if unchanged && self.last_step_slots.len() == batch.len() {
+            // The same sequences in the same order (the steady state): one copy.
+            enc.copy_buffer_to_buffer(&self.step_picks, 0, &self.ids, 0, m as u64 * 4);
+        } else {
+            for (i, from) in picked_from.iter().enumerate() {
+                if let Some(prev) = from {
+                    enc.copy_buffer_to_buffer(&self.step_picks, prev * 4, &self.ids, i as u64 * 4, 4);
+                }
+            }
+        }
+        {
+            let mut rec = Recorder::new(&mut enc, "batched step", None);
+            let recorded = self.record_forward(&mut rec, &shape, Output::Sampled, false);
+            rec.finish();
+            recorded?;
+        }
+        let stage = self.next_stage;
+        enc.copy_buffer_to_buffer(&self.out_id, 0, &self.step_picks, 0, m as u64 * 4);
+        enc.copy_buffer_to_buffer(&self.out_id, 0, &self.chain_stage[stage], 0, m as u64 * 4);
+        let t1 = std::time::Instant::now();
+        let index = ctx.queue.submit([enc.finish()]);
+        self.host.steps += 1;
+        self.host.encode += (t1 - t0).as_secs_f64();
+        self.host.submit += t1.elapsed().as_secs_f64();
+        self.steps_in_flight.push_back((index, stage, m as usize));
+        self.next_stage = 1 - stage;
+        self.last_step_slots = batch.iter().map(|b| b.0).collect();
+        for &(slot, _) in batch {
+            self.pos[slot] += 1;
+        }
+        self.count_step(batch.len() as u64);
+        Ok(())
+    }
+
+    /// Waits for the oldest step `submit_slots` submitted and returns its picks, in its
+    /// columns' order.
+    pub fn finish_slots(&mut self) -> Result<Vec<u32>> {
+        let Some((index, stage, m)) = self.steps_in_flight.pop_front() else {
+            return Err(KilnError::invalid("batched step", "no step in flight"));
+        };
+        let t = std::time::Instant::now();
+        let ctx = self.ctx.clone();
+        let buf = &self.chain_stage[stage];
+        let bytes = m as u64 * 4;
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        let polled =
+            ctx.device.poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(ctx.poll_timeout) });
+        ctx.check_fault("a batched decode step")?;
+        if let Err(e) = polled {
+            // The device cannot run the step: every later one would fail alike.
+            if !matches!(e, wgpu::PollError::Timeout) {
+                ctx.record_fault(&format!("a GPU wait failed: {e}"));
+            }
+            return Err(KilnError::Gpu { context: "a batched decode step".into(), message: e.to_string() });
+        }
+        match rx.recv_timeout(ctx.poll_timeout) {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(KilnError::GpuTimeout {
+                    what: "reading a batched step's picks".into(),
+                    seconds: ctx.poll_timeout.as_secs(),
+                })
+            }
+        }
+        let picks: Vec<u32> = {
+            let view = buf
+                .get_mapped_range(0..bytes)
+                .map_err(|e| KilnError::Gpu { context: "reading picks".into(), message: e.to_string() })?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        buf.unmap();
+        self.host.wait += t.elapsed().as_secs_f64();
+        Ok(picks)
+    }
+
+    /// Batched steps submitted and not yet finished.
+    pub fn slot_steps_in_flight(&self) -> usize {
+        self.steps_in_flight.len()
     }
 
     fn count_step(&mut self, sequences: u64) {

@@ -55,7 +55,8 @@ impl Session {
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         let read_bytes;
         {
-            let mut rec = Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m)));
+            let mut rec =
+                Recorder::new(&mut enc, "step", prof.as_mut().map(|p| p.slot(0, m, m == 1 || shape.batched.is_some())));
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
@@ -113,7 +114,13 @@ impl Session {
     /// output: all logits, the last position's logits (each column's, batched), or the
     /// picked tokens, copied to the readback buffer when `read`. Returns the bytes to read
     /// back.
-    fn record_forward(&self, rec: &mut Recorder<'_>, shape: &StepShape, out: Output, read: bool) -> Result<u64> {
+    pub(super) fn record_forward(
+        &self,
+        rec: &mut Recorder<'_>,
+        shape: &StepShape,
+        out: Output,
+        read: bool,
+    ) -> Result<u64> {
         let (n_embd, v) = (self.cfg.n_embd, self.cfg.n_vocab);
         let se = pad4(n_embd);
         let m = shape.m;
@@ -309,7 +316,12 @@ impl Session {
                 .poll(wgpu::PollType::Wait { submission_index: Some(index.clone()), timeout: Some(ctx.poll_timeout) });
             // A lost device or failed submission explains a failed poll best.
             ctx.check_fault("a decode step")?;
-            polled.map_err(|e| KilnError::Gpu { context: "a decode step".into(), message: e.to_string() })?;
+            if let Err(e) = polled {
+                if !matches!(e, wgpu::PollError::Timeout) {
+                    ctx.record_fault(&format!("a GPU wait failed: {e}"));
+                }
+                return Err(KilnError::Gpu { context: "a decode step".into(), message: e.to_string() });
+            }
             match rx.recv_timeout(ctx.poll_timeout) {
                 Ok(Ok(())) => {}
                 _ => {
@@ -396,7 +408,7 @@ impl Session {
         let size = std::mem::size_of::<StepState>() as u64;
         for j in 0..n {
             enc.copy_buffer_to_buffer(&self.step_states, j as u64 * size, &self.step_state, 0, size);
-            let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1)));
+            let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1, true)));
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
