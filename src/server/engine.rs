@@ -321,6 +321,9 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
     /// Feeds prompt chunks, oldest request first, up to the tick's budget; returns the
     /// tokens generated (the first of each prompt whose last chunk went in).
     fn prefill(&mut self) -> u64 {
+        // The budget holds even with no stream generating yet: prefilling a burst of prompts
+        // all at once made them finish together and come back as another burst (16 streams
+        // on an H200: time to first token p50 33 -> 117 ms, run 42).
         let mut budget = PREFILL_BUDGET;
         let mut generated = 0;
         let n_ctx = self.slots.n_ctx() as usize;
