@@ -138,7 +138,9 @@ mod tests {
 
         let full = planned_matmuls(WeightFormat::Q6K, &Caps { int8_dot: true, coopmat: true, ..gpu() });
         let q8 = full.iter().filter(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })).count();
-        assert_eq!(q8, 8, "widths 1-4 at two launch shapes");
+        // Widths 1-3 at two launch shapes (by rows); from GEMV_Q8_MIN_COLS columns one shape.
+        assert_eq!(q8, 7, "widths 1-3 at two launch shapes, 4 at one");
+        assert!(full.contains(&MatmulKernel::Gemv { ncols: 4, shape: GemvShape { wg: 64, rows: 4 }, q8: true }));
         assert!(full.contains(&MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
         // Float weights never take the int8 GEMV; F16 ones take matrix cores, F32 never.
         let f16 = planned_matmuls(WeightFormat::F16, &Caps { int8_dot: true, coopmat: true, ..gpu() });
