@@ -163,6 +163,15 @@ pub fn split_k_from_env() -> Option<u32> {
     *SPLITS.get_or_init(|| std::env::var("KILN_SPLIT_K").ok().and_then(|v| v.trim().parse().ok()).filter(|&s| s >= 1))
 }
 
+/// `KILN_GEMV_Q8_MIN_COLS=<n>`: columns from which the int8 GEMV takes every quantized matrix
+/// (`plan::GEMV_Q8_MIN_COLS`; a knob for measurements).
+pub fn gemv_q8_min_cols_from_env() -> Option<u32> {
+    static COLS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *COLS.get_or_init(|| {
+        std::env::var("KILN_GEMV_Q8_MIN_COLS").ok().and_then(|v| v.trim().parse().ok()).filter(|&c| c >= 1)
+    })
+}
+
 /// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrefillAttention {

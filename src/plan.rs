@@ -163,6 +163,11 @@ pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 /// output projection 13 against 18; at 2 columns the two tie.
 pub const GEMV_Q8_MIN_COLS: u32 = 4;
 
+/// `GEMV_Q8_MIN_COLS`, or `KILN_GEMV_Q8_MIN_COLS` where set.
+pub fn gemv_q8_min_cols() -> u32 {
+    crate::config::gemv_q8_min_cols_from_env().unwrap_or(GEMV_Q8_MIN_COLS)
+}
+
 /// 128x128 cooperative tiles from this many per GEMM: about one per SM of a large GPU (an
 /// H200 has 132), below which 128x64 tiles keep more of them busy; and 64x64 tiles where
 /// 128x64 ones would not give each SM two (H200, runs 14 and 18 in profiling/results:
@@ -201,7 +206,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             WeightFormat::Q8_0 => GEMV_Q8_MIN_WEIGHTS_Q8_0,
             _ => u64::MAX,
         };
-        let many_cols = m >= GEMV_Q8_MIN_COLS;
+        let many_cols = m >= gemv_q8_min_cols();
         let q8 = caps.int8_dot
             && min_weights < u64::MAX
             && (caps.int8_gemv_always || (!caps.cpu_adapter && (many_cols || n as u64 * k as u64 >= min_weights)));

@@ -242,7 +242,7 @@ struct Q8Input {
 /// from `GEMV_Q8_MIN_COLS` columns): the matmul then needs the int8 input bound.
 fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
     // One token, or several columns (`plan::GEMV_Q8_MIN_COLS`: batched steps, short prompts).
-    [1, crate::plan::GEMV_Q8_MIN_COLS].into_iter().any(|m| {
+    [1, crate::plan::gemv_q8_min_cols()].into_iter().any(|m| {
         matches!(
             crate::plan::plan_matmul(m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps),
             MatmulKernel::Gemv { q8: true, .. }
