@@ -160,7 +160,10 @@ pub const GEMV_Q8_MIN_WEIGHTS: u64 = 1 << 23;
 /// float-GEMV workgroup recomputes it over all of its columns. On an H200 at 8 columns
 /// (`KILN_BENCH_BATCHED=1 cargo bench`, profiling/results/h200-batched-gemv-2026-11-24-run37.txt),
 /// TinyLlama's Q/K/V with the norm took 17 µs against 45 on the float GEMV, its 2048 x 2048
-/// output projection 13 against 18; at 2 columns the two tie.
+/// output projection 13 against 18; at 2 columns the two tie. Over the model (run 44,
+/// `KILN_GEMV_Q8_MIN_COLS=2/3/4/6/9 kiln bench -p 4,6,8 --parallel 2,3,4,6,8,16`), 4 was best
+/// or within 3% everywhere: 2 or 3 cost 15% at 2-3 sequences and pp4-pp8, 9 cost 22% at 8
+/// sequences (2,208 against 2,832 tok/s) and pp8 1,688 against 2,065.
 pub const GEMV_Q8_MIN_COLS: u32 = 4;
 
 /// `GEMV_Q8_MIN_COLS`, or `KILN_GEMV_Q8_MIN_COLS` where set.
