@@ -19,7 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::model::session::Feed;
 use crate::sample::{Sampler, SamplerConfig};
-use crate::server::metrics::{Metrics, Outcome};
+use crate::server::metrics::{EnginePhase, Metrics, Outcome};
 use crate::server::slots::{SlotId, Slots};
 use crate::server::stop::StopFilter;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -137,6 +137,9 @@ pub struct Engine<'a, S: Slots + ?Sized> {
     next_id: u64,
     /// The pipelined step submitted and not yet read: its columns in order.
     in_flight: Option<Vec<Column>>,
+    /// This tick's seconds submitting decode steps and waiting for them (steps run one by
+    /// one count as waiting).
+    step_times: (f64, f64),
 }
 
 /// A column of a pipelined step: whose, and the token it was fed (None: the pick of the step
@@ -182,6 +185,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             ticks: 0,
             next_id: 0,
             in_flight: None,
+            step_times: (0.0, 0.0),
         }
     }
 
@@ -200,11 +204,15 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
 
     /// One round: cancellations, admissions, a prefill budget, one decode step.
     pub fn tick(&mut self) {
+        let start = Instant::now();
         self.ticks += 1;
         self.drop_cancelled();
         self.admit();
         self.retire();
+        let t = Instant::now();
         let first_tokens = self.prefill();
+        let prefill = t.elapsed().as_secs_f64();
+        self.metrics.add_engine_time(EnginePhase::Prefill, prefill);
         self.retire();
         let generated = first_tokens + self.decode();
         self.retire();
@@ -224,6 +232,10 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         if let Ok(mut b) = self.metrics.batches.lock() {
             *b = self.slots.batch_counts();
         }
+        let (submit, wait) = std::mem::take(&mut self.step_times);
+        self.metrics.add_engine_time(EnginePhase::Submit, submit);
+        self.metrics.add_engine_time(EnginePhase::Wait, wait);
+        self.metrics.add_engine_time(EnginePhase::Other, start.elapsed().as_secs_f64() - prefill - submit - wait);
     }
 
     /// Waiting requests whose client went away leave the queue; running ones end (their
@@ -369,7 +381,9 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             return 0;
         }
         let n_ctx = self.slots.n_ctx() as usize;
+        let t = Instant::now();
         let mut results = self.slots.decode_step(&batch).into_iter();
+        self.step_times.1 += t.elapsed().as_secs_f64();
         let mut generated = 0;
         for &(slot, fed) in &batch {
             let Some(r) = self.running.iter_mut().find(|r| r.slot == slot) else { continue };
@@ -426,7 +440,10 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         }
         let previous = self.in_flight.take();
         if !cols.is_empty() {
-            match self.slots.submit_step(&feeds) {
+            let t = Instant::now();
+            let submitted = self.slots.submit_step(&feeds);
+            self.step_times.0 += t.elapsed().as_secs_f64();
+            match submitted {
                 Ok(()) => self.in_flight = Some(cols),
                 Err(e) => {
                     // Nothing was submitted: the step's requests fail, their caches unknown.
@@ -442,7 +459,10 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             }
         }
         let Some(previous) = previous else { return 0 };
-        let results: Vec<crate::error::Result<u32>> = match self.slots.finish_step() {
+        let t = Instant::now();
+        let finished = self.slots.finish_step();
+        self.step_times.1 += t.elapsed().as_secs_f64();
+        let results: Vec<crate::error::Result<u32>> = match finished {
             Ok(picks) if picks.len() == previous.len() => picks.into_iter().map(Ok).collect(),
             Ok(picks) => {
                 let message = format!("a decode step of {} columns returned {}", previous.len(), picks.len());

@@ -104,6 +104,33 @@ pub struct Metrics {
     pub gpu_fault: std::sync::OnceLock<String>,
     /// What the decode steps carried (written by the engine from its slots).
     pub batches: Mutex<BatchCounts>,
+    /// The engine thread's time by what it did, in microseconds (`EnginePhase`).
+    engine_us: [AtomicU64; 4],
+}
+
+/// What the engine thread spends its time on (`kiln_engine_seconds_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnginePhase {
+    /// Prompt chunks, each a step waited for.
+    Prefill,
+    /// Recording and submitting decode steps (for pipelined steps, while the GPU runs the last).
+    Submit,
+    /// Waiting for a decode step's tokens.
+    Wait,
+    /// The rest of its ticks: admitting, cancelling, turning tokens into text and events.
+    Other,
+}
+
+impl EnginePhase {
+    const ALL: [EnginePhase; 4] = [EnginePhase::Prefill, EnginePhase::Submit, EnginePhase::Wait, EnginePhase::Other];
+    fn label(self) -> &'static str {
+        match self {
+            EnginePhase::Prefill => "prefill",
+            EnginePhase::Submit => "submit",
+            EnginePhase::Wait => "wait",
+            EnginePhase::Other => "other",
+        }
+    }
 }
 
 impl Metrics {
@@ -125,6 +152,11 @@ impl Metrics {
             .lock()
             .map(|m| m.iter().filter(|((r, s), _)| *r == route && *s == status).map(|e| e.1).sum())
             .unwrap_or(0)
+    }
+
+    /// Adds `seconds` of the engine thread's time to `phase`.
+    pub fn add_engine_time(&self, phase: EnginePhase, seconds: f64) {
+        self.engine_us[phase as usize].fetch_add((seconds.max(0.0) * 1e6) as u64, Ordering::Relaxed);
     }
 
     /// Records the tokens an engine step generated (for the rate gauge).
@@ -218,6 +250,14 @@ impl Metrics {
             "1 once the GPU failed so that this server cannot generate (restart it).",
             self.gpu_fault.get().is_some() as u8 as f64,
         );
+        let _ = writeln!(
+            out,
+            "# HELP kiln_engine_seconds_total The engine thread's time: prefill steps, recording and submitting decode steps, waiting for their tokens, the rest.\n# TYPE kiln_engine_seconds_total counter"
+        );
+        for phase in EnginePhase::ALL {
+            let us = self.engine_us[phase as usize].load(Ordering::Relaxed);
+            let _ = writeln!(out, "kiln_engine_seconds_total{{phase=\"{}\"}} {}", phase.label(), us as f64 / 1e6);
+        }
         self.time_to_first_token.render(
             &mut out,
             "kiln_time_to_first_token_seconds",
@@ -250,6 +290,11 @@ mod tests {
         assert!(text.contains("kiln_time_to_first_token_seconds_bucket{le=\"5\"} 2\n"), "{text}");
         assert!(text.contains("kiln_time_to_first_token_seconds_count 2\n"), "{text}");
         assert!(text.contains("kiln_generation_tokens_per_second 0.5\n"), "{text}");
+        m.add_engine_time(EnginePhase::Wait, 0.25);
+        m.add_engine_time(EnginePhase::Wait, 0.5);
+        let text = m.render();
+        assert!(text.contains("kiln_engine_seconds_total{phase=\"wait\"} 0.75\n"), "{text}");
+        assert!(text.contains("kiln_engine_seconds_total{phase=\"submit\"} 0\n"), "{text}");
         assert_eq!(m.http_count("/v1/chat/completions", 200), 2);
     }
 }
