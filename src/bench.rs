@@ -353,6 +353,65 @@ pub struct BenchOptions {
     pub parallel: Vec<u32>,
 }
 
+/// The timed repetitions of one test (after a warm-up run, unless `opts.warmup` is off), the
+/// host time per step over them, and with `opts.profile` the profile of extra runs (the timed
+/// ones carry no timestamps): `run(session, timed)` runs the test once and returns its tokens
+/// per second; `decode` picks the profile's phase.
+struct Timed {
+    samples: Vec<f64>,
+    host_us_per_step: Option<HostUs>,
+    profile: Option<PhaseProfile>,
+    profiled_ts: Option<f64>,
+}
+
+fn time_test(
+    s: &mut crate::model::Session,
+    name: &str,
+    opts: &BenchOptions,
+    decode: bool,
+    progress: &mut dyn FnMut(&str, Option<u32>),
+    run: &dyn Fn(&mut crate::model::Session, bool) -> Result<f64>,
+) -> Result<Timed> {
+    if opts.warmup {
+        progress(name, None);
+        run(s, true)?;
+    }
+    let mut samples = Vec::new();
+    s.take_host_times();
+    for r in 0..opts.repetitions {
+        progress(name, Some(r));
+        samples.push(run(s, true)?);
+    }
+    let host = s.take_host_times();
+    let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
+    let host_us_per_step =
+        (host.steps > 0).then(|| HostUs { encode: per(host.encode), submit: per(host.submit), wait: per(host.wait) });
+    let (mut profile, mut profiled_ts) = (None, None);
+    if opts.profile {
+        s.enable_profiling()?;
+        let mut ts = Vec::new();
+        for _ in 0..opts.repetitions.min(3) {
+            progress(name, None);
+            ts.push(run(s, false)?);
+        }
+        profiled_ts = Some(mean_sd(&ts).0);
+        profile = s.take_profile().map(|p| if decode { p.decode } else { p.prefill });
+        s.disable_profiling();
+    }
+    Ok(Timed { samples, host_us_per_step, profile, profiled_ts })
+}
+
+/// How a generation test picks its tokens, for the record.
+fn sampling_label(sampling: &Option<crate::sample::SamplerConfig>) -> String {
+    match sampling {
+        None => "greedy".into(),
+        Some(c) => format!(
+            "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
+            c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
+        ),
+    }
+}
+
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
 /// warm-up), `on_record` gets each test's record as soon as it is done. `load_secs` is how
 /// long the model took to load.
@@ -443,36 +502,8 @@ pub fn bench_model(
                 };
                 Ok(tokens as f64 / t.elapsed().as_secs_f64())
             };
-            if opts.warmup {
-                progress(&name, None);
-                run(&mut s)?;
-            }
-            let mut samples = Vec::new();
-            s.take_host_times();
-            for r in 0..opts.repetitions {
-                progress(&name, Some(r));
-                samples.push(run(&mut s)?);
-            }
-            let host = s.take_host_times();
-            let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
-            let host_us_per_step = (host.steps > 0).then(|| HostUs {
-                encode: per(host.encode),
-                submit: per(host.submit),
-                wait: per(host.wait),
-            });
-            // The profile comes from runs of their own, so the timed figures carry no timestamps.
-            let (mut profile, mut profiled_ts) = (None, None);
-            if opts.profile {
-                s.enable_profiling()?;
-                let mut ts = Vec::new();
-                for _ in 0..opts.repetitions.min(3) {
-                    progress(&name, None);
-                    ts.push(run(&mut s)?);
-                }
-                profiled_ts = Some(mean_sd(&ts).0);
-                profile = s.take_profile().map(|p| if matches!(test, Test::Gen(_)) { p.decode } else { p.prefill });
-                s.disable_profiling();
-            }
+            let Timed { samples, host_us_per_step, profile, profiled_ts } =
+                time_test(&mut s, &name, opts, matches!(test, Test::Gen(_)), progress, &|s, _| run(s))?;
             let (avg, sd) = mean_sd(&samples);
             // The GPU's pace: 64 steps back to back at the test's depth, best of three.
             let back_to_back = |s: &mut crate::model::Session| -> Result<crate::model::BackToBack> {
@@ -540,14 +571,7 @@ pub fn bench_model(
                 ablation,
                 back_to_back: b2b,
                 ttft: Some(ttft),
-                sampling: match (&opts.sampling, test) {
-                    (_, Test::Prompt(_)) => None,
-                    (None, _) => Some("greedy".into()),
-                    (Some(c), _) => Some(format!(
-                        "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
-                        c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
-                    )),
-                },
+                sampling: (!matches!(test, Test::Prompt(_))).then(|| sampling_label(&opts.sampling)),
             })?;
         }
     }
@@ -634,35 +658,8 @@ fn bench_parallel(
                     }
                     Ok((np * n_gen) as f64 / t.elapsed().as_secs_f64())
                 };
-                if opts.warmup {
-                    progress(&name, None);
-                    run(&mut s, true)?;
-                }
-                let mut samples = Vec::new();
-                s.take_host_times();
-                for r in 0..opts.repetitions {
-                    progress(&name, Some(r));
-                    samples.push(run(&mut s, true)?);
-                }
-                let host = s.take_host_times();
-                let per = |t: f64| t / host.steps.max(1) as f64 * 1e6;
-                let host_us_per_step = (host.steps > 0).then(|| HostUs {
-                    encode: per(host.encode),
-                    submit: per(host.submit),
-                    wait: per(host.wait),
-                });
-                let (mut profile, mut profiled_ts) = (None, None);
-                if opts.profile {
-                    s.enable_profiling()?;
-                    let mut ts = Vec::new();
-                    for _ in 0..opts.repetitions.min(3) {
-                        progress(&name, None);
-                        ts.push(run(&mut s, false)?);
-                    }
-                    profiled_ts = Some(mean_sd(&ts).0);
-                    profile = s.take_profile().map(|p| p.decode);
-                    s.disable_profiling();
-                }
+                let Timed { samples, host_us_per_step, profile, profiled_ts } =
+                    time_test(&mut s, &name, opts, true, progress, &run)?;
                 let (avg, sd) = mean_sd(&samples);
                 on_record(BenchRecord {
                     kiln_version: env!("CARGO_PKG_VERSION").into(),
@@ -688,13 +685,7 @@ fn bench_parallel(
                     gpu_memory: Some(gpu_memory),
                     load_secs,
                     host_us_per_step,
-                    sampling: Some(match &opts.sampling {
-                        None => "greedy".into(),
-                        Some(c) => format!(
-                            "temp {} top-k {} top-p {} min-p {} repeat-penalty {}",
-                            c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty
-                        ),
-                    }),
+                    sampling: Some(sampling_label(&opts.sampling)),
                     ..Default::default()
                 })?;
             }

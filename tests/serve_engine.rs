@@ -52,10 +52,6 @@ fn next_token(t: u32) -> u32 {
 }
 
 impl Scripted {
-    fn new(count: usize, n_ctx: u32) -> Scripted {
-        Scripted::with(count, n_ctx, false)
-    }
-
     fn with(count: usize, n_ctx: u32, pipelined: bool) -> Scripted {
         Scripted {
             pipelined,
