@@ -401,6 +401,29 @@ fn time_test(
     Ok(Timed { samples, host_us_per_step, profile, profiled_ts })
 }
 
+/// A record of `timed` under `opts` (version, date, sizes, every repetition, the profile);
+/// the caller adds what the test and the model are.
+fn timed_record(opts: &BenchOptions, timed: Timed) -> BenchRecord {
+    let (avg, sd) = mean_sd(&timed.samples);
+    BenchRecord {
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: env!("KILN_GIT_COMMIT").into(),
+        date: utc_now(),
+        n_batch: opts.n_batch,
+        ubatch: opts.ubatch,
+        kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
+        samples_ts: timed.samples,
+        avg_ts: avg,
+        stddev_ts: sd,
+        peak: opts.peak,
+        profile: timed.profile,
+        profiled_ts: timed.profiled_ts,
+        host_us_per_step: timed.host_us_per_step,
+        n_parallel: 1,
+        ..Default::default()
+    }
+}
+
 /// How a generation test picks its tokens, for the record.
 fn sampling_label(sampling: &Option<crate::sample::SamplerConfig>) -> String {
     match sampling {
@@ -502,9 +525,8 @@ pub fn bench_model(
                 };
                 Ok(tokens as f64 / t.elapsed().as_secs_f64())
             };
-            let Timed { samples, host_us_per_step, profile, profiled_ts } =
-                time_test(&mut s, &name, opts, matches!(test, Test::Gen(_)), progress, &|s, _| run(s))?;
-            let (avg, sd) = mean_sd(&samples);
+            let timed = time_test(&mut s, &name, opts, matches!(test, Test::Gen(_)), progress, &|s, _| run(s))?;
+            let avg = mean_sd(&timed.samples).0;
             // The GPU's pace: 64 steps back to back at the test's depth, best of three.
             let back_to_back = |s: &mut crate::model::Session| -> Result<crate::model::BackToBack> {
                 s.reset();
@@ -545,33 +567,20 @@ pub fn bench_model(
             }
             let (n_prompt, n_gen) = test.sizes();
             on_record(BenchRecord {
-                kiln_version: env!("CARGO_PKG_VERSION").into(),
-                git_commit: env!("KILN_GIT_COMMIT").into(),
-                date: utc_now(),
                 adapter: adapter.clone(),
                 model: model_rec.clone(),
                 test: name,
                 n_prompt,
                 n_gen,
                 n_depth: depth,
-                n_parallel: 1,
-                n_batch: opts.n_batch,
-                ubatch: opts.ubatch,
                 n_ctx,
-                kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
-                samples_ts: samples,
-                avg_ts: avg,
-                stddev_ts: sd,
-                peak: opts.peak,
-                profile,
-                profiled_ts,
                 gpu_memory: Some(gpu_memory),
                 load_secs,
-                host_us_per_step,
                 ablation,
                 back_to_back: b2b,
                 ttft: Some(ttft),
                 sampling: (!matches!(test, Test::Prompt(_))).then(|| sampling_label(&opts.sampling)),
+                ..timed_record(opts, timed)
             })?;
         }
     }
@@ -658,35 +667,19 @@ fn bench_parallel(
                     }
                     Ok((np * n_gen) as f64 / t.elapsed().as_secs_f64())
                 };
-                let Timed { samples, host_us_per_step, profile, profiled_ts } =
-                    time_test(&mut s, &name, opts, true, progress, &run)?;
-                let (avg, sd) = mean_sd(&samples);
+                let timed = time_test(&mut s, &name, opts, true, progress, &run)?;
                 on_record(BenchRecord {
-                    kiln_version: env!("CARGO_PKG_VERSION").into(),
-                    git_commit: env!("KILN_GIT_COMMIT").into(),
-                    date: utc_now(),
                     adapter: AdapterRecord::of(ctx),
                     model: ModelRecord::of(model, synthetic),
                     test: name,
-                    n_prompt: 0,
                     n_gen,
                     n_depth: depth,
                     n_parallel: np,
-                    n_batch: opts.n_batch,
-                    ubatch: opts.ubatch,
                     n_ctx,
-                    kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
-                    samples_ts: samples,
-                    avg_ts: avg,
-                    stddev_ts: sd,
-                    peak: opts.peak,
-                    profile,
-                    profiled_ts,
                     gpu_memory: Some(gpu_memory),
                     load_secs,
-                    host_us_per_step,
                     sampling: Some(sampling_label(&opts.sampling)),
-                    ..Default::default()
+                    ..timed_record(opts, timed)
                 })?;
             }
         }
