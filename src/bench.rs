@@ -348,8 +348,8 @@ pub struct BenchOptions {
     pub sampling: Option<crate::sample::SamplerConfig>,
     /// Generation tests also run once without each decode stage (`ABLATE_STAGES`).
     pub ablate: bool,
-    /// Generation tests also run with this many sequences decoded together (values above 1;
-    /// `bench_parallel`).
+    /// Generation tests also run with this many sequences decoded together (`bench_parallel`;
+    /// 1: one sequence stepped as `kiln serve` steps it).
     pub parallel: Vec<u32>,
 }
 
@@ -600,7 +600,9 @@ fn bench_parallel(
     progress: &mut dyn FnMut(&str, Option<u32>),
     on_record: &mut dyn FnMut(BenchRecord) -> Result<()>,
 ) -> Result<()> {
-    let widths: Vec<u32> = opts.parallel.iter().copied().filter(|&n| n > 1).collect();
+    let mut widths: Vec<u32> = opts.parallel.iter().copied().filter(|&n| n >= 1).collect();
+    widths.sort_unstable();
+    widths.dedup();
     let gens: Vec<u32> = opts.tests.iter().filter_map(|t| if let Test::Gen(n) = t { Some(*n) } else { None }).collect();
     let Some(&widest) = widths.iter().max() else { return Ok(()) };
     if gens.is_empty() {
@@ -615,12 +617,18 @@ fn bench_parallel(
         ubatch: opts.ubatch,
         f16_kv: opts.f16_kv,
         all_logits: false,
-        n_seq: widest,
+        // At least two: one sequence alone is stepped as a server steps it (`x1`), on the
+        // batched path, not the single-sequence one the plain tests take.
+        n_seq: widest.max(2),
     })?;
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
     s.build_pipelines()?;
-    let kv_cache =
-        widest as u64 * n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
+    let kv_cache = widest.max(2) as u64
+        * n_ctx as u64
+        * 2
+        * model.cfg.n_layer as u64
+        * model.cfg.kv_dim() as u64
+        * s.kv_bytes_per_elem();
     let gpu_memory =
         GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
     let v = model.cfg.n_vocab as usize;

@@ -111,28 +111,44 @@ fn llama_bench_flags_name_the_tests_and_records_carry_memory_and_load_time() {
 
 #[test]
 fn parallel_decodes_several_sequences_per_step() {
-    // tg6 alone, then with 3 and 5 sequences decoded together at depths 0 and 4; prompt
-    // tests run once (alone). The rows come in order and count every sequence's tokens.
+    // tg6 as usual, then stepped as a server steps one sequence and with 3 and 5 decoded
+    // together, at depths 0 and 4; prompt tests run once. The rows come in order and count
+    // every sequence's tokens.
     let (out, err) =
         bench(&["-p", "8", "-n", "6", "--parallel", "1,3,5", "-d", "0,4", "-r", "2", "-o", "jsonl", "--progress"]);
     let records: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = records.iter().map(|r| r["test"].as_str().unwrap()).collect();
-    assert_eq!(names, ["pp8", "tg6", "pp8 @ d4", "tg6 @ d4", "tg6 x3", "tg6 x5", "tg6 @ d4 x3", "tg6 @ d4 x5"]);
+    assert_eq!(
+        names,
+        [
+            "pp8",
+            "tg6",
+            "pp8 @ d4",
+            "tg6 @ d4",
+            "tg6 x1",
+            "tg6 x3",
+            "tg6 x5",
+            "tg6 @ d4 x1",
+            "tg6 @ d4 x3",
+            "tg6 @ d4 x5"
+        ]
+    );
     for r in &records {
         let np = r["n_parallel"].as_u64().unwrap();
         let name = r["test"].as_str().unwrap();
-        assert_eq!(np, name.rsplit_once(" x").map_or(1, |(_, n)| n.parse().unwrap()), "{r}");
+        let stepped = name.rsplit_once(" x").map(|(_, n)| n.parse::<u64>().unwrap());
+        assert_eq!(np, stepped.unwrap_or(1), "{r}");
         assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
         assert!(r["avg_ts"].as_f64().unwrap() > 0.0, "{r}");
-        if np > 1 {
+        if stepped.is_some() {
             // Every sequence's region of the cache: 5 sequences of depth 4 + 6 + 1 positions.
             let kv = r["gpu_memory"]["kv_cache"].as_u64().unwrap();
             assert_eq!(kv, 5 * (4 + 6 + 1) * 2 * 2 * 128 * 2, "{r}");
             assert_eq!(r["sampling"], "greedy");
         }
     }
-    // A warm-up and two repetitions of each of the 8 tests.
-    assert_eq!(err.lines().filter(|l| l.starts_with("kiln bench: tiny-test:q4_k_m ")).count(), 24, "{err}");
+    // A warm-up and two repetitions of each of the 10 tests.
+    assert_eq!(err.lines().filter(|l| l.starts_with("kiln bench: tiny-test:q4_k_m ")).count(), 30, "{err}");
     let o = kiln().args(["bench", "--synthetic", "tiny-test:q4_k_m", "--parallel", "0"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--parallel"));

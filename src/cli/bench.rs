@@ -58,7 +58,7 @@ pub struct BenchArgs {
     /// Also run every generation test with this many sequences decoded together, one token
     /// of each per step as `kiln serve --parallel` steps its slots (comma-separated; the test
     /// is then named e.g. "tg128 x8" and its t/s counts every sequence's tokens, as
-    /// llama-batched-bench's -npl).
+    /// llama-batched-bench's -npl). 1: one sequence stepped as the server steps it.
     #[arg(long = "parallel", value_delimiter = ',')]
     pub parallel: Vec<u32>,
     /// Repetitions of each test (default 5; 3 for the default run on a CPU adapter).
@@ -250,7 +250,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Err(KilnError::invalid("--parallel", "at least one sequence is needed"));
     }
     let gen_tests = tests.iter().filter(|t| matches!(t, Test::Gen(_))).count();
-    let parallel_tests = gen_tests * args.parallel.iter().filter(|&&n| n > 1).count();
+    let mut widths = args.parallel.clone();
+    widths.sort_unstable();
+    widths.dedup();
+    let parallel_tests = gen_tests * widths.len();
     let runs_per_model = (tests.len() + parallel_tests) as u64
         * depths
         * batches.len() as u64
