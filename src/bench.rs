@@ -435,6 +435,30 @@ fn sampling_label(sampling: &Option<crate::sample::SamplerConfig>) -> String {
     }
 }
 
+/// A session of `n_seq` sequences of `n_ctx` positions for the tests, its pipelines built; the
+/// GPU memory it took beside the weights; and a fixed prompt of `n_ctx` tokens (ids spread
+/// over the vocabulary, not the specials at 0..3).
+fn bench_session(
+    model: &Model,
+    opts: &BenchOptions,
+    n_ctx: u32,
+    n_seq: u32,
+) -> Result<(crate::model::Session, GpuMemory, Vec<u32>)> {
+    let ctx = &model.ctx;
+    let before = ctx.buffers_alive().bytes;
+    let mut s =
+        model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false, n_seq })?;
+    let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
+    s.build_pipelines()?;
+    let kv_cache =
+        n_seq as u64 * n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
+    let gpu_memory =
+        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
+    let v = model.cfg.n_vocab as usize;
+    let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
+    Ok((s, gpu_memory, prompt))
+}
+
 /// Runs every test at every depth on `model`; `progress` hears (test, repetition or None for
 /// warm-up), `on_record` gets each test's record as soon as it is done. `load_secs` is how
 /// long the model took to load.
@@ -449,22 +473,7 @@ pub fn bench_model(
     let ctx: &Arc<GpuContext> = &model.ctx;
     let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
     let n_ctx = opts.tests.iter().flat_map(|t| depths.iter().map(|&d| t.positions(d))).max().unwrap_or(1).max(1);
-    let before = ctx.buffers_alive().bytes;
-    let mut s = model.session(SessionOptions {
-        n_ctx,
-        ubatch: opts.ubatch,
-        f16_kv: opts.f16_kv,
-        all_logits: false,
-        n_seq: 1,
-    })?;
-    let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
-    s.build_pipelines()?;
-    let kv_cache = n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
-    let gpu_memory =
-        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
-    // A fixed prompt: token ids spread over the vocabulary (not the specials at 0..3).
-    let v = model.cfg.n_vocab as usize;
-    let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
+    let (mut s, gpu_memory, prompt) = bench_session(model, opts, n_ctx, 1)?;
     let adapter = AdapterRecord::of(ctx);
     let model_rec = ModelRecord::of(model, synthetic);
     // Time to first token of a 20-token prompt on an empty cache: the first after the session
@@ -611,28 +620,9 @@ fn bench_parallel(
     let ctx: &Arc<GpuContext> = &model.ctx;
     let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
     let n_ctx = gens.iter().flat_map(|&g| depths.iter().map(move |&d| d + g + 1)).max().unwrap_or(1);
-    let before = ctx.buffers_alive().bytes;
-    let mut s = model.session(SessionOptions {
-        n_ctx,
-        ubatch: opts.ubatch,
-        f16_kv: opts.f16_kv,
-        all_logits: false,
-        // At least two: one sequence alone is stepped as a server steps it (`x1`), on the
-        // batched path, not the single-sequence one the plain tests take.
-        n_seq: widest.max(2),
-    })?;
-    let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
-    s.build_pipelines()?;
-    let kv_cache = widest.max(2) as u64
-        * n_ctx as u64
-        * 2
-        * model.cfg.n_layer as u64
-        * model.cfg.kv_dim() as u64
-        * s.kv_bytes_per_elem();
-    let gpu_memory =
-        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
-    let v = model.cfg.n_vocab as usize;
-    let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
+    // At least two sequences: one alone is stepped as a server steps it (`x1`), on the
+    // batched path, not the single-sequence one the plain tests take.
+    let (mut s, gpu_memory, prompt) = bench_session(model, opts, n_ctx, widest.max(2))?;
     let greedy = crate::sample::SamplerConfig { temperature: 0.0, ..Default::default() };
     let sampler = crate::sample::Sampler::new(opts.sampling.unwrap_or(greedy));
     for &depth in depths {

@@ -532,30 +532,8 @@ impl Profiler {
             return Ok(0.0);
         }
         let size = s.used as u64 * 8;
-        let (tx, rx) = std::sync::mpsc::channel();
-        s.staging.map_async(wgpu::MapMode::Read, 0..size, move |r| {
-            let _ = tx.send(r);
-        });
-        ctx.device
-            .poll(wgpu::PollType::Wait { submission_index: index, timeout: Some(ctx.poll_timeout) })
-            .map_err(|e| KilnError::Gpu { context: "reading timestamps".into(), message: e.to_string() })?;
-        match rx.recv_timeout(ctx.poll_timeout) {
-            Ok(Ok(())) => {}
-            _ => {
-                return Err(KilnError::GpuTimeout {
-                    what: "reading timestamps".into(),
-                    seconds: ctx.poll_timeout.as_secs(),
-                })
-            }
-        }
-        let ticks: Vec<u64> = {
-            let view = s
-                .staging
-                .get_mapped_range(0..size)
-                .map_err(|e| KilnError::Gpu { context: "reading timestamps".into(), message: e.to_string() })?;
-            bytemuck::pod_collect_to_vec(&view)
-        };
-        s.staging.unmap();
+        let ticks: Vec<u64> =
+            bytemuck::pod_collect_to_vec(&ctx.read_mapped(&s.staging, size, index, "reading timestamps")?);
         let ns = |q: u32| ticks[q as usize] as f64 * self.period_ns;
         let mut lo = f64::MAX;
         let mut hi = 0f64;

@@ -104,30 +104,55 @@ impl GpuContext {
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size4);
         self.queue.submit([enc.finish()]);
+        let data = self.read_mapped(&staging, size4, None, "reading a buffer back")?;
+        Ok(data[..size as usize].to_vec())
+    }
+
+    /// The first `bytes` of `buf` (a MAP_READ buffer) once submission `index` is done (None:
+    /// everything submitted): every readback of kiln's steps waits here. A fault, a failed
+    /// wait or a map that never completes is an error naming `what`; a failed wait is also
+    /// recorded as the context's fault (a submission the lost device refused reports no error
+    /// of its own, and every later wait would fail alike).
+    pub fn read_mapped(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: u64,
+        index: Option<wgpu::SubmissionIndex>,
+        what: &str,
+    ) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        buf.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
             let _ = tx.send(r);
         });
-        self.wait_idle("reading a buffer back")?;
+        self.check_fault(what)?;
+        let polled =
+            self.device.poll(wgpu::PollType::Wait { submission_index: index, timeout: Some(self.poll_timeout) });
+        // A lost device or failed submission explains a failed poll best.
+        self.check_fault(what)?;
+        match polled {
+            Ok(_) => {}
+            Err(wgpu::PollError::Timeout) => {
+                return Err(KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() })
+            }
+            Err(e) => {
+                self.record_fault(&format!("a GPU wait failed: {e}"));
+                return Err(KilnError::Gpu { context: what.to_string(), message: e.to_string() });
+            }
+        }
         // Another thread's poll may be the one running the callback: wait for it, bounded.
         match rx.recv_timeout(self.poll_timeout) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(KilnError::Gpu { context: "mapping a readback buffer".into(), message: e.to_string() })
-            }
+            Ok(Err(e)) => return Err(KilnError::Gpu { context: what.to_string(), message: e.to_string() }),
             Err(_) => {
-                return Err(KilnError::Gpu {
-                    context: "mapping a readback buffer".into(),
-                    message: "map callback did not run".into(),
-                })
+                return Err(KilnError::GpuTimeout { what: what.to_string(), seconds: self.poll_timeout.as_secs() })
             }
         }
-        let data = staging
-            .get_mapped_range(..)
-            .map_err(|e| KilnError::Gpu { context: "reading a buffer back".into(), message: e.to_string() })?
+        let data = buf
+            .get_mapped_range(0..bytes)
+            .map_err(|e| KilnError::Gpu { context: what.to_string(), message: e.to_string() })?
             .to_vec();
-        staging.unmap();
-        Ok(data[..size as usize].to_vec())
+        buf.unmap();
+        Ok(data)
     }
 
     pub fn read_f32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {

@@ -730,8 +730,21 @@ pub fn prepare_columns(
 ) -> Result<Vec<Dispatch>> {
     let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
     let bm = BoundMatmul::with_q8(ctx, mm, stage, q8)?;
+    one_off(ctx, &bm, mm.m, kernel, batched, stage)
+}
+
+/// `bm`'s dispatches of `kernel` over m columns as stand-alone `Dispatch`es (their bind
+/// groups and parameters cloned out of `bm`).
+fn one_off(
+    ctx: &GpuContext,
+    bm: &BoundMatmul,
+    m: u32,
+    kernel: MatmulKernel,
+    batched: bool,
+    stage: &'static str,
+) -> Result<Vec<Dispatch>> {
     let dispatches = bm
-        .dispatches(ctx, mm.m, kernel, true, batched)?
+        .dispatches(ctx, m, kernel, true, batched)?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,
@@ -756,18 +769,7 @@ pub fn prepare_split(
     let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
     let mut bm = BoundMatmul::bind(ctx, mm, stage, None, Some(scratch))?;
     bm.forced_splits = Some(splits);
-    let dispatches = bm
-        .dispatches(ctx, mm.m, kernel, true, false)?
-        .into_iter()
-        .map(|(b, pipeline, grid)| Dispatch {
-            label: stage,
-            pipeline,
-            bind_group: b.bind_group.clone(),
-            workgroups: grid,
-            params: Some(b.params.clone()),
-        })
-        .collect();
-    Ok(dispatches)
+    one_off(ctx, &bm, mm.m, kernel, false, stage)
 }
 
 /// CPU reference: y[m, n] = sum_k w[n, k] x[m, k] (+ bias[n]) (+ y_in[m, n]), in f64.

@@ -388,21 +388,10 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         for &(slot, fed) in &batch {
             let Some(r) = self.running.iter_mut().find(|r| r.slot == slot) else { continue };
             r.next = None;
-            match results.next() {
-                Some(Ok(token)) => {
-                    self.cached[slot].push(fed);
-                    let room = self.cached[slot].len() < n_ctx;
-                    r.end = accept(r, token, self.tok, room, &mut generated);
-                }
-                Some(Err(e)) => {
-                    self.cached[slot].clear();
-                    r.end = Some(Ending::Failed(format!("GPU error in a decode step: {e}")));
-                }
-                None => {
-                    self.cached[slot].clear();
-                    r.end = Some(Ending::Failed("the decode step returned no token for this slot".into()));
-                }
-            }
+            let result = results.next().unwrap_or_else(|| {
+                Err(crate::error::KilnError::invalid("decode step", "it returned no token for this slot"))
+            });
+            take_result(r, &mut self.cached[slot], fed, result, self.tok, n_ctx, &mut generated);
         }
         generated
     }
@@ -493,21 +482,11 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                     continue;
                 }
             };
-            match result {
-                Ok(token) => {
-                    self.cached[c.slot].push(fed);
-                    let room = self.cached[c.slot].len() < n_ctx;
-                    r.end = accept(r, token, self.tok, room, &mut generated);
-                    r.last = Some(token);
-                    if r.in_step {
-                        // The step in flight feeds it.
-                        r.next = None;
-                    }
-                }
-                Err(e) => {
-                    self.cached[c.slot].clear();
-                    r.end = Some(Ending::Failed(format!("GPU error in a decode step: {e}")));
-                }
+            r.last = result.as_ref().ok().copied();
+            take_result(r, &mut self.cached[c.slot], fed, result, self.tok, n_ctx, &mut generated);
+            if r.in_step {
+                // The step in flight feeds it.
+                r.next = None;
             }
         }
         generated
@@ -537,6 +516,30 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             self.metrics.count_outcome(outcome);
             self.busy[r.slot] = false;
             self.released[r.slot] = self.ticks;
+        }
+    }
+}
+
+/// Takes a decode step's result for `r`, whose slot was fed `fed` (its cache `cached` now holds
+/// it): the picked token goes to `accept`; an error fails the request and clears the cache
+/// (it may no longer hold what the engine thinks).
+fn take_result(
+    r: &mut Running,
+    cached: &mut Vec<u32>,
+    fed: u32,
+    result: crate::error::Result<u32>,
+    tok: &Tokenizer,
+    n_ctx: usize,
+    generated: &mut u64,
+) {
+    match result {
+        Ok(token) => {
+            cached.push(fed);
+            r.end = accept(r, token, tok, cached.len() < n_ctx, generated);
+        }
+        Err(e) => {
+            cached.clear();
+            r.end = Some(Ending::Failed(format!("GPU error in a decode step: {e}")));
         }
     }
 }

@@ -152,25 +152,29 @@ impl Session {
     /// One batched decode step over `group` (checked; at most `batch_columns`): the step
     /// buffer's table says each column's position, region and slot.
     fn batch_step(&mut self, group: &[(usize, u32)], out: Output) -> Result<Vec<f32>> {
-        let n_ctx = self.opts.n_ctx;
-        let cols: Vec<StepColumn> = group
-            .iter()
-            .map(|&(slot, _)| {
-                let pos = self.pos[slot];
-                StepColumn { pos, kv_len: pos + 1, kv_base: slot as u32 * n_ctx, slot: slot as u32 }
-            })
-            .collect();
+        let shape = self.write_step_table(group.iter().map(|g| g.0));
         let ids: Vec<u32> = group.iter().map(|g| g.1).collect();
-        self.ctx.queue.write_buffer(&self.step_state, 0, &step_table(&cols));
-        let longest = cols.iter().map(|c| c.kv_len).max().unwrap_or(1);
-        let shape =
-            StepShape { m: cols.len() as u32, pos0: 0, kv_base: 0, batched: Some(longest), table_sampler: true };
         let got = self.run_step(&ids, &shape, out, true)?;
         for &(slot, _) in group {
             self.pos[slot] += 1;
         }
         self.count_step(group.len() as u64);
         Ok(got)
+    }
+
+    /// Writes the step buffer's table for a batched step over `slots` (each column at its
+    /// slot's position, in its region) and returns the step's shape.
+    fn write_step_table(&self, slots: impl Iterator<Item = usize>) -> StepShape {
+        let n_ctx = self.opts.n_ctx;
+        let cols: Vec<StepColumn> = slots
+            .map(|slot| {
+                let pos = self.pos[slot];
+                StepColumn { pos, kv_len: pos + 1, kv_base: slot as u32 * n_ctx, slot: slot as u32 }
+            })
+            .collect();
+        self.ctx.queue.write_buffer(&self.step_state, 0, &step_table(&cols));
+        let longest = cols.iter().map(|c| c.kv_len).max().unwrap_or(1);
+        StepShape { m: cols.len() as u32, pos0: 0, kv_base: 0, batched: Some(longest), table_sampler: true }
     }
 
     /// Whether batched steps can be pipelined (`submit_slots`): more than one column a step.
@@ -224,21 +228,11 @@ impl Session {
         }
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
-        let n_ctx = self.opts.n_ctx;
-        let cols: Vec<StepColumn> = batch
-            .iter()
-            .map(|&(slot, _)| {
-                let pos = self.pos[slot];
-                StepColumn { pos, kv_len: pos + 1, kv_base: slot as u32 * n_ctx, slot: slot as u32 }
-            })
-            .collect();
-        let m = cols.len() as u32;
+        let shape = self.write_step_table(batch.iter().map(|b| b.0));
+        let m = shape.m;
         // Known tokens now; picks are copied over them on the GPU, before the step reads them.
         let ids: Vec<u32> = batch.iter().map(|b| if let Feed::Token(t) = b.1 { t } else { 0 }).collect();
-        ctx.queue.write_buffer(&self.step_state, 0, &step_table(&cols));
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(&ids));
-        let longest = cols.iter().map(|c| c.kv_len).max().unwrap_or(1);
-        let shape = StepShape { m, pos0: 0, kv_base: 0, batched: Some(longest), table_sampler: true };
         let mut enc =
             ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched step") });
         let unchanged = picked_from.iter().enumerate().all(|(i, p)| *p == Some(i as u64));
@@ -283,39 +277,9 @@ impl Session {
             return Err(KilnError::invalid("batched step", "no step in flight"));
         };
         let t = std::time::Instant::now();
-        let ctx = self.ctx.clone();
-        let buf = &self.chain_stage[stage];
-        let bytes = m as u64 * 4;
-        let (tx, rx) = std::sync::mpsc::channel();
-        buf.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
-            let _ = tx.send(r);
-        });
-        let polled =
-            ctx.device.poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(ctx.poll_timeout) });
-        ctx.check_fault("a batched decode step")?;
-        if let Err(e) = polled {
-            // The device cannot run the step: every later one would fail alike.
-            if !matches!(e, wgpu::PollError::Timeout) {
-                ctx.record_fault(&format!("a GPU wait failed: {e}"));
-            }
-            return Err(KilnError::Gpu { context: "a batched decode step".into(), message: e.to_string() });
-        }
-        match rx.recv_timeout(ctx.poll_timeout) {
-            Ok(Ok(())) => {}
-            _ => {
-                return Err(KilnError::GpuTimeout {
-                    what: "reading a batched step's picks".into(),
-                    seconds: ctx.poll_timeout.as_secs(),
-                })
-            }
-        }
-        let picks: Vec<u32> = {
-            let view = buf
-                .get_mapped_range(0..bytes)
-                .map_err(|e| KilnError::Gpu { context: "reading picks".into(), message: e.to_string() })?;
-            bytemuck::pod_collect_to_vec(&view)
-        };
-        buf.unmap();
+        let bytes =
+            self.ctx.read_mapped(&self.chain_stage[stage], m as u64 * 4, Some(index), "a batched decode step")?;
+        let picks: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         self.host.wait += t.elapsed().as_secs_f64();
         Ok(picks)
     }

@@ -228,27 +228,8 @@ impl Session {
     }
 
     pub(super) fn read(&self, n: u64) -> Result<Vec<u8>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.readback.map_async(wgpu::MapMode::Read, 0..n.div_ceil(4) * 4, move |r| {
-            let _ = tx.send(r);
-        });
-        self.ctx.wait_idle("a forward step")?;
-        match rx.recv_timeout(self.ctx.poll_timeout) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(KilnError::Gpu { context: "reading results".into(), message: e.to_string() }),
-            Err(_) => {
-                return Err(KilnError::GpuTimeout {
-                    what: "reading results".into(),
-                    seconds: self.ctx.poll_timeout.as_secs(),
-                })
-            }
-        }
-        let data = self
-            .readback
-            .get_mapped_range(0..n.div_ceil(4) * 4)
-            .map_err(|e| KilnError::Gpu { context: "reading results".into(), message: e.to_string() })?[..n as usize]
-            .to_vec();
-        self.readback.unmap();
+        let mut data = self.ctx.read_mapped(&self.readback, n.div_ceil(4) * 4, None, "a forward step")?;
+        data.truncate(n as usize);
         Ok(data)
     }
 
@@ -305,39 +286,8 @@ impl Session {
             }
             let Some((index, slot, n)) = in_flight.pop_front() else { break };
             let t_wait = std::time::Instant::now();
-            let slot = &self.chain_stage[slot];
-            let bytes = n as u64 * 4;
-            let (tx, rx) = std::sync::mpsc::channel();
-            slot.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
-                let _ = tx.send(r);
-            });
-            let polled = ctx
-                .device
-                .poll(wgpu::PollType::Wait { submission_index: Some(index.clone()), timeout: Some(ctx.poll_timeout) });
-            // A lost device or failed submission explains a failed poll best.
-            ctx.check_fault("a decode step")?;
-            if let Err(e) = polled {
-                if !matches!(e, wgpu::PollError::Timeout) {
-                    ctx.record_fault(&format!("a GPU wait failed: {e}"));
-                }
-                return Err(KilnError::Gpu { context: "a decode step".into(), message: e.to_string() });
-            }
-            match rx.recv_timeout(ctx.poll_timeout) {
-                Ok(Ok(())) => {}
-                _ => {
-                    return Err(KilnError::GpuTimeout {
-                        what: "reading a sampled token".into(),
-                        seconds: ctx.poll_timeout.as_secs(),
-                    })
-                }
-            }
-            let tokens: Vec<u32> = {
-                let view = slot
-                    .get_mapped_range(0..bytes)
-                    .map_err(|e| KilnError::Gpu { context: "reading a token".into(), message: e.to_string() })?;
-                bytemuck::pod_collect_to_vec(&view)
-            };
-            slot.unmap();
+            let bytes = ctx.read_mapped(&self.chain_stage[slot], n as u64 * 4, Some(index.clone()), "a decode step")?;
+            let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
             self.host.wait += t_wait.elapsed().as_secs_f64();
             if let Some(p) = self.prof.as_mut() {
                 p.profile.decode.cpu.wait += t_wait.elapsed().as_secs_f64();
