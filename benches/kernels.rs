@@ -105,7 +105,7 @@ fn benches(c: &mut Criterion) {
                     }
                 }
                 if ctx.caps.coopmat && m >= 4 && !norm {
-                    let plan = kiln::plan::plan_gemm(m, n as u32, format, &ctx.caps);
+                    let plan = kiln::plan::plan_gemm(m, n as u32, k as u32, format, &ctx.caps);
                     if let MatmulKernel::Gemm { tile } = plan {
                         let splits = kiln::plan::gemm_splits(m, n as u32, k as u32, tile, &ctx.caps);
                         let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "b").unwrap();
@@ -226,9 +226,21 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
 
-    // GEMMs: TinyLlama's FFN, Llama-7B's FFN and 4096^3 (issue 12's shapes), GFLOP/s.
-    let shapes: Vec<(usize, usize, usize)> =
-        if small() { vec![(128, 512, 1024)] } else { vec![(512, 2048, 5632), (512, 4096, 11008), (4096, 4096, 4096)] };
+    // GEMMs: TinyLlama's FFN, Llama-7B's FFN and 4096^3 (issue 12's shapes), GFLOP/s;
+    // KILN_BENCH_GEMM_SHAPES=MxKxN,...: these instead (e.g. a model's prefill matmuls).
+    let custom: Option<Vec<(usize, usize, usize)>> = std::env::var("KILN_BENCH_GEMM_SHAPES").ok().map(|v| {
+        v.split(',')
+            .filter_map(|s| {
+                let d: Vec<usize> = s.split('x').filter_map(|t| t.trim().parse().ok()).collect();
+                (d.len() == 3).then(|| (d[0], d[1], d[2]))
+            })
+            .collect()
+    });
+    let shapes: Vec<(usize, usize, usize)> = match custom {
+        Some(s) => s,
+        None if small() => vec![(128, 512, 1024)],
+        None => vec![(512, 2048, 5632), (512, 4096, 11008), (4096, 4096, 4096)],
+    };
     for (m, k, n) in shapes {
         let mut g = c.benchmark_group(format!("gemm_{m}x{k}x{n}"));
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
@@ -251,6 +263,22 @@ fn benches(c: &mut Criterion) {
                 g.bench_function(format!("{}/{plan}", format.name()), |b| {
                     b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
                 });
+                // The cooperative GEMM's first dispatch rounds X to f16 (done by the runs
+                // above): the GEMM alone, too.
+                if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) && ds.len() > 1 {
+                    g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
+                    });
+                    // The sweep: also split along K, 2 and 4 ways.
+                    if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
+                        for splits in [2u32, 4] {
+                            let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "gemm").unwrap();
+                            g.bench_function(format!("{}/{plan}/split{splits}", format.name()), |b| {
+                                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                            });
+                        }
+                    }
+                }
             }
         }
         g.finish();

@@ -83,13 +83,18 @@ fn direct_src(v: Variant) -> String {
 
 /// Staged: A and B tiles copied through workgroup memory (16-byte global loads, rows padded
 /// by 8 halves against bank conflicts), double-buffered with one barrier per K step.
-fn staged_src(v: Variant, bk: u32) -> String {
+fn staged_src(v: Variant, bk: u32, xf32: bool) -> String {
     let (bm, bn, t) = (v.bm(), v.bn(), v.wg());
     let lds = bk + 8;
     let na = bm * bk / 8 / t;
     let nb = bn * bk / 8 / t;
     assert!(na >= 1 && nb >= 1 && (bm * bk / 8) % t == 0 && (bn * bk / 8) % t == 0);
     let mut s = header("vec4<u32>");
+    if xf32 {
+        // X as f32 (kiln's activations), rounded to f16 while staged: two 16-byte loads per 8.
+        s = s.replace("var<storage, read> xh: array<vec4<u32>>", "var<storage, read> xh: array<vec4<f32>>");
+        s += "fn pack8(a: vec4<f32>, b: vec4<f32>) -> vec4<u32> { return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw)); }\n";
+    }
     s += &format!(
         "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;\n",
         2 * bm * lds,
@@ -119,8 +124,15 @@ fn staged_src(v: Variant, bk: u32) -> String {
     for b in 0..nb {
         s += &format!("  let br{b} = (lid + {}u) / {cpr}u; let bc{b} = (lid + {}u) % {cpr}u;\n", b * t, b * t);
     }
+    let xload = |a: u32, off: &str| -> String {
+        if xf32 {
+            format!("pack8(xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u], xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u + 1u])")
+        } else {
+            format!("xh[(wm0 + ar{a}) * k8 + {off}ac{a}]")
+        }
+    };
     for a in 0..na {
-        s += &format!("  var ga{a} = xh[(wm0 + ar{a}) * k8 + ac{a}];\n");
+        s += &format!("  var ga{a} = {};\n", xload(a, ""));
     }
     for b in 0..nb {
         s += &format!("  var gb{b} = w[(wn0 + br{b}) * k8 + bc{b}];\n");
@@ -138,7 +150,7 @@ fn staged_src(v: Variant, bk: u32) -> String {
     s += &format!("    let kn8 = (kt + 1u) * {}u;\n", bk / 8);
     s += "    if (more) {\n";
     for a in 0..na {
-        s += &format!("      ga{a} = xh[(wm0 + ar{a}) * k8 + kn8 + ac{a}];\n");
+        s += &format!("      ga{a} = {};\n", xload(a, "kn8 + "));
     }
     for b in 0..nb {
         s += &format!("      gb{b} = w[(wn0 + br{b}) * k8 + kn8 + bc{b}];\n");
@@ -192,24 +204,28 @@ fn staged_src(v: Variant, bk: u32) -> String {
 enum Kind {
     Direct(Variant),
     Staged(Variant, u32),
+    /// Staged with X in f32, rounded to f16 on the way (kiln's activations).
+    StagedF32X(Variant, u32),
 }
 
 impl Kind {
     fn src(&self) -> String {
         match *self {
             Kind::Direct(v) => direct_src(v),
-            Kind::Staged(v, bk) => staged_src(v, bk),
+            Kind::Staged(v, bk) => staged_src(v, bk, false),
+            Kind::StagedF32X(v, bk) => staged_src(v, bk, true),
         }
     }
     fn v(&self) -> Variant {
         match *self {
-            Kind::Direct(v) | Kind::Staged(v, _) => v,
+            Kind::Direct(v) | Kind::Staged(v, _) | Kind::StagedF32X(v, _) => v,
         }
     }
     fn name(&self) -> String {
         match *self {
             Kind::Direct(v) => v.name(),
             Kind::Staged(v, bk) => format!("staged bk{bk} {}", v.name().trim_start_matches("direct ")),
+            Kind::StagedF32X(v, bk) => format!("staged f32 x bk{bk} {}", v.name().trim_start_matches("direct ")),
         }
     }
 }
@@ -231,6 +247,8 @@ fn kinds() -> Vec<Kind> {
         Kind::Staged(v(1, 2, 4, 4), 32),
         Kind::Staged(v(2, 1, 4, 4), 32),
         Kind::Staged(v(1, 2, 4, 2), 64),
+        Kind::StagedF32X(v(2, 4, 4, 2), 32),
+        Kind::StagedF32X(v(2, 2, 2, 2), 32),
     ]
 }
 
@@ -288,6 +306,8 @@ fn main() {
         let xv: Vec<half::f16> = (0..m as usize * k as usize).map(|_| half::f16::from_f32(rnd())).collect();
         let wb = ctx.upload(bytemuck::cast_slice(&wv), "w").unwrap();
         let xb = ctx.upload(bytemuck::cast_slice(&xv), "x").unwrap();
+        let xv32: Vec<f32> = xv.iter().map(|h| h.to_f32()).collect();
+        let xb32 = ctx.upload(bytemuck::cast_slice(&xv32), "x32").unwrap();
         let yb = ctx.storage(m as u64 * n as u64 * 4, "y").unwrap();
         let pb = ctx.uniform(&[m, n, k, 0u32], "p");
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
@@ -310,7 +330,7 @@ fn main() {
             if m % v.bm() != 0 || n % v.bn() != 0 {
                 continue;
             }
-            if let Kind::Staged(_, bk) = kind {
+            if let Kind::Staged(_, bk) | Kind::StagedF32X(_, bk) = kind {
                 if k % bk != 0 {
                     continue;
                 }
@@ -339,7 +359,10 @@ fn main() {
                 entries: &[
                     wgpu::BindGroupEntry { binding: 0, resource: pb.as_entire_binding() },
                     wgpu::BindGroupEntry { binding: 1, resource: wb.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: xb.as_entire_binding() },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: if matches!(kind, Kind::StagedF32X(..)) { &xb32 } else { &xb }.as_entire_binding(),
+                    },
                     wgpu::BindGroupEntry { binding: 3, resource: yb.as_entire_binding() },
                 ],
             });

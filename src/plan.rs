@@ -222,7 +222,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         };
         return MatmulKernel::Gemv { ncols: m.clamp(1, gemv_group_cols(q8)), shape, q8 };
     }
-    plan_gemm(m, n, format, caps)
+    plan_gemm(m, n, k, format, caps)
 }
 
 /// Prompt tokens of one sequence that run on the GEMV for a model of width `n_embd`, where
@@ -245,12 +245,19 @@ pub fn prefill_gemv_cols(n_embd: u32, caps: &Caps) -> u32 {
     }
 }
 
+/// Whether the cooperative-matrix GEMM can take a matmul of `format` weights over rows of k:
+/// quantized and F16 weights (F32 and BF16 would lose range in f16), F16 rows in whole
+/// 16-byte chunks (gemm_coop.wgsl moves them as they are).
+pub fn coop_gemm_takes(format: WeightFormat, k: u32, caps: &Caps) -> bool {
+    caps.coopmat && !caps.cpu_adapter && (format.is_quantized() || (format == WeightFormat::F16 && k % 8 == 0))
+}
+
 /// The GEMM tile for Y[m, n] = X[m, k] · W[n, k]ᵀ (prefill: `plan_matmul` past the GEMV's
 /// columns; any m for matmuls bound for prefill alone).
-pub fn plan_gemm(m: u32, n: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
+pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
     // Matrix cores from the first column past the GEMV's: a 20-token prompt on TinyLlama's
     // shapes went to 32x32 float tiles (64-80 workgroups each looping over all of k).
-    let coop = caps.coopmat && !caps.cpu_adapter && (format.is_quantized() || format == WeightFormat::F16);
+    let coop = coop_gemm_takes(format, k, caps);
     if caps.cpu_adapter || (!coop && m < 64) || n < 128 {
         return MatmulKernel::Gemm { tile: GemmTile::T32 };
     }

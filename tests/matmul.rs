@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use kiln::doctor::checks::{qkv_shapes, qkv_v_part_shape, COOP_EPILOGUE_TOL, Q8_EPILOGUE_TOL};
-use kiln::doctor::data::{k_for, q8_exact_x, MatmulCase};
+use kiln::doctor::data::{k_for, k_for_coop, q8_exact_x, MatmulCase};
 use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
@@ -117,7 +117,7 @@ fn gemm_coop_every_format() {
             });
             for (m, n, blocks, tile) in shapes {
                 let kernel = MatmulKernel::Gemm { tile };
-                let k = k_for(format, blocks, 100 + 32 * blocks);
+                let k = k_for_coop(format, blocks);
                 let what = format!("[{}] gemm_coop {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
                 let (got, want, c) = run_matmul(&g.ctx, format, n, k, m, kernel, m % 64 != 0, m % 10 == 0, None);
                 assert_within(&what, &got, &want, &coop_bound(&c.w_ref, n, k, &c.x, m), TOL);
@@ -142,7 +142,9 @@ fn split_k_gemm_matches_reference() {
             let kernel = MatmulKernel::Gemm { tile };
             let coop = tile.is_coop();
             for format in [WeightFormat::Q4K, WeightFormat::Q8_0, WeightFormat::F16] {
-                for (m, n, blocks, float_k) in [(9usize, 45usize, 3usize, 100usize), (70, 130, 5, 300)] {
+                // Float k in whole 8-value chunks (the cooperative GEMM's F16 rows), ragged
+                // against the K steps.
+                for (m, n, blocks, float_k) in [(9usize, 45usize, 3usize, 104usize), (70, 130, 5, 296)] {
                     let k = k_for(format, blocks, float_k);
                     for splits in [2u32, 3, 64] {
                         let what =

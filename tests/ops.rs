@@ -80,6 +80,27 @@ fn rms_norm_rows() {
 }
 
 #[test]
+fn to_half_rounds_rows_for_the_cooperative_gemm() {
+    for g in gpus() {
+        if !g.ctx.caps.f16 {
+            continue;
+        }
+        // Ragged k (not a multiple of 8 nor 4 of the row's chunks), padded rows, values that
+        // round, overflow f16 and fall below its normal range.
+        for (m, k, x_stride) in [(3usize, 64usize, 64usize), (5, 37, 40), (2, 8, 12)] {
+            let mut r = rng((m * k) as u64);
+            let mut x = randn(&mut r, m * x_stride, 3.0);
+            x[1] = 70000.0;
+            x[2] = 1e-6;
+            x[3] = -3.0e-8;
+            let got = ops::to_half(&g.ctx, &x, m, k, x_stride).unwrap();
+            let want = kiln::kernels::matmul::to_half_reference(&x, m, k, x_stride);
+            assert_eq!(got, want, "[{}] to_half {m}x{k} stride {x_stride}", g.name);
+        }
+    }
+}
+
+#[test]
 fn elementwise_ops() {
     for g in gpus() {
         let n = 1003;

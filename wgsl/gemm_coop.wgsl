@@ -2,28 +2,33 @@
 // for prefill, where the adapter offers 16x16x16 f16 x f16 -> f32 matrix multiply-adds.
 // A workgroup computes a BM x BN tile of Y with WG / 32 subgroups, SGN of them along N; each
 // subgroup owns FM x FN accumulators of 16 x 16 in f32 (a (16 FM) x (16 FN) block).
-// Per K step of BK, the X tile and the W tile (decoded from its block format by the format
-// file's decode8) are stored in workgroup memory as f16, both k-contiguous: X row-major (A,
-// loaded with coopLoadT), W as the column-major K x N matrix B (coopLoad). Rows are padded by
-// 8 halves (LDS) so a fragment's 16 rows fall in different banks.
-// Double-buffered: the next K step's X values and decoded weights are read into registers
-// (before or after this step's multiply-adds: FETCH_FIRST) and stored into the other buffer,
-// so global latency can hide behind the matrix cores and each K step needs one barrier.
-// (H200, F16 operands, examples/coop_lab.rs: padding and double buffering took a 64x64 tile
-// from 25 to ~90 TFLOP/s; 128x128 tiles of 8 subgroups reach ~150 at 4096^3.)
-// Activations and weights are rounded to f16 (as llama.cpp's cooperative-matrix matmul);
-// accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
+// Per K step of BK, the X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W
+// tile (F16 as it is: common/coop_w_half.wgsl; block formats decoded by the format file's
+// fetch8 and unpack8: common/coop_w_decode.wgsl) are stored in workgroup memory, both
+// k-contiguous: X row-major (A, loaded with coopLoadT), W as the column-major K x N matrix B
+// (coopLoad). Rows are padded by 8 halves (LDS) so a fragment's 16 rows fall in different banks.
+// Double-buffered: the next K step's X chunks and weight words are loaded into registers
+// before this step's multiply-adds, then decoded and stored into the other buffer, so global
+// latency hides behind the matrix cores and each K step needs one barrier.
+// The kernel is bound by instruction issue, not memory: on an H200 (kernels bench, 4096^3 F16)
+// converting X from f32 inside it, loads behind bounds checks, and addresses recomputed per
+// chunk each cost about a third (47 -> 102 TFLOP/s with all three gone). So tiles that lie
+// inside X and W with whole K steps (`full`, uniform per workgroup) load from row bases
+// computed once, with no clamps or masks; edge tiles clamp every load and zero what lies
+// outside when storing it (a load is never behind a branch).
+// Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
 // workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG, SGN, FM (2 or 4),
-// FN (2), FETCH_FIRST.
-// Parameters: common/matmul_params.wgsl; weights binding: common/weights_*.wgsl; X, Y and
-// the epilogue: common/gemm_io.wgsl.
+// FN (2).
+// Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
+// common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
 
 const LDS: u32 = BK + 8u;
 const N_SG: u32 = WG / 32u;
-// Per invocation and K step: vec4s of X, and 8-weight chunks of W.
-const X_PER: u32 = BM * BK / 4u / WG;
+// Per invocation and K step: 8-value chunks of X and of W.
+const X_PER: u32 = BM * BK / 8u / WG;
 const W_PER: u32 = BN * BK / 8u / WG;
+const_assert ((X_PER == 2u || X_PER == 4u) && W_PER == 2u);
 
 var<workgroup> xs: array<f16, 2u * BM * LDS>;   // A: [buffer][m][k]
 var<workgroup> ws: array<f16, 2u * BN * LDS>;   // B: [buffer][n][k], i.e. K x N column-major
@@ -33,53 +38,129 @@ alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
-// The X values and decoded weights of one K step that one invocation moves (X as loaded:
-// nothing waits on those loads until they are stored).
+// The X chunks and W words of one K step that one invocation moves, as loaded: nothing waits
+// on those loads until stash decodes (block formats) and stores them, after the multiply-adds.
+// Named fields, not arrays indexed in loops, which the compiler may keep in slow local memory
+// (X_PER is 2 or 4, W_PER 2).
 struct Staged {
-    x: array<vec4<f32>, X_PER>,
-    wl: array<vec4<f16>, W_PER>,
-    wh: array<vec4<f16>, W_PER>,
+    x0: XStage,
+    x1: XStage,
+    x2: XStage,
+    x3: XStage,
+    w0: WStage,
+    w1: WStage,
 }
 
-fn fetch(lid: u32, m0: u32, n0: u32, k0: u32) -> Staged {
+// Chunk j of this invocation: i = lid + j WG of the tile's rows x (BK / 8) chunks, so that
+// consecutive invocations read consecutive chunks of a row.
+fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * WG) / (BK / 8u); }
+fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * WG) % (BK / 8u); }
+
+// Where chunk j of this invocation goes in buffer buf of a tile of `rows` rows.
+fn slot(lid: u32, j: u32, buf: u32, rows: u32) -> u32 {
+    return buf * rows * LDS + row_of(lid, j) * LDS + chunk_of(lid, j) * 8u;
+}
+
+// Tiles on the edge of X or W, or with a ragged last K step: every load clamped inside X and
+// W, what lies outside zeroed when stored.
+fn fetch_edge(lid: u32, m0: u32, n0: u32, k0: u32) -> Staged {
     var s: Staged;
-    // X: consecutive invocations read consecutive vec4s of a row.
-    for (var j = 0u; j < X_PER; j++) {
-        let i = lid + j * WG;
-        s.x[j] = load_x4(m0 + i / (BK / 4u), k0 + (i % (BK / 4u)) * 4u);
+    s.x0 = load_x8(m0 + row_of(lid, 0u), k0 + chunk_of(lid, 0u) * 8u);
+    s.x1 = load_x8(m0 + row_of(lid, 1u), k0 + chunk_of(lid, 1u) * 8u);
+    if (X_PER == 4u) {
+        s.x2 = load_x8(m0 + row_of(lid, 2u), k0 + chunk_of(lid, 2u) * 8u);
+        s.x3 = load_x8(m0 + row_of(lid, 3u), k0 + chunk_of(lid, 3u) * 8u);
     }
-    // W: one 8-weight chunk per slot, decoded in registers.
-    for (var j = 0u; j < W_PER; j++) {
-        let i = lid + j * WG;
-        let w = load_w8(n0 + i / (BK / 8u), k0 / 8u + i % (BK / 8u));
-        s.wl[j] = vec4<f16>(w[0]);
-        s.wh[j] = vec4<f16>(w[1]);
-    }
+    s.w0 = stage_w(n0 + row_of(lid, 0u), k0 / 8u + chunk_of(lid, 0u));
+    s.w1 = stage_w(n0 + row_of(lid, 1u), k0 / 8u + chunk_of(lid, 1u));
     return s;
 }
 
-fn stash(lid: u32, s: Staged, buf: u32) {
-    for (var j = 0u; j < X_PER; j++) {
-        let i = lid + j * WG;
-        let t = buf * BM * LDS + (i / (BK / 4u)) * LDS + (i % (BK / 4u)) * 4u;
-        let h = vec4<f16>(s.x[j]);
-        xs[t] = h.x;
-        xs[t + 1u] = h.y;
-        xs[t + 2u] = h.z;
-        xs[t + 3u] = h.w;
+// Tiles inside X and W with whole K steps: the loads alone, from each chunk's row base
+// (computed once) plus the step's chunk c8.
+struct Bases {
+    x0: u32,
+    x1: u32,
+    x2: u32,
+    x3: u32,
+    w0: u32,
+    w1: u32,
+}
+
+fn bases(lid: u32, m0: u32, n0: u32) -> Bases {
+    var b: Bases;
+    b.x0 = x_base(m0 + row_of(lid, 0u)) + chunk_of(lid, 0u);
+    b.x1 = x_base(m0 + row_of(lid, 1u)) + chunk_of(lid, 1u);
+    if (X_PER == 4u) {
+        b.x2 = x_base(m0 + row_of(lid, 2u)) + chunk_of(lid, 2u);
+        b.x3 = x_base(m0 + row_of(lid, 3u)) + chunk_of(lid, 3u);
     }
-    for (var j = 0u; j < W_PER; j++) {
-        let i = lid + j * WG;
-        let t = buf * BN * LDS + (i / (BK / 8u)) * LDS + (i % (BK / 8u)) * 8u;
-        ws[t] = s.wl[j].x;
-        ws[t + 1u] = s.wl[j].y;
-        ws[t + 2u] = s.wl[j].z;
-        ws[t + 3u] = s.wl[j].w;
-        ws[t + 4u] = s.wh[j].x;
-        ws[t + 5u] = s.wh[j].y;
-        ws[t + 6u] = s.wh[j].z;
-        ws[t + 7u] = s.wh[j].w;
+    b.w0 = w_base(n0 + row_of(lid, 0u));
+    b.w1 = w_base(n0 + row_of(lid, 1u));
+    return b;
+}
+
+fn fetch_full(lid: u32, b: Bases, c8: u32) -> Staged {
+    var s: Staged;
+    s.x0 = load_x8_at(b.x0, c8);
+    s.x1 = load_x8_at(b.x1, c8);
+    if (X_PER == 4u) {
+        s.x2 = load_x8_at(b.x2, c8);
+        s.x3 = load_x8_at(b.x3, c8);
     }
+    s.w0 = stage_w_at(b.w0, c8 + chunk_of(lid, 0u));
+    s.w1 = stage_w_at(b.w1, c8 + chunk_of(lid, 1u));
+    return s;
+}
+
+fn fetch(lid: u32, m0: u32, n0: u32, k0: u32, full: bool, b: Bases) -> Staged {
+    if (full) { return fetch_full(lid, b, k0 / 8u); }
+    return fetch_edge(lid, m0, n0, k0);
+}
+
+// Eight halves at t of xs (which == 0) or ws.
+fn put8(t: u32, h: Half8, which: u32) {
+    if (which == 0u) {
+        xs[t] = h.lo.x;
+        xs[t + 1u] = h.lo.y;
+        xs[t + 2u] = h.lo.z;
+        xs[t + 3u] = h.lo.w;
+        xs[t + 4u] = h.hi.x;
+        xs[t + 5u] = h.hi.y;
+        xs[t + 6u] = h.hi.z;
+        xs[t + 7u] = h.hi.w;
+    } else {
+        ws[t] = h.lo.x;
+        ws[t + 1u] = h.lo.y;
+        ws[t + 2u] = h.lo.z;
+        ws[t + 3u] = h.lo.w;
+        ws[t + 4u] = h.hi.x;
+        ws[t + 5u] = h.hi.y;
+        ws[t + 6u] = h.hi.z;
+        ws[t + 7u] = h.hi.w;
+    }
+}
+
+fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
+    if (full) {
+        put8(slot(lid, 0u, buf, BM), s.x0.h, 0u);
+        put8(slot(lid, 1u, buf, BM), s.x1.h, 0u);
+        if (X_PER == 4u) {
+            put8(slot(lid, 2u, buf, BM), s.x2.h, 0u);
+            put8(slot(lid, 3u, buf, BM), s.x3.h, 0u);
+        }
+        put8(slot(lid, 0u, buf, BN), halves_w_full(s.w0), 1u);
+        put8(slot(lid, 1u, buf, BN), halves_w_full(s.w1), 1u);
+        return;
+    }
+    put8(slot(lid, 0u, buf, BM), x_halves(s.x0), 0u);
+    put8(slot(lid, 1u, buf, BM), x_halves(s.x1), 0u);
+    if (X_PER == 4u) {
+        put8(slot(lid, 2u, buf, BM), x_halves(s.x2), 0u);
+        put8(slot(lid, 3u, buf, BM), x_halves(s.x3), 0u);
+    }
+    put8(slot(lid, 0u, buf, BN), halves_w(s.w0), 1u);
+    put8(slot(lid, 1u, buf, BN), halves_w(s.w1), 1u);
 }
 
 // Accumulators, fragments and multiply-adds are written out by name (FM is 2 or 4, FN 2):
@@ -102,22 +183,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var c30 = TileC();
     var c31 = TileC();
 
-    // This workgroup's K range (split-K: the fetch past its end reads into the buffer no one
-    // reads).
+    // This workgroup's K range (split-K: a whole number of BK steps but the last range's).
     let ks = k_range(wid.z);
     let k_begin = ks.x;
     let steps = (ks.y - k_begin + BK - 1u) / BK;
-    stash(lid, fetch(lid, m0, n0, k_begin), 0u);
+    // Tiles inside X and W whose K steps are all whole take the loads without clamps or masks.
+    let full = m0 + BM <= p.n_cols && n0 + BN <= p.n_rows && (ks.y - k_begin) % BK == 0u;
+    let b = bases(lid, m0, n0);
+    stash(lid, fetch(lid, m0, n0, k_begin, full, b), 0u, full);
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
-        // The next step's values (zeros past the last step: fetch reads nothing beyond k;
-        // they go to a buffer no one reads). FETCH_FIRST reads them before this step's
-        // multiply-adds, otherwise after they are issued, so that the matrix cores work
-        // while the loads and the decode wait on memory.
+        let more = step + 1u < steps;
+        // The next step's values are loaded before this step's multiply-adds and stored
+        // (decoded, masked) after them, so that the matrix cores work while the loads wait on
+        // memory.
         var next: Staged;
-        let k_next = k_begin + (step + 1u) * BK;
-        if (FETCH_FIRST) { next = fetch(lid, m0, n0, k_next); }
+        if (more) { next = fetch(lid, m0, n0, k_begin + (step + 1u) * BK, full, b); }
         for (var kk = 0u; kk < BK; kk += 16u) {
             let ia = cur * BM * LDS + sm * LDS + kk;
             let ib = cur * BN * LDS + sn * LDS + kk;
@@ -142,8 +224,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 c31 = coopMultiplyAdd(a3, b1, c31);
             }
         }
-        if (!FETCH_FIRST) { next = fetch(lid, m0, n0, k_next); }
-        stash(lid, next, 1u - cur);
+        if (more) { stash(lid, next, 1u - cur, full); }
         workgroupBarrier();
     }
 

@@ -13,7 +13,7 @@ use crate::quant::{dequantize, quantize, WeightFormat};
 use crate::sample::SamplerConfig;
 
 use super::checker::Checker;
-use super::data::{k_for, model_logits, q8_exact_x, MatmulCase, Rng};
+use super::data::{k_for, k_for_coop, model_logits, q8_exact_x, MatmulCase, Rng};
 use super::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, QkvShape, Run};
 use super::ops::{self, AttnCase};
 use super::variants::{decode_attention_shapes, gemv_widths, planned_matmuls, Widths};
@@ -229,7 +229,7 @@ fn coop_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mu
     move |ck| {
         for &kernel in &kernels {
             for (m, n, blocks) in [(70usize, 130usize, 2usize), (9, 45, 3)] {
-                let k = k_for(format, blocks, 100 + 32 * blocks);
+                let k = k_for_coop(format, blocks);
                 let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
                 let out = mm::run(ck.ctx, &c, &Run::plain(kernel, m == 9, m == 70))?;
                 let y = &out.outputs[0];

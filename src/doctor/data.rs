@@ -40,6 +40,13 @@ pub fn k_for(format: WeightFormat, blocks: usize, ragged: usize) -> usize {
     }
 }
 
+/// k for a cooperative-matrix GEMM check: `blocks` blocks, or for float formats a k ragged
+/// against its K steps (32) but in whole 8-value chunks, as the planner gives it F16 rows
+/// (`plan::coop_gemm_takes`).
+pub fn k_for_coop(format: WeightFormat, blocks: usize) -> usize {
+    k_for(format, blocks, 104 + 32 * blocks)
+}
+
 /// A matmul's inputs: W [n, k] in `format` and its exact dequantized values, X [m, k], a bias
 /// [n] and a Y [m, n] to accumulate into.
 pub struct MatmulCase {

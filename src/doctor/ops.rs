@@ -30,6 +30,17 @@ pub fn rms_norm(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, e
     ctx.read_f32(&y, rows * n)
 }
 
+/// m rows of k floats (x_stride apart) rounded to f16 as the cooperative GEMM's input is: the
+/// halves' bits, rows of k rounded up to 8.
+pub fn to_half(ctx: &GpuContext, x: &[f32], m: usize, k: usize, x_stride: usize) -> Result<Vec<u16>> {
+    let xb = ctx.upload_f32(x, "x")?;
+    let stride = k.next_multiple_of(8);
+    let out = ctx.storage((m * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    run(ctx, &[crate::kernels::matmul::prepare_to_half(ctx, &xb, &out, m as u32, k as u32, x_stride as u32)?])?;
+    let bytes = ctx.read_bytes(&out, 0, (m * stride * 2).next_multiple_of(4) as u64)?;
+    Ok(bytes.chunks_exact(2).take(m * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
+}
+
 /// An elementwise op over a and b.
 pub fn elementwise(ctx: &GpuContext, op: EltOp, a: &[f32], b: &[f32]) -> Result<Vec<f32>> {
     let (ab, bb) = (ctx.upload_f32(a, "a")?, ctx.upload_f32(b, "b")?);

@@ -238,6 +238,40 @@ struct Q8Input {
     blocks: wgpu::Buffer,
 }
 
+/// The cooperative GEMM's input: X rounded to f16 once per step by a ToHalf dispatch into
+/// `halves` (rows of `stride` halves), which every weight chunk's GEMM then reads. Rounding
+/// inside the GEMM cost a conversion per value per tile of N: on an H200 the kernel ran at
+/// half its rate.
+struct HalfInput {
+    convert: Bound,
+    /// One binding per weight chunk, as `BoundMatmul::chunks`, with `halves` in place of X;
+    /// and the split-K partial GEMMs likewise, where the matmul may split.
+    chunks: Vec<Bound>,
+    partial: Vec<Bound>,
+    halves: wgpu::Buffer,
+    stride: u32,
+}
+
+/// Whether the planner may put `mm` on the cooperative GEMM (which reads X as halves).
+fn wants_halves(ctx: &GpuContext, mm: &Matmul) -> bool {
+    crate::plan::coop_gemm_takes(mm.w.format, mm.w.k, &ctx.caps)
+}
+
+/// Halves per row of a cooperative GEMM's input of k values.
+fn half_stride(k: u32) -> u32 {
+    k.next_multiple_of(8)
+}
+
+/// The rows X's buffer holds.
+fn x_rows(mm: &Matmul) -> u32 {
+    (mm.x.size() / (mm.x_stride as u64 * 4)).max(1) as u32
+}
+
+/// A buffer for `rows` rows of k values as halves.
+fn halves_buffer(ctx: &GpuContext, k: u32, rows: u32) -> Result<wgpu::Buffer> {
+    ctx.storage((rows as u64 * half_stride(k) as u64 * 2).next_multiple_of(16), "f16 activations")
+}
+
 /// Whether the planner picks the int8 GEMV for `mm` at some m the GEMV takes (one token, or
 /// from `GEMV_Q8_MIN_COLS` columns): the matmul then needs the int8 input bound.
 fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
@@ -269,6 +303,8 @@ pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
 #[derive(Default)]
 pub struct MatmulScratch {
     blocks: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
+    /// The cooperative GEMMs' f16 inputs, by k (the largest number of rows asked for so far).
+    halves: std::cell::RefCell<std::collections::HashMap<u32, (u32, wgpu::Buffer)>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
     /// Columns of one sequence's steps (prompt chunks) that go to the GEMV
     /// (`plan::prefill_gemv_cols`); None: `plan::gemv_takes`.
@@ -289,6 +325,28 @@ impl MatmulScratch {
         let b = q8_blocks(ctx, k)?;
         self.blocks.borrow_mut().insert(k, b.clone());
         Ok(b)
+    }
+
+    /// A buffer for at least `rows` rows of k values as halves: shared with every matmul of the
+    /// session over the same k whose input is at most as long (a longer one gets a new one).
+    fn halves(&self, ctx: &GpuContext, k: u32, rows: u32) -> Result<wgpu::Buffer> {
+        if let Some((have, b)) = self.halves.borrow().get(&k) {
+            if *have >= rows {
+                return Ok(b.clone());
+            }
+        }
+        let b = halves_buffer(ctx, k, rows)?;
+        self.halves.borrow_mut().insert(k, (rows, b.clone()));
+        Ok(b)
+    }
+
+    /// The f16 input `mm` needs where the planner may put it on the cooperative GEMM.
+    fn halves_for(&self, ctx: &GpuContext, mm: &Matmul) -> Result<Option<wgpu::Buffer>> {
+        if wants_halves(ctx, mm) {
+            Ok(Some(self.halves(ctx, mm.w.k, x_rows(mm))?))
+        } else {
+            Ok(None)
+        }
     }
 
     /// The split-K partials buffer, on adapters where the planner splits GEMMs.
@@ -347,6 +405,8 @@ pub struct BoundMatmul {
     /// Present when the int8-activation GEMV may run (the planner picks it for some m, or a
     /// caller asked for it).
     q8: Option<Q8Input>,
+    /// Present where the planner may pick the cooperative GEMM.
+    half: Option<HalfInput>,
     /// Present where GEMMs may be split along K (a partials scratch was given).
     split: Option<SplitK>,
     /// K ranges for every GEMM instead of the planner's (tests of the split-K path).
@@ -366,7 +426,8 @@ impl BoundMatmul {
     /// As `new`, the int8 input from the session's `scratch`.
     pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &MatmulScratch) -> Result<BoundMatmul> {
         let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
-        let mut b = Self::bind(ctx, mm, stage, blocks, scratch.partials(ctx)?)?;
+        let halves = scratch.halves_for(ctx, mm)?;
+        let mut b = Self::bind(ctx, mm, stage, blocks, halves, scratch.partials(ctx)?)?;
         b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
         Ok(b)
     }
@@ -378,7 +439,8 @@ impl BoundMatmul {
         stage: &'static str,
         scratch: &MatmulScratch,
     ) -> Result<BoundMatmul> {
-        let mut b = Self::bind(ctx, mm, stage, None, scratch.partials(ctx)?)?;
+        let halves = scratch.halves_for(ctx, mm)?;
+        let mut b = Self::bind(ctx, mm, stage, None, halves, scratch.partials(ctx)?)?;
         b.gemv_cols = 0;
         Ok(b)
     }
@@ -386,7 +448,8 @@ impl BoundMatmul {
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
     pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
         let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
-        Self::bind(ctx, mm, stage, blocks, None)
+        let halves = if wants_halves(ctx, mm) { Some(halves_buffer(ctx, mm.w.k, x_rows(mm))?) } else { None };
+        Self::bind(ctx, mm, stage, blocks, halves, None)
     }
 
     /// Binds matmuls that read the same input (the same X through the same fused RMSNorm or
@@ -408,10 +471,21 @@ impl BoundMatmul {
             return Err(KilnError::invalid("matmul", "a group of matmuls must share its input length k"));
         }
         let blocks = if mms.iter().any(|mm| wants_q8(ctx, mm)) { Some(scratch.blocks(ctx, k)?) } else { None };
+        // One f16 copy of the shared input, as long as the longest member's.
+        let rows = mms.iter().map(x_rows).max().unwrap_or(1);
+        let halves =
+            if mms.iter().any(|mm| wants_halves(ctx, mm)) { Some(scratch.halves(ctx, k, rows)?) } else { None };
         let partials = scratch.partials(ctx)?;
         mms.iter()
             .map(|mm| {
-                let mut b = Self::bind(ctx, mm, stage, blocks.clone().filter(|_| wants_q8(ctx, mm)), partials.clone())?;
+                let mut b = Self::bind(
+                    ctx,
+                    mm,
+                    stage,
+                    blocks.clone().filter(|_| wants_q8(ctx, mm)),
+                    halves.clone().filter(|_| wants_halves(ctx, mm)),
+                    partials.clone(),
+                )?;
                 b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
                 Ok(b)
             })
@@ -419,13 +493,15 @@ impl BoundMatmul {
     }
 
     /// Binds `mm`; with `blocks`, also the int8 GEMV reading them and the quantize dispatch
-    /// writing them; with `partials`, the split-K GEMM writing its partial sums there and the
-    /// pass adding them up.
+    /// writing them; with `halves`, the cooperative GEMM reading them and the dispatch
+    /// rounding X into them; with `partials`, the split-K GEMM writing its partial sums there
+    /// and the pass adding them up.
     fn bind(
         ctx: &GpuContext,
         mm: &Matmul,
         stage: &'static str,
         blocks: Option<wgpu::Buffer>,
+        halves: Option<wgpu::Buffer>,
         partials: Option<wgpu::Buffer>,
     ) -> Result<BoundMatmul> {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
@@ -498,18 +574,36 @@ impl BoundMatmul {
         } else {
             None
         };
-        let split = match partials {
+        let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
+        let split = match &partials {
             Some(scratch) => {
-                let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
                 let rkey = KernelKey::GemmReduce { epi };
-                let partial = bind_chunks(&pkey, [mm.x, &scratch, &dummy, &dummy], false)?;
-                let reduce = bind_chunks(&rkey, [&scratch, mm.y, bias, &dummy], true)?;
+                let partial = bind_chunks(&pkey, [mm.x, scratch, &dummy, &dummy], false)?;
+                let reduce = bind_chunks(&rkey, [scratch, mm.y, bias, &dummy], true)?;
                 Some(SplitK { partial, reduce, scratch_floats: scratch.size() / 4 })
+            }
+            None => None,
+        };
+        let half = match halves {
+            Some(halves) => {
+                let stride = half_stride(mm.w.k);
+                if halves.size() < x_rows(mm) as u64 * stride as u64 * 2 {
+                    return Err(KilnError::invalid("matmul", "the f16 input buffer is shorter than X"));
+                }
+                // Binding 1 (weights) is unused by the conversion; any buffer fills it.
+                let convert = Bound::new::<MatmulParams>(ctx, &KernelKey::ToHalf, stage, &[mm.x, mm.x, &halves, &dummy, &dummy])?;
+                let chunks = bind_chunks(&key, [&halves, mm.y, bias, &dummy], true)?;
+                let partial = match &partials {
+                    Some(scratch) => bind_chunks(&pkey, [&halves, scratch, &dummy, &dummy], false)?,
+                    None => Vec::new(),
+                };
+                Some(HalfInput { convert, chunks, partial, halves, stride })
             }
             None => None,
         };
         Ok(BoundMatmul {
             q8,
+            half,
             split,
             forced_splits: None,
             gemv_cols: u32::MAX,
@@ -566,7 +660,7 @@ impl BoundMatmul {
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
         if m > self.gemv_cols {
-            return crate::plan::plan_gemm(m, self.n, self.format, &ctx.caps);
+            return crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
         }
         crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
     }
@@ -617,14 +711,15 @@ impl BoundMatmul {
     /// them so that a column's result does not depend on the columns beside it.
     pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, batched: bool) -> Result<()> {
         let kernel = self.plan_step(ctx, m, batched);
-        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, true, false)? {
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, Prepared::default(), batched)? {
             b.record_with(pass, &pipeline, grid);
         }
         Ok(())
     }
 
     /// Records the members of one `group` over m columns with the kernels the planner picks:
-    /// the shared input is quantized once, by the first member that runs the int8 GEMV.
+    /// the shared input is quantized (or rounded to f16) once, by the first member whose
+    /// kernel reads it so.
     /// `batched`: the columns are a batched decode step's (the Q/K/V epilogue reads each
     /// column's position and cache region from the step's table).
     pub fn record_group(
@@ -634,44 +729,45 @@ impl BoundMatmul {
         m: u32,
         batched: bool,
     ) -> Result<()> {
-        let mut quantized: Option<&wgpu::Buffer> = None;
+        let mut prepared = Prepared::default();
         for b in group {
             let kernel = b.plan_step(ctx, m, batched);
-            let fresh = match (&b.q8, quantized) {
-                (Some(q), Some(done)) => q.blocks != *done,
-                _ => true,
-            };
-            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, fresh, batched)? {
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, batched)? {
                 bound.record_with(pass, &pipeline, grid);
             }
-            if matches!(kernel, MatmulKernel::Gemv { q8: true, .. }) {
-                quantized = b.q8.as_ref().map(|q| &q.blocks);
+            match kernel {
+                MatmulKernel::Gemv { q8: true, .. } => prepared.blocks = b.q8.as_ref().map(|q| &q.blocks),
+                MatmulKernel::Gemm { tile } if tile.is_coop() => prepared.halves = b.half.as_ref().map(|h| &h.halves),
+                _ => {}
             }
         }
         Ok(())
     }
 
     /// The bindings (parameters written), pipelines and grids of `kernel` over m columns:
-    /// for the int8 GEMV, the quantize dispatch (unless `quantize` is false: a group member
-    /// quantized the shared input already), then one GEMV per weight chunk; `batched` picks
-    /// the epilogue variant of a batched decode step.
+    /// for the int8 GEMV the quantize dispatch, for the cooperative GEMM the f16 conversion
+    /// (each unless a group member `prepared` the same buffer already), then one matmul per
+    /// weight chunk; `batched` picks the epilogue variant of a batched decode step.
     fn dispatches(
         &self,
         ctx: &GpuContext,
         m: u32,
         kernel: MatmulKernel,
-        quantize: bool,
+        prepared: Prepared<'_>,
         batched: bool,
     ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
         let epi = if batched { self.epi.batched() } else { self.epi };
         let norm = self.norm_eps.is_some();
         let mut out = Vec::new();
+        // X's stride as the kernel reads it (halves per row for the cooperative GEMM).
+        let mut x_stride = self.x_stride;
+        let mut half_partials: Option<&Vec<Bound>> = None;
         let chunks: Vec<&Bound> = match kernel {
             MatmulKernel::Gemv { q8: true, .. } => {
                 let q8 = self.q8.as_ref().ok_or_else(|| {
                     KilnError::invalid("matmul", format!("{} was bound without the int8 GEMV's input", self.stage))
                 })?;
-                if quantize {
+                if prepared.blocks != Some(&q8.blocks) {
                     q8.quantize.set(ctx, &self.params(m, 0, 0));
                     // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns.
                     let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
@@ -680,20 +776,36 @@ impl BoundMatmul {
                 }
                 q8.chunks.iter().collect()
             }
+            MatmulKernel::Gemm { tile } if tile.is_coop() => {
+                let half = self.half.as_ref().ok_or_else(|| {
+                    KilnError::invalid("matmul", format!("{} was bound without the cooperative GEMM's f16 input", self.stage))
+                })?;
+                if prepared.halves != Some(&half.halves) {
+                    half.convert.set(ctx, &MatmulParams { y_stride: half.stride, ..self.params(m, 0, 0) });
+                    let chunks8 = m * (half.stride / 8);
+                    out.push((&half.convert, ctx.pipeline(&KernelKey::ToHalf)?, grid(chunks8.div_ceil(super::WG_ELT))));
+                }
+                x_stride = half.stride;
+                half_partials = Some(&half.partial);
+                half.chunks.iter().collect()
+            }
             _ => self.chunks.iter().map(|(b, ..)| b).collect(),
         };
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
-            let params = self.params(m, *row_start, *rows);
+            let params = MatmulParams { x_stride, ..self.params(m, *row_start, *rows) };
             if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {
                 let (split_k, splits) = self.split_k(ctx, m, *rows, tile);
                 if splits > 1 {
                     let params = MatmulParams { splits, split_k, ..params };
                     // The GEMM over each K range into the scratch, then the sums through the
                     // epilogue: one invocation per pair of outputs.
-                    split.partial[i].set(ctx, &params);
+                    let partial = &half_partials.unwrap_or(&split.partial)[i];
+                    partial.set(ctx, &params);
                     let pkey = KernelKey::Gemm { format: self.format, tile, epi: Epi::Partial };
-                    out.push((&split.partial[i], ctx.pipeline(&pkey)?, [grid[0], grid[1], splits]));
+                    out.push((partial, ctx.pipeline(&pkey)?, [grid[0], grid[1], splits]));
+                    // The reduce pass reads the partials, not X: its parameters keep X's stride.
+                    let params = MatmulParams { splits, split_k, ..self.params(m, *row_start, *rows) };
                     split.reduce[i].set(ctx, &params);
                     let pairs = m * rows.div_ceil(2);
                     let rkey = KernelKey::GemmReduce { epi };
@@ -706,6 +818,14 @@ impl BoundMatmul {
         }
         Ok(out)
     }
+}
+
+/// The inputs a group member prepared already in this step (`BoundMatmul::record_group`): the
+/// int8 blocks and the f16 copy of the shared X.
+#[derive(Default, Clone, Copy)]
+struct Prepared<'b> {
+    blocks: Option<&'b wgpu::Buffer>,
+    halves: Option<&'b wgpu::Buffer>,
 }
 
 /// One-off dispatches for `mm` with the kernel the planner picks (tests, tools).
@@ -744,7 +864,7 @@ fn one_off(
     stage: &'static str,
 ) -> Result<Vec<Dispatch>> {
     let dispatches = bm
-        .dispatches(ctx, m, kernel, true, batched)?
+        .dispatches(ctx, m, kernel, Prepared::default(), batched)?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,
@@ -767,9 +887,58 @@ pub fn prepare_split(
     stage: &'static str,
 ) -> Result<Vec<Dispatch>> {
     let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
-    let mut bm = BoundMatmul::bind(ctx, mm, stage, None, Some(scratch))?;
+    let halves = if wants_halves(ctx, mm) { Some(halves_buffer(ctx, mm.w.k, x_rows(mm))?) } else { None };
+    let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch))?;
     bm.forced_splits = Some(splits);
     one_off(ctx, &bm, mm.m, kernel, false, stage)
+}
+
+/// The cooperative GEMM's input conversion alone: m rows of k floats of `x` (x_stride apart)
+/// rounded to f16 into `halves`, rows of `half_stride(k)` halves, zeros past k (tests).
+pub fn prepare_to_half(
+    ctx: &GpuContext,
+    x: &wgpu::Buffer,
+    halves: &wgpu::Buffer,
+    m: u32,
+    k: u32,
+    x_stride: u32,
+) -> Result<Dispatch> {
+    let stride = half_stride(k);
+    let b = Bound::new::<MatmulParams>(ctx, &KernelKey::ToHalf, "to_half", &[x, x, halves, x, x])?;
+    let params = MatmulParams {
+        m,
+        k,
+        n_rows: 0,
+        row_offset: 0,
+        x_stride,
+        y_stride: stride,
+        has_bias: 0,
+        accumulate: 0,
+        eps: 0.0,
+        splits: 1,
+        split_k: k,
+        _pad: 0,
+    };
+    b.set(ctx, &params);
+    Ok(Dispatch {
+        label: "to_half",
+        pipeline: ctx.pipeline(&KernelKey::ToHalf)?,
+        bind_group: b.bind_group.clone(),
+        workgroups: grid((m * stride / 8).div_ceil(super::WG_ELT)),
+        params: Some(b.params.clone()),
+    })
+}
+
+/// CPU reference of `prepare_to_half`: the halves' bits, rows of `half_stride(k)`.
+pub fn to_half_reference(x: &[f32], m: usize, k: usize, x_stride: usize) -> Vec<u16> {
+    let stride = half_stride(k as u32) as usize;
+    let mut out = vec![0u16; m * stride];
+    for r in 0..m {
+        for c in 0..k {
+            out[r * stride + c] = half::f16::from_f32(x[r * x_stride + c]).to_bits();
+        }
+    }
+    out
 }
 
 /// CPU reference: y[m, n] = sum_k w[n, k] x[m, k] (+ bias[n]) (+ y_in[m, n]), in f64.

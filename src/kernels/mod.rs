@@ -161,6 +161,9 @@ pub enum KernelKey {
         norm: bool,
         glu: bool,
     },
+    /// A cooperative GEMM's input rounded to f16 once (to_half.wgsl), which every weight
+    /// chunk's GEMM then reads.
+    ToHalf,
     Gemm {
         format: WeightFormat,
         tile: GemmTile,
@@ -263,14 +266,6 @@ pub enum Binding {
     ReadWrite,
 }
 
-/// Whether the cooperative GEMM reads the next K step's tile before this step's
-/// multiply-adds (`KILN_COOP_FETCH=first`) or after them (`after`, the default): an
-/// experiment knob read once per process, for `cargo bench --bench kernels` on a GPU.
-fn coop_fetch_first() -> bool {
-    static FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FIRST.get_or_init(|| std::env::var("KILN_COOP_FETCH").as_deref() == Ok("first"))
-}
-
 impl KernelKey {
     /// The kernel's bind group layout. Explicit (not derived from the shader) so that kernels
     /// with the same bindings, e.g. every GEMV and GEMM variant, share bind groups.
@@ -285,7 +280,8 @@ impl KernelKey {
             KernelKey::Gemv { .. }
             | KernelKey::Gemm { .. }
             | KernelKey::GemmReduce { .. }
-            | KernelKey::QuantizeQ8 { .. } => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            | KernelKey::QuantizeQ8 { .. }
+            | KernelKey::ToHalf => &[Uniform, Read, Read, ReadWrite, Read, Read],
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
@@ -362,9 +358,18 @@ impl KernelKey {
                 .include("common/gemv_input.wgsl")
                 .include("quantize_q8.wgsl")
                 .build(),
+            KernelKey::ToHalf => c
+                .enable_f16(true)
+                .const_u32("WG", WG_ELT)
+                .include("common/matmul_params.wgsl")
+                .include("to_half.wgsl")
+                .build(),
             KernelKey::Gemm { format, tile, epi } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
                 let coop = tile.is_coop();
+                // The cooperative GEMM moves F16 weights (k a multiple of 8, which the
+                // planner checks) to workgroup memory as they are; other formats are decoded.
+                let halves = coop && format == WeightFormat::F16;
                 let c = c
                     .enable_f16(coop || matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
                     .enable_coopmat(coop)
@@ -372,28 +377,43 @@ impl KernelKey {
                     .const_u32("BN", bn)
                     .const_u32("BK", bk)
                     .const_u32("WG", tile.workgroup_size())
-                    .include("common/quant.wgsl")
-                    .include(format_file(format))
-                    // Float weights are streamed as whole 16-byte vectors (8 halves of F16
-                    // in one load for the cooperative GEMM); block formats read scattered words.
-                    .include(if format.is_quantized() {
-                        "common/weights_words.wgsl"
-                    } else {
-                        "common/weights_vec4.wgsl"
-                    })
                     .include("common/matmul_params.wgsl")
                     .include("common/gemm_io.wgsl");
+                let c = if halves {
+                    c
+                } else {
+                    c.include("common/quant.wgsl")
+                        .include(format_file(format))
+                        // Float weights are streamed as whole 16-byte vectors; block formats
+                        // read scattered words.
+                        .include(if format.is_quantized() {
+                            "common/weights_words.wgsl"
+                        } else {
+                            "common/weights_vec4.wgsl"
+                        })
+                        .include("common/gemm_w_decode.wgsl")
+                };
                 let c = epilogue(c, epi);
                 if coop {
                     let (sgn, fm, fnn) = tile.coop_layout();
-                    c.const_u32("SGN", sgn)
+                    let c = c
+                        .const_u32("SGN", sgn)
                         .const_u32("FM", fm)
                         .const_u32("FN", fnn)
-                        .const_bool("FETCH_FIRST", coop_fetch_first())
-                        .include("gemm_coop.wgsl")
-                        .build()
+                        .include("common/gemm_x_f16.wgsl");
+                    let c = if halves {
+                        c.include("common/coop_w_half.wgsl")
+                    } else {
+                        c.include("common/chunk_half.wgsl").include("common/coop_w_decode.wgsl")
+                    };
+                    c.include("gemm_coop.wgsl").build()
                 } else {
-                    c.const_u32("TM", tm).const_u32("TN", tn).include(tile.micro_file()).include("gemm.wgsl").build()
+                    c.const_u32("TM", tm)
+                        .const_u32("TN", tn)
+                        .include("common/gemm_x_f32.wgsl")
+                        .include(tile.micro_file())
+                        .include("gemm.wgsl")
+                        .build()
                 }
             }
             KernelKey::GemmReduce { epi } => {
@@ -507,6 +527,7 @@ impl KernelKey {
     pub fn needs(&self) -> (bool, bool) {
         match *self {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
+            KernelKey::ToHalf => (true, false),
             KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } | KernelKey::GemmReduce { epi: Epi::Qkv { kv, .. } } => {
                 (kv.needs_f16(), false)
             }
@@ -615,6 +636,7 @@ impl KernelKey {
         for neox in [false, true] {
             v.push(KernelKey::Rope { neox, to_cache: None, rope: true });
         }
+        v.push(KernelKey::ToHalf);
         v.push(KernelKey::AttnCombine { batched: false });
         v.push(KernelKey::AttnCombine { batched: true });
         for subgroups in [false, true] {

@@ -3,8 +3,13 @@
 // no portable 8- or 16-bit storage). Each format file provides these views of a row of k
 // weights (and dot_* functions for the int8 GEMV, gemv_q8.wgsl):
 //
-// Random access (GEMM tiles, embedding rows):
-//   fn decode8(row: u32, c: u32, k: u32) -> Chunk8        chunk c = weights 8c .. 8c+7
+// Random access (GEMM tiles, embedding rows), in two halves so that a kernel can issue a
+// tile's loads, do other work while they are in flight, and decode only then (the
+// cooperative GEMM's double buffering):
+//   struct Raw8                                           the words a chunk needs, as loaded
+//   fn fetch8(row: u32, c: u32, k: u32) -> Raw8           chunk c = weights 8c .. 8c+7: loads only
+//   fn unpack8(r: Raw8) -> Chunk8                         the decode: arithmetic only
+//   fn decode8(row: u32, c: u32, k: u32) -> Chunk8        unpack8(fetch8(row, c, k))
 // Streaming (GEMV): a row is read as units of UNIT_CHUNKS chunks that share one header
 // (scales, base address), so the header is loaded and unpacked once per unit; consecutive
 // invocations take consecutive units, so their reads coalesce.
@@ -111,11 +116,23 @@ fn chunk_words(e: u32) -> vec4<u32> {
     return vec4<u32>(w32(i), w32(i + 1u), w32(i + 2u), w32(i + 3u));
 }
 
-// Q4_K and Q5_K: ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
-fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
-    let s0 = w32(b + 1u);
-    let s1 = w32(b + 2u);
-    let s2 = w32(b + 3u);
+// F16 and BF16: halves 8c .. 8c + 7 of a row of k, two to a word (zeros past k).
+fn halves8(row: u32, c: u32, k: u32) -> vec4<u32> {
+    let k0 = c * 8u;
+    let e = row * k + k0;
+    if ((e & 1u) == 0u && k0 + 8u <= k) { return chunk_words(e); }
+    var h: vec4<u32>;
+    for (var i = 0u; i < 4u; i++) {
+        let lo = select(0u, half_at(e + 2u * i), k0 + 2u * i < k);
+        let hi = select(0u, half_at(e + 2u * i + 1u), k0 + 2u * i + 1u < k);
+        h[i] = lo | (hi << 16u);
+    }
+    return h;
+}
+
+// Q4_K and Q5_K: ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12
+// packed bytes (the words s0, s1, s2 after d and dmin).
+fn kquant_scale_min_of(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     var sc: u32;
     var mn: u32;
     if (j < 4u) {
@@ -129,6 +146,17 @@ fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(mn));
 }
 
+fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
+    return kquant_scale_min_of(w32(b + 1u), w32(b + 2u), w32(b + 3u), j);
+}
+
+// Q4_K and Q5_K: (scale, offset) of sub-block j of a block whose d/dmin word is dm:
+// weight = scale * q + offset.
+fn kquant_sub_scale(dm: u32, s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
+    let d_dmin = unpack2x16float(dm);
+    let sm = kquant_scale_min_of(s0, s1, s2, j);
+    return vec2<f32>(d_dmin.x * sm.x, -(d_dmin.y * sm.y));
+}
 
 // Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
 // (scale0, offset0, scale1, offset1): weight = scale * q + offset.

@@ -2,23 +2,20 @@
 const BLOCK_ELEMS: u32 = 1u;
 const UNIT_CHUNKS: u32 = 1u;
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    let k0 = c * 8u;
-    let e = row * k + k0;
-    var h: vec4<u32>;
-    var g: vec4<u32>;
-    if ((e & 1u) == 0u && k0 + 8u <= k) {
-        let w = chunk_words(e);
-        h = vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u);
-        g = vec4<u32>(w.z << 16u, w.z & 0xffff0000u, w.w << 16u, w.w & 0xffff0000u);
-    } else {
-        for (var i = 0u; i < 4u; i++) {
-            h[i] = select(0u, half_at(e + i) << 16u, k0 + i < k);
-            g[i] = select(0u, half_at(e + 4u + i) << 16u, k0 + 4u + i < k);
-        }
-    }
+// The chunk's eight bf16 values, two to a word.
+struct Raw8 { w: vec4<u32> }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 { return Raw8(halves8(row, c, k)); }
+
+// A bf16 is the high half of an f32.
+fn unpack8(r: Raw8) -> Chunk8 {
+    let w = r.w;
+    let h = vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u);
+    let g = vec4<u32>(w.z << 16u, w.z & 0xffff0000u, w.w << 16u, w.w & 0xffff0000u);
     return Chunk8(bitcast<vec4<f32>>(h), bitcast<vec4<f32>>(g), 1.0, 0.0);
 }
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 struct UnitHeader { row: u32, u: u32, k: u32 }
 fn unit_count(k: u32) -> u32 { return (k + 7u) / 8u; }

@@ -2,30 +2,23 @@
 const BLOCK_ELEMS: u32 = 1u;
 const UNIT_CHUNKS: u32 = 1u;
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    let k0 = c * 8u;
-    let e = row * k + k0;
-    var h: vec4<u32>;
-    var g: vec4<u32>;
-    if ((e & 1u) == 0u && k0 + 8u <= k) {
-        // Aligned whole chunk: four words (one vector load at a 16-byte boundary), converted
-        // by the hardware (exact: every half, subnormals included, is an f32; the tests hold
-        // it to ggml's bits).
-        let w = chunk_words(e);
-        return Chunk8(
-            vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
-            vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
-            1.0,
-            0.0,
-        );
-    } else {
-        for (var i = 0u; i < 4u; i++) {
-            h[i] = select(0u, half_at(e + i), k0 + i < k);
-            g[i] = select(0u, half_at(e + 4u + i), k0 + 4u + i < k);
-        }
-    }
-    return Chunk8(f16_bits_to_f32x4(h), f16_bits_to_f32x4(g), 1.0, 0.0);
+// The chunk's eight halves, two to a word (one vector load for an aligned whole chunk).
+struct Raw8 { w: vec4<u32> }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 { return Raw8(halves8(row, c, k)); }
+
+// Converted by the hardware (exact: every half, subnormals included, is an f32; the tests
+// hold it to ggml's bits).
+fn unpack8(r: Raw8) -> Chunk8 {
+    return Chunk8(
+        vec4<f32>(unpack2x16float(r.w.x), unpack2x16float(r.w.y)),
+        vec4<f32>(unpack2x16float(r.w.z), unpack2x16float(r.w.w)),
+        1.0,
+        0.0,
+    );
 }
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 struct UnitHeader { row: u32, u: u32, k: u32 }
 fn unit_count(k: u32) -> u32 { return (k + 7u) / 8u; }

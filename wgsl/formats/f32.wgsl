@@ -2,19 +2,26 @@
 const BLOCK_ELEMS: u32 = 1u;
 const UNIT_CHUNKS: u32 = 1u;
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
+// The chunk's eight floats as words.
+struct Raw8 { lo: vec4<u32>, hi: vec4<u32> }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     let k0 = c * 8u;
     let e = row * k + k0;
     if ((e & 3u) == 0u && k0 + 8u <= k) {
         // A whole chunk at a 16-byte boundary: two vector loads.
-        return Chunk8(bitcast<vec4<f32>>(w128(e >> 2u)), bitcast<vec4<f32>>(w128((e >> 2u) + 1u)), 1.0, 0.0);
+        return Raw8(w128(e >> 2u), w128((e >> 2u) + 1u));
     }
-    var v: array<f32, 8>;
+    var v: array<u32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = select(0.0, bitcast<f32>(w32(e + i)), k0 + i < k);
+        v[i] = select(0u, w32(e + i), k0 + i < k);
     }
-    return Chunk8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]), 1.0, 0.0);
+    return Raw8(vec4<u32>(v[0], v[1], v[2], v[3]), vec4<u32>(v[4], v[5], v[6], v[7]));
 }
+
+fn unpack8(r: Raw8) -> Chunk8 { return Chunk8(bitcast<vec4<f32>>(r.lo), bitcast<vec4<f32>>(r.hi), 1.0, 0.0); }
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 struct UnitHeader { row: u32, u: u32, k: u32 }
 fn unit_count(k: u32) -> u32 { return (k + 7u) / 8u; }

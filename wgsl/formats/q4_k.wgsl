@@ -36,9 +36,27 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
 
 fn unit_chunk(u: u32, j: u32) -> u32 { return (u / 4u) * 8u + u % 4u + 4u * j; }
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    return unit_decode(unit_header(row, (c / 8u) * 4u + c % 4u, k), (c / 4u) % 2u);
+// The chunk's pair of quant words (low nibbles for an even sub-block, high for an odd one),
+// the block's d/dmin word and its three scale words; sub: the sub-block (0-7).
+struct Raw8 { q0: u32, q1: u32, dm: u32, s0: u32, s1: u32, s2: u32, sub: u32 }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
+    let b = (row * (k / BLOCK_ELEMS) + c / 32u) * BLOCK_WORDS;
+    let cb = c % 32u;
+    let grp = cb / 8u;
+    let qw = b + 4u + grp * 8u + 2u * (cb % 4u);
+    return Raw8(w32(qw), w32(qw + 1u), w32(b), w32(b + 1u), w32(b + 2u), w32(b + 3u), 2u * grp + (cb / 4u) % 2u);
 }
+
+fn unpack8(r: Raw8) -> Chunk8 {
+    let so = kquant_sub_scale(r.dm, r.s0, r.s1, r.s2, r.sub);
+    if ((r.sub & 1u) == 0u) {
+        return Chunk8(uint_to_f32x4(lo_nibbles(r.q0)), uint_to_f32x4(lo_nibbles(r.q1)), so.x, so.y);
+    }
+    return Chunk8(uint_to_f32x4(hi_nibbles(r.q0)), uint_to_f32x4(hi_nibbles(r.q1)), so.x, so.y);
+}
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 // Int8-activation GEMV (gemv_q8.wgsl): see kquant_dot_header in common/quant.wgsl. Unit v of
 // a block reads its quant vector 1 + v (the block is 9 aligned vectors).

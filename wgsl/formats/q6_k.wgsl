@@ -53,13 +53,38 @@ fn unit_chunk(u: u32, j: u32) -> u32 {
     return (u / 16u) * 32u + (v / 8u) * 16u + q * 4u + v % 4u;
 }
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
+// The chunk's two ql words, two qh words, the word holding its scale byte and the block's
+// d word; nib: its quants' nibble (0 or 4), hs: their high bits' shift, sb: the scale byte.
+struct Raw8 { l0: u32, l1: u32, h0: u32, h1: u32, sw: u32, dw: u32, nib: u32, hs: u32, sb: u32 }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
+    let b = (row * (k / BLOCK_ELEMS) + c / 32u) * BLOCK_WORDS;
     let cb = c % 32u;
+    // Half n of the block, quarter q of the half (quarters 2 and 3 are the high nibbles of
+    // quarters 0 and 1's bytes), first weight l0 of the quarter.
     let n = cb / 16u;
     let q = (cb % 16u) / 4u;
-    let u = (c / 32u) * 16u + 8u * n + 4u * (q % 2u) + cb % 4u;
-    return unit_decode(unit_header(row, u, k), q / 2u);
+    let l0 = (cb % 4u) * 8u;
+    let qlw = b + (64u * n + 32u * (q % 2u) + l0) / 4u;
+    let qhw = b + 32u + (32u * n + l0) / 4u;
+    let si = 8u * n + 2u * q + l0 / 16u;
+    return Raw8(w32(qlw), w32(qlw + 1u), w32(qhw), w32(qhw + 1u), w32(b + 48u + si / 4u), w32(b + 52u), 4u * (q / 2u), 2u * q, si % 4u);
 }
+
+fn unpack8(r: Raw8) -> Chunk8 {
+    let sh = vec4<u32>(r.nib, r.nib + 8u, r.nib + 16u, r.nib + 24u);
+    let hsh = vec4<u32>(r.hs, r.hs + 8u, r.hs + 16u, r.hs + 24u);
+    let lo0 = (vec4<u32>(r.l0) >> sh) & vec4<u32>(0xfu);
+    let lo1 = (vec4<u32>(r.l1) >> sh) & vec4<u32>(0xfu);
+    let hi0 = (vec4<u32>(r.h0) >> hsh) & vec4<u32>(3u);
+    let hi1 = (vec4<u32>(r.h1) >> hsh) & vec4<u32>(3u);
+    let x0 = uint_to_f32x4(lo0 | (hi0 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let x1 = uint_to_f32x4(lo1 | (hi1 << vec4<u32>(4u))) - vec4<f32>(32.0);
+    let sc = f32((bitcast<i32>(r.sw << (24u - 8u * r.sb))) >> 24u);
+    return Chunk8(x0, x1, unpack2x16float(r.dw).x * sc, 0.0);
+}
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 // Int8-activation GEMV (gemv_q8.wgsl): a unit is one aligned 16-byte vector of ql, v = 4n +
 // 2 q0 + hf within the block: values 16 hf .. 16 hf + 15 of quarters q0 (low nibbles, part

@@ -20,9 +20,18 @@ fn unit_decode(h: UnitHeader, j: u32) -> Chunk8 {
 
 fn unit_chunk(u: u32, j: u32) -> u32 { return u; }
 
-fn decode8(row: u32, c: u32, k: u32) -> Chunk8 {
-    return unit_decode(unit_header(row, c, k), 0u);
+// The chunk's two words of quants and the word holding the block's scale.
+struct Raw8 { q0: u32, q1: u32, d: u32 }
+
+fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
+    let b = (row * (k / BLOCK_ELEMS) + c / 4u) * BLOCK_WORDS;
+    let qw = b + 2u * (c % 4u);
+    return Raw8(w32(qw), w32(qw + 1u), w32(b + 8u));
 }
+
+fn unpack8(r: Raw8) -> Chunk8 { return Chunk8(i8x4(r.q0), i8x4(r.q1), unpack2x16float(r.d).x, 0.0); }
+
+fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
 
 // Int8-activation GEMV (gemv_q8.wgsl): a unit is one block; part j is its half j. (Blocks
 // are 36 bytes, not 16-byte aligned, so its words are loaded one by one; the planner keeps
