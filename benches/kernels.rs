@@ -266,11 +266,14 @@ fn benches(c: &mut Criterion) {
                 // The cooperative GEMM's first dispatch rounds X to f16 (done by the runs
                 // above): the GEMM alone, too.
                 if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) && ds.len() > 1 {
-                    g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
-                    });
+                    let sweep = std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1");
+                    if !sweep {
+                        g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
+                            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
+                        });
+                    }
                     // The sweep: also split along K, 2 and 4 ways.
-                    if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
+                    if sweep {
                         for splits in [2u32, 4] {
                             let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "gemm").unwrap();
                             g.bench_function(format!("{}/{plan}/split{splits}", format.name()), |b| {

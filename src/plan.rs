@@ -179,6 +179,15 @@ pub fn gemv_q8_min_cols() -> u32 {
 /// Below four 128x64 tiles per SM instead, Llama-7B's 4096-wide matrices went to 64x64 tiles
 /// and its pp512 fell from 3,376 to 2,710 (run 21).
 pub const COOP_FILL_TILES: u64 = 128;
+/// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K to make
+/// COOP_FILL_TILES workgroups), and outputs from which (fewer go to 64x64 tiles). H200 sweep
+/// at Q4_K, TFLOP/s for 64x64 / 128x128 / 128x128 split in two (run 54,
+/// profiling/results/h200-coop-gemm-2026-11-24-run54-*): 512x2048x2048 56 / 41 / 67,
+/// 512x5632x2048 72 / 50 / 94, 512x2048x11264 53 / 82 / 83, Llama-7B's 512x4096x4096 59 / 93 /
+/// 93; at 128 tokens 64x64 tiles split four ways win (128x2048x2048: 39 against 30, the
+/// 128x64 tiles in between everywhere).
+pub const COOP_WIDE_MIN_M: u32 = 256;
+pub const COOP_WIDE_MIN_N: u32 = 512;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
@@ -268,21 +277,10 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     // F32 weights take 128 W rows per tile instead: on an H200 at 512x2048x5632, 22.0 TFLOP/s
     // against 20.1 with 128x64 (the other formats lose 1-9% with it).
     // Matrix cores where the adapter has them, for quantized and F16 weights (F32 and BF16
-    // would lose range in f16).
-    // Double-buffered padded tiles (examples/coop_lab.rs on an H200, F16 operands): 128x128
-    // tiles of 8 subgroups reach 100-150 TFLOP/s where there are enough of them to fill the
-    // GPU (512x2048x5632: 101, 512x4096x11008: 126, 4096^3: 152). With kiln's weight decode
-    // in the staging, though, the model's GEMMs ran faster on 64x64 tiles wherever 128x64
-    // ones would not give each SM two (TinyLlama pp512 11,384 -> 16,081 tok/s; see
-    // COOP_FILL_TILES): more workgroups hide more of the staging's latency.
+    // would lose range in f16): 128x128 tiles from COOP_WIDE_MIN_M tokens, split along K
+    // where they are too few to fill the GPU (`gemm_splits`), 64x64 tiles split along K below.
     if coop {
-        let tile = if m < 128 || tiles(128, 64) < 2 * COOP_FILL_TILES {
-            GemmTile::Coop64
-        } else if tiles(128, 128) >= COOP_FILL_TILES {
-            GemmTile::Coop128
-        } else {
-            GemmTile::Coop128x64
-        };
+        let tile = if m >= COOP_WIDE_MIN_M && n >= COOP_WIDE_MIN_N { GemmTile::Coop128 } else { GemmTile::Coop64 };
         return MatmulKernel::Gemm { tile };
     }
     let tile = if tiles(128, 64) < 256 {
@@ -307,7 +305,8 @@ pub const SPLIT_K_MAX: u32 = 8;
 pub const SPLIT_K_MIN_STEPS: u32 = 8;
 /// Floats of the partial sums a split GEMM may write ([splits][m][rows]): a session's one
 /// scratch buffer, which bounds the splits (so it fits by construction).
-pub const SPLIT_K_SCRATCH_FLOATS: u64 = 2 * SPLIT_K_FILL_TILES * 64 * 64;
+/// 16 MiB: two K ranges of a 512-token GEMM over 4096 outputs.
+pub const SPLIT_K_SCRATCH_FLOATS: u64 = 4 * SPLIT_K_FILL_TILES * 64 * 64;
 
 /// K ranges for a GEMM of `tile` over Y[m, n] = X[m, k] · W[n, k]ᵀ: 1 (no split) on CPU
 /// adapters, for the wide tiles (picked only where tiles are plenty), and wherever the tiles
@@ -324,14 +323,17 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     if let Some(forced) = crate::config::split_k_from_env() {
         return forced.min(steps).min(most_by_scratch).max(1);
     }
-    if !matches!(tile, GemmTile::T32 | GemmTile::T64 | GemmTile::Coop64) {
-        return 1;
-    }
+    // 128x128 cooperative tiles take one workgroup per SM; the small tiles two.
+    let fill = match tile {
+        GemmTile::T32 | GemmTile::T64 | GemmTile::Coop64 => SPLIT_K_FILL_TILES,
+        GemmTile::Coop128 => COOP_FILL_TILES,
+        _ => return 1,
+    };
     let tiles = m.div_ceil(bm) as u64 * n.div_ceil(bn) as u64;
-    if tiles >= SPLIT_K_FILL_TILES {
+    if tiles >= fill {
         return 1;
     }
-    (SPLIT_K_FILL_TILES.div_ceil(tiles) as u32)
+    (fill.div_ceil(tiles) as u32)
         .min(steps / SPLIT_K_MIN_STEPS)
         .min(most_by_scratch)
         .clamp(1, SPLIT_K_MAX)
@@ -442,11 +444,15 @@ mod tests {
             _ => None,
         };
         let gemm = |m, f| gemm_n(m, 4096, f);
-        // 4 x 32 tiles of 128x128 fill the GPU; 4 x 16 would not.
+        // 128x128 tiles from 256 tokens and 512 outputs (split along K where they are few).
         assert_eq!(gemm(512, WeightFormat::Q4K), Some(GemmTile::Coop128));
-        // 4 x 32 tiles of 128x64 would not give each of ~132 SMs two: 64x64 ones.
-        assert_eq!(gemm_n(512, 2048, WeightFormat::Q4K), Some(GemmTile::Coop64));
+        assert_eq!(gemm_n(512, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128));
+        assert_eq!(gemm_n(256, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128));
+        assert_eq!(gemm_n(512, 256, WeightFormat::Q6K), Some(GemmTile::Coop64));
+        assert_eq!(gemm_n(128, 2048, WeightFormat::Q4K), Some(GemmTile::Coop64));
         assert_eq!(gemm_n(2048, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128));
+        let c128 = |m, n| gemm_splits(m, n, 2048, GemmTile::Coop128, &c);
+        assert_eq!((c128(512, 2048), c128(512, 2304), c128(512, 4096), c128(2048, 2048)), (2, 2, 1, 1));
         assert_eq!(gemm(64, WeightFormat::Q8_0), Some(GemmTile::Coop64));
         assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));

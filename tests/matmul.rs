@@ -137,6 +137,7 @@ fn split_k_gemm_matches_reference() {
         let mut tiles = vec![GemmTile::T32];
         if g.ctx.caps.coopmat {
             tiles.push(GemmTile::Coop64);
+            tiles.push(GemmTile::Coop128);
         }
         for tile in tiles {
             let kernel = MatmulKernel::Gemm { tile };
