@@ -172,6 +172,15 @@ pub fn gemv_q8_min_cols_from_env() -> Option<u32> {
     })
 }
 
+/// `KILN_PREFILL_BUDGET=<tokens>`: prompt tokens `kiln serve` prefills per engine tick
+/// (`server::engine::PREFILL_BUDGET`; a knob for measurements).
+pub fn prefill_budget_from_env() -> Option<usize> {
+    static TOKENS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *TOKENS.get_or_init(|| {
+        std::env::var("KILN_PREFILL_BUDGET").ok().and_then(|v| v.trim().parse().ok()).filter(|&t| t >= 1)
+    })
+}
+
 /// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrefillAttention {

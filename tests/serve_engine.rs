@@ -180,7 +180,9 @@ fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(pipeline
     let tok = tokenizer();
     let metrics = Metrics::default();
     let mut slots = Scripted::with(2, 1024, pipelined);
-    let (long, mut long_rx) = job(prompt(300, 1), Some(4), &[]);
+    // Two whole budgets and a ragged rest.
+    let long_len = 2 * PREFILL_BUDGET + 44;
+    let (long, mut long_rx) = job(prompt(long_len, 1), Some(4), &[]);
     let (short, mut short_rx) = job(prompt(5, 2), Some(20), &[]);
     {
         let mut engine = Engine::new(&mut slots, &tok, &metrics);
@@ -192,14 +194,14 @@ fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(pipeline
         }
         assert!(engine.is_idle());
     }
-    // The short request decodes every tick while the long prompt goes in 128-token chunks.
+    // The short request decodes every tick while the long prompt goes in chunks of the budget.
     let long_prefills: Vec<&Call> = slots.calls.iter().filter(|c| matches!(c, Call::Prefill { slot: 1, .. })).collect();
     assert_eq!(
         long_prefills,
         [
             &Call::Prefill { slot: 1, n: PREFILL_BUDGET, last: false },
             &Call::Prefill { slot: 1, n: PREFILL_BUDGET, last: false },
-            &Call::Prefill { slot: 1, n: 300 - 2 * PREFILL_BUDGET, last: true }
+            &Call::Prefill { slot: 1, n: 44, last: true }
         ]
     );
     let decodes_with_short =

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::chat::ChatTemplate;
 use crate::cli::load::{load_model, ModelArgs};
-use crate::server::engine::PREFILL_BUDGET;
+use crate::server::engine::prefill_budget;
 use crate::server::slots::{plan_slots, BatchedSlots, SessionSlots, Slots};
 use crate::server::{serve, Loaded, ServeConfig};
 use crate::{KilnError, Result};
@@ -97,9 +97,9 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     let bos = tokenizer.bos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();
     let eos = tokenizer.eos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();
     let template = ChatTemplate::select(&model.file, template, bos, eos)?;
-    // The engine feeds at most PREFILL_BUDGET tokens per step: a larger ubatch would only
+    // The engine feeds at most prefill_budget() tokens per step: a larger ubatch would only
     // take memory.
-    let ubatch = margs.ubatch.min(PREFILL_BUDGET as u32);
+    let ubatch = margs.ubatch.min(prefill_budget() as u32);
     // Batched slots (one KV cache, decode steps over every generating slot at once) unless
     // KILN_SERVE_SLOTS=sessions asks for a session per slot.
     let batched = !crate::config::serve_session_slots_from_env();

@@ -24,8 +24,17 @@ use crate::server::slots::{SlotId, Slots};
 use crate::server::stop::StopFilter;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Most prompt tokens prefilled per tick, over all slots.
-pub const PREFILL_BUDGET: usize = 128;
+/// Most prompt tokens prefilled per tick, over all slots. `kiln bench-serve --concurrency
+/// 1,8,16 --input-len 128 --output-len 256` on an H200 (run 58,
+/// profiling/results/h200-serve-2026-11-24-run58-*), budgets 128 / 256 / 384: time to first
+/// token p99 at 8 streams 85-87 / 71 / 68 ms (p50 24 / 35 / 42), at 16 streams 217-227 / 192 /
+/// 174 (p50 26 / 44 / 54), inter-token p99 at 16 streams 15 / 24 / 32 ms; throughput within 1%.
+pub const PREFILL_BUDGET: usize = 256;
+
+/// The budget in force: `KILN_PREFILL_BUDGET` or `PREFILL_BUDGET`.
+pub fn prefill_budget() -> usize {
+    crate::config::prefill_budget_from_env().unwrap_or(PREFILL_BUDGET)
+}
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -336,7 +345,7 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         // The budget holds even with no stream generating yet: prefilling a burst of prompts
         // all at once made them finish together and come back as another burst (16 streams
         // on an H200: time to first token p50 33 -> 117 ms, run 42).
-        let mut budget = PREFILL_BUDGET;
+        let mut budget = prefill_budget();
         let mut generated = 0;
         let n_ctx = self.slots.n_ctx() as usize;
         for r in self.running.iter_mut() {

@@ -130,9 +130,8 @@ impl Session {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::Qkv, || group_work(prefill));
-                        for b in prefill {
-                            b.record(ctx, rec.pass(), m, batched)?;
-                        }
+                        // The parts read one input: rounded to f16 (or quantized) once.
+                        BoundMatmul::record_group(ctx, rec.pass(), &prefill.iter().collect::<Vec<_>>(), m, batched)?;
                     }
                 }
                 QkvOps::Separate { q, k, v, q_fused, k_fused, v_fused, q_norm, k_norm, rope_q, kv_write } => {
@@ -154,9 +153,7 @@ impl Session {
                         rec.stage(Stage::Qkv, || {
                             StageWork::combine(vec![q.work(ctx, m), k.work(ctx, m), v.work(ctx, m)])
                         });
-                        q.record(ctx, rec.pass(), m, batched)?;
-                        k.record(ctx, rec.pass(), m, batched)?;
-                        v.record(ctx, rec.pass(), m, batched)?;
+                        BoundMatmul::record_group(ctx, rec.pass(), &[q, k, v], m, batched)?;
                     }
                     if let (Some(qn), Some(kn)) = (q_norm, k_norm) {
                         rec.stage(Stage::QkNorm, || norm_work(m * (c.n_head + c.n_kv_head), c.head_dim));
@@ -299,8 +296,7 @@ impl Session {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m), up.work(ctx, m)]));
-                        gate.record(ctx, rec.pass(), m, batched)?;
-                        up.record(ctx, rec.pass(), m, batched)?;
+                        BoundMatmul::record_group(ctx, rec.pass(), &[gate, up], m, batched)?;
                         rec.stage(Stage::FfnAct, || {
                             StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
                         });
