@@ -58,8 +58,8 @@ fn benches(c: &mut Criterion) {
     // The adapter's measured peaks, to read the figures below against.
     match kiln::kernels::probe::run(&ctx) {
         Ok(p) => eprintln!(
-            "bench peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs",
-            p.peak.read_gbs, p.peak.gflops, p.peak.dispatch_us
+            "bench peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, f16 matrix multiply-add {:.1} GFLOP/s, dependent dispatch {:.2} µs",
+            p.peak.read_gbs, p.peak.gflops, p.peak.mma_gflops, p.peak.dispatch_us
         ),
         Err(e) => eprintln!("bench peaks: probe failed: {e}"),
     }

@@ -152,6 +152,10 @@ pub struct Peak {
     /// can take (0 where timestamps inside passes are not offered).
     #[serde(default)]
     pub timed_dispatch_us: f64,
+    /// 16x16x16 f16 cooperative-matrix multiply-adds into f32, GFLOP/s: what the
+    /// cooperative GEMM is measured against (0 where the adapter has none).
+    #[serde(default)]
+    pub mma_gflops: f64,
 }
 
 /// One stage's totals over a phase.
@@ -287,7 +291,11 @@ impl PhaseProfile {
             let gflops = if secs > 0.0 { s.flops / secs * 1e-9 } else { 0.0 };
             let of_peak = match peak {
                 Some(p) if p.read_gbs > 0.0 && p.gflops > 0.0 => {
-                    let (bw, fl) = (gbs / p.read_gbs, gflops / p.gflops);
+                    // The cooperative GEMM against the matrix cores, everything else against
+                    // f32 FMA.
+                    let flops_peak =
+                        if s.kernel.contains("gemm_coop") && p.mma_gflops > 0.0 { p.mma_gflops } else { p.gflops };
+                    let (bw, fl) = (gbs / p.read_gbs, gflops / flops_peak);
                     let per_call_us = s.total_ms * 1e3 / s.calls.max(1) as f64;
                     // What bounds the stage: near a peak, that peak; a call hardly longer than
                     // a dependent dispatch, dispatch overhead; far from everything, latency

@@ -162,10 +162,15 @@ fn bench_section(records: &[BenchRecord], charts: &[String]) -> String {
             if let Some(p) = &r.profile {
                 if let Some(pk) = &r.peak {
                     o.push_str(&format!(
-                        "\n{} peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)\n",
+                        "\n{} peaks: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s{}, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)\n",
                         gpu_label(r),
                         pk.read_gbs,
                         pk.gflops,
+                        if pk.mma_gflops > 0.0 {
+                            format!(", f16 matrix multiply-add {:.1} GFLOP/s", pk.mma_gflops)
+                        } else {
+                            String::new()
+                        },
                         pk.dispatch_us,
                         pk.timed_dispatch_us
                     ));

@@ -342,8 +342,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if let Some(p) = &peak {
             writeln!(
                 o,
-                "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
-                ctx.info.name, p.read_gbs, p.gflops, p.dispatch_us, p.timed_dispatch_us
+                "\nmeasured peaks on {}: read {:.1} GB/s, f32 FMA {:.1} GFLOP/s{}, dependent dispatch {:.2} µs ({:.2} µs with a timestamp)",
+                ctx.info.name,
+                p.read_gbs,
+                p.gflops,
+                mma_peak_text(p),
+                p.dispatch_us,
+                p.timed_dispatch_us
             )?;
         }
         for r in &records {
@@ -444,5 +449,14 @@ fn check_host_memory(
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// ", f16 matrix multiply-add N GFLOP/s" where the adapter has cooperative matrices.
+fn mma_peak_text(p: &crate::profile::Peak) -> String {
+    if p.mma_gflops > 0.0 {
+        format!(", f16 matrix multiply-add {:.1} GFLOP/s", p.mma_gflops)
+    } else {
+        String::new()
     }
 }

@@ -133,6 +133,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
                 r.read_bytes >> 20
             )?;
             writeln!(o, "    f32 FMA: {:.1} GFLOP/s", r.peak.gflops)?;
+            if r.peak.mma_gflops > 0.0 {
+                writeln!(
+                    o,
+                    "    f16 matrix multiply-add (cooperative matrices, 16x16x16 into f32): {:.1} GFLOP/s",
+                    r.peak.mma_gflops
+                )?;
+            }
             writeln!(
                 o,
                 "    dependent dispatch: {:.2} µs each ({} back-to-back dispatches, each waiting for the last)",

@@ -242,6 +242,8 @@ pub enum ProbeKind {
     ReadBandwidth,
     Fma,
     DependentDispatch,
+    /// 16x16x16 f16 cooperative-matrix multiply-adds (probe_coop.wgsl; `Caps::coopmat`).
+    CoopMma,
 }
 
 /// Work sizes shared by host and shader.
@@ -308,6 +310,7 @@ impl KernelKey {
             KernelKey::Probe { kind: ProbeKind::ReadBandwidth } => "read_bw",
             KernelKey::Probe { kind: ProbeKind::Fma } => "fma_peak",
             KernelKey::Probe { kind: ProbeKind::DependentDispatch } => "chain",
+            KernelKey::Probe { kind: ProbeKind::CoopMma } => "mma_peak",
             _ => "main",
         }
     }
@@ -513,6 +516,9 @@ impl KernelKey {
             KernelKey::Nll { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("nll.wgsl").build()
             }
+            KernelKey::Probe { kind: ProbeKind::CoopMma } => {
+                c.enable_f16(true).enable_coopmat(true).const_u32("WG", 128).include("probe_coop.wgsl").build()
+            }
             KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
         }
     }
@@ -521,12 +527,14 @@ impl KernelKey {
     /// 16x16x16 f16 -> f32, subgroups of 32: `Caps::coopmat`; it needs SHADER_F16 too).
     pub fn needs_coopmat(&self) -> bool {
         matches!(self, KernelKey::Gemm { tile, .. } if tile.is_coop())
+            || matches!(self, KernelKey::Probe { kind: ProbeKind::CoopMma })
     }
 
     /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
     pub fn needs(&self) -> (bool, bool) {
         match *self {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
+            KernelKey::Probe { kind: ProbeKind::CoopMma } => (true, false),
             KernelKey::ToHalf => (true, false),
             KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } | KernelKey::GemmReduce { epi: Epi::Qkv { kv, .. } } => {
                 (kv.needs_f16(), false)
@@ -650,7 +658,7 @@ impl KernelKey {
             v.push(KernelKey::Sample { subgroups, batched: true });
             v.push(KernelKey::Nll { subgroups });
         }
-        for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch] {
+        for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch, ProbeKind::CoopMma] {
             v.push(KernelKey::Probe { kind });
         }
         for op in [elementwise::EltOp::SiluMul, elementwise::EltOp::Add] {

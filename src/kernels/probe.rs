@@ -108,8 +108,24 @@ pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
     } else {
         0.0
     };
+    // Matrix cores: 4 subgroups per workgroup, 8 multiply-adds of 8192 flops per round.
+    let mma_gflops = if ctx.caps.coopmat {
+        let key = KernelKey::Probe { kind: ProbeKind::CoopMma };
+        let (wgs, iters) = (2048u32, 2048u32);
+        let params = ProbeParams { n: 0, iters, _pad: [0; 2] };
+        best_time(ctx, &mut timer, &key, params, &src, &dst, wgs, 1, 1)?;
+        let t = best_time(ctx, &mut timer, &key, params, &src, &dst, wgs, 1, 5)?;
+        let flops = wgs as f64 * 4.0 * iters as f64 * 8.0 * 8192.0;
+        if t > 0.0 {
+            flops / t * 1e-9
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
     Ok(ProbeReport {
-        peak: Peak { read_gbs, gflops, dispatch_us, timed_dispatch_us },
+        peak: Peak { read_gbs, gflops, dispatch_us, timed_dispatch_us, mma_gflops },
         read_bytes: bytes,
         dependent_dispatches: chain,
     })
