@@ -288,7 +288,10 @@ fn flash_attention_against_reference() {
                     .unwrap();
                 let got = g.ctx.read_f32(&out, want.len()).unwrap();
                 let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
-                assert_close(&what, &got, &want, 1e-4);
+                // On cooperative matrices Q and the probabilities are rounded to f16, as the
+                // matrix cores take them (llama.cpp's coopmat flash attention does the same).
+                let tol = if flash_attention::takes_coop(kv, &shape, &g.ctx.caps) { 5e-3 } else { 1e-4 };
+                assert_close(&what, &got, &want, tol);
             }
         }
     }

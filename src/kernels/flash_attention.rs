@@ -25,6 +25,20 @@ const FLASH_V_FLOATS: u32 = 1024;
 /// (runtime-sized register arrays would live in slow memory); head_dim is rounded up.
 pub const FLASH_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
 
+/// Head dimension of the cooperative-matrix variant (flash_attention_coop.wgsl).
+pub const COOP_HEAD_DIM: u32 = 64;
+
+/// Whether prefill attention runs on cooperative matrices: adapters with them, heads of
+/// `COOP_HEAD_DIM` over an f16 cache read as f16; `KILN_FLASH_COOP=0` keeps the f32 kernel
+/// (comparisons).
+pub fn takes_coop(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> bool {
+    caps.coopmat
+        && !caps.cpu_adapter
+        && kv == KvKind::F16Native
+        && shape.head_dim == COOP_HEAD_DIM
+        && std::env::var("KILN_FLASH_COOP").as_deref() != Ok("0")
+}
+
 /// The class of a head dimension (its variant), None above the largest.
 pub fn head_dim_class(head_dim: u32) -> Option<u16> {
     FLASH_HEAD_DIMS.into_iter().find(|&c| head_dim <= c as u32)
@@ -87,8 +101,10 @@ pub struct FlashLaunch {
     pub grid: [u32; 3],
 }
 
-/// The launch for m queries at positions pos0.. over a cache of `kv` values holding pos0 + m rows.
-pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32) -> Result<FlashLaunch> {
+/// The launch for m queries at positions pos0.. over a cache of `kv` values holding pos0 + m
+/// rows; on cooperative matrices where `takes_coop` (the same rows per workgroup, grid and
+/// parameters).
+pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gpu::Caps) -> Result<FlashLaunch> {
     shape.check()?;
     let kv_len = pos0 + m;
     if m == 0 || kv_len > shape.n_ctx {
@@ -97,7 +113,7 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32) -> Result<FlashL
             format!("{m} queries at position {pos0} outside the context of {}", shape.n_ctx),
         ));
     }
-    let key = key(kv, shape)?;
+    let key = if takes_coop(kv, shape, caps) { KernelKey::AttnFlashCoop } else { key(kv, shape)? };
     let n_tiles = (m * shape.group()).div_ceil(FLASH_ROWS);
     let params = FlashParams {
         m,
@@ -141,7 +157,7 @@ pub struct FlashArgs<'a> {
 
 /// One dispatch.
 pub fn prepare(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &FlashArgs) -> Result<Dispatch> {
-    let l = launch(kv, shape, a.m, a.pos0)?;
+    let l = launch(kv, shape, a.m, a.pos0, &ctx.caps)?;
     let pipeline = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.flash");
     let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out]);

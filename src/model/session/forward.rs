@@ -249,7 +249,7 @@ impl Session {
             } else {
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(flash) => {
-                        let launch = flash_attention::launch(self.kv, &self.shape, m, pos0)?;
+                        let launch = flash_attention::launch(self.kv, &self.shape, m, pos0, &ctx.caps)?;
                         flash.set(ctx, &flash_attention::FlashParams { kv_off, ..launch.params });
                         flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                     }

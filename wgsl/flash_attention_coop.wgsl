@@ -1,0 +1,219 @@
+// Flash attention for prefill on cooperative matrices (16x16x16 f16 multiply-adds into f32),
+// for heads of 64 dimensions over an f16 cache: the same rows, causal mask and online
+// softmax as flash_attention.wgsl, with Q·Kᵀ and P·V on the matrix cores.
+//
+// A workgroup takes BM = 64 rows of one KV head's GQA group (row r = token * group +
+// head-in-group, as flash_attention.wgsl), 16 per subgroup. Q (pre-scaled by log2(e) /
+// sqrt(64), as f16) stays in workgroup memory; per tile of 64 keys:
+// - K is staged as f16 and each subgroup computes its 16 x 64 scores (4 accumulators over 4
+//   K steps of 16 dimensions), stored to its slice of workgroup memory;
+// - lane r < 16 of each subgroup updates row r's running max and sum and writes the row's
+//   probabilities as f16, and its rescale factor;
+// - V is staged as f16 in K's place and each subgroup computes P·V (4 accumulators of 16
+//   dimensions over 4 K steps of 16 keys), stored to its slice; every lane then updates
+//   its 8 x 4 outputs in registers: O = alpha O + P·V (an accumulator cannot be scaled per
+//   row, so O lives in plain registers).
+// Header constants: WG (128), BM (64), BK (64 keys), D (64).
+
+struct Params {
+    m: u32,
+    pos0: u32,
+    head_dim: u32,
+    group: u32,
+    q_stride: u32,
+    kv_stride: u32,
+    scale: f32,
+    n_tiles: u32,
+    kv_off: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+
+const LDS: u32 = D + 8u;       // f16 row stride of Q and K/V tiles (bank padding)
+const PS: u32 = BK + 8u;       // f16 row stride of a subgroup's probabilities
+const SS: u32 = 64u;           // f32 row stride of a subgroup's scores / P·V (16 x 64 each)
+
+var<workgroup> qs: array<f16, BM * LDS>;
+var<workgroup> kv: array<f16, BK * LDS>;
+var<workgroup> ss: array<f32, 4u * 16u * SS>;
+var<workgroup> ps: array<f16, 4u * 16u * PS>;
+var<workgroup> alpha_s: array<f32, BM>;
+
+alias TileA = coop_mat16x16<f16, A>;
+alias TileB = coop_mat16x16<f16, B>;
+alias TileC = coop_mat16x16<f32, C>;
+
+// Four halves at t of qs (which == 0) or kv.
+fn put4(t: u32, h: vec4<f16>, which: u32) {
+    if (which == 0u) {
+        qs[t] = h.x;
+        qs[t + 1u] = h.y;
+        qs[t + 2u] = h.z;
+        qs[t + 3u] = h.w;
+    } else {
+        kv[t] = h.x;
+        kv[t + 1u] = h.y;
+        kv[t + 2u] = h.z;
+        kv[t + 3u] = h.w;
+    }
+}
+
+// Keys j0 .. j0 + BK of K (which_v false) or V into kv, zeros past n_keys. BK x D halves in
+// vec4s: 1024 of them, 8 per invocation.
+fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
+    for (var i = lid; i < BK * D / 4u; i += WG) {
+        let c = i / (D / 4u);
+        let d4 = i % (D / 4u);
+        let key = j0 + c;
+        let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + d4;
+        var h: vec4<f16>;
+        if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
+        put4(c * LDS + d4 * 4u, select(vec4<f16>(0.0), h, key < n_keys), 1u);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = p.group;
+    let kvh = wid.y;
+    // The last tiles see the most keys: dispatched first.
+    let r0 = (p.n_tiles - 1u - wid.x) * BM;
+    let rows = p.m * g;
+    let n_keys = p.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
+    let kv_base = p.kv_off + kvh * D;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+
+    // Q, scaled, as f16 (rows past the step: zeros).
+    for (var i = lid; i < BM * D / 4u; i += WG) {
+        let r = i / (D / 4u);
+        let d4 = i % (D / 4u);
+        let rr = r0 + r;
+        var v = vec4<f32>(0.0);
+        if (rr < rows) {
+            v = q[((rr / g) * p.q_stride + (kvh * g + rr % g) * D) / 4u + d4] * p.scale;
+        }
+        put4(r * LDS + d4 * 4u, vec4<f16>(v), 0u);
+    }
+
+    // Lane r < 16: row sg * 16 + r's last visible key, running max and sum.
+    let my_row = sg * 16u + min(lane, 15u);
+    let my_last = p.pos0 + min((r0 + my_row) / g, p.m - 1u);
+    var run_max = -3.0e38;
+    var run_sum = 0.0;
+    // Lane l's outputs: row l / 2 of the subgroup's 16, dimensions (l % 2) * 8 .. + 8 of each
+    // 16-dimension chunk c (4 chunks).
+    var o0 = vec4<f32>(0.0); var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0); var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0); var o7 = vec4<f32>(0.0);
+    let orow = lane / 2u;
+    let ocol = (lane % 2u) * 8u;
+    let slice = sg * 16u * SS;
+    let pslice = sg * 16u * PS;
+    let qa = sg * 16u * LDS;
+
+    for (var j0 = 0u; j0 < n_keys; j0 += BK) {
+        workgroupBarrier();
+        stage_kv(lid, j0, n_keys, kv_base, false);
+        workgroupBarrier();
+        // Scores: 16 rows x 64 keys, over 4 steps of 16 dimensions.
+        var s0 = TileC();
+        var s1 = TileC();
+        var s2 = TileC();
+        var s3 = TileC();
+        for (var d0 = 0u; d0 < D; d0 += 16u) {
+            let a = coopLoadT<TileA>(&qs[qa + d0], LDS);
+            let b0 = coopLoad<TileB>(&kv[d0], LDS);
+            let b1 = coopLoad<TileB>(&kv[16u * LDS + d0], LDS);
+            let b2 = coopLoad<TileB>(&kv[32u * LDS + d0], LDS);
+            let b3 = coopLoad<TileB>(&kv[48u * LDS + d0], LDS);
+            s0 = coopMultiplyAdd(a, b0, s0);
+            s1 = coopMultiplyAdd(a, b1, s1);
+            s2 = coopMultiplyAdd(a, b2, s2);
+            s3 = coopMultiplyAdd(a, b3, s3);
+        }
+        coopStoreT(s0, &ss[slice], SS);
+        coopStoreT(s1, &ss[slice + 16u], SS);
+        coopStoreT(s2, &ss[slice + 32u], SS);
+        coopStoreT(s3, &ss[slice + 48u], SS);
+        workgroupBarrier();
+
+        // Online softmax of row my_row (lanes 0-15); masked keys get probability 0.
+        if (lane < 16u) {
+            var mx = run_max;
+            for (var c = 0u; c < BK; c++) {
+                if (j0 + c <= my_last) { mx = max(mx, ss[slice + lane * SS + c]); }
+            }
+            let alpha = exp2(run_max - mx);
+            var sum = 0.0;
+            for (var c = 0u; c < BK; c++) {
+                let e = select(0.0, exp2(ss[slice + lane * SS + c] - mx), j0 + c <= my_last);
+                ps[pslice + lane * PS + c] = f16(e);
+                sum += e;
+            }
+            run_max = mx;
+            run_sum = run_sum * alpha + sum;
+            alpha_s[my_row] = alpha;
+        }
+        workgroupBarrier();
+        stage_kv(lid, j0, n_keys, kv_base, true);
+        workgroupBarrier();
+        // P·V: 16 rows x 64 dimensions, over 4 steps of 16 keys.
+        var v0 = TileC();
+        var v1 = TileC();
+        var v2 = TileC();
+        var v3 = TileC();
+        for (var c0 = 0u; c0 < BK; c0 += 16u) {
+            let a = coopLoadT<TileA>(&ps[pslice + c0], PS);
+            let b0 = coopLoadT<TileB>(&kv[c0 * LDS], LDS);
+            let b1 = coopLoadT<TileB>(&kv[c0 * LDS + 16u], LDS);
+            let b2 = coopLoadT<TileB>(&kv[c0 * LDS + 32u], LDS);
+            let b3 = coopLoadT<TileB>(&kv[c0 * LDS + 48u], LDS);
+            v0 = coopMultiplyAdd(a, b0, v0);
+            v1 = coopMultiplyAdd(a, b1, v1);
+            v2 = coopMultiplyAdd(a, b2, v2);
+            v3 = coopMultiplyAdd(a, b3, v3);
+        }
+        coopStoreT(v0, &ss[slice], SS);
+        coopStoreT(v1, &ss[slice + 16u], SS);
+        coopStoreT(v2, &ss[slice + 32u], SS);
+        coopStoreT(v3, &ss[slice + 48u], SS);
+        workgroupBarrier();
+        let alpha = alpha_s[sg * 16u + orow];
+        let t = slice + orow * SS + ocol;
+        o0 = alpha * o0 + vec4<f32>(ss[t], ss[t + 1u], ss[t + 2u], ss[t + 3u]);
+        o1 = alpha * o1 + vec4<f32>(ss[t + 4u], ss[t + 5u], ss[t + 6u], ss[t + 7u]);
+        o2 = alpha * o2 + vec4<f32>(ss[t + 16u], ss[t + 17u], ss[t + 18u], ss[t + 19u]);
+        o3 = alpha * o3 + vec4<f32>(ss[t + 20u], ss[t + 21u], ss[t + 22u], ss[t + 23u]);
+        o4 = alpha * o4 + vec4<f32>(ss[t + 32u], ss[t + 33u], ss[t + 34u], ss[t + 35u]);
+        o5 = alpha * o5 + vec4<f32>(ss[t + 36u], ss[t + 37u], ss[t + 38u], ss[t + 39u]);
+        o6 = alpha * o6 + vec4<f32>(ss[t + 48u], ss[t + 49u], ss[t + 50u], ss[t + 51u]);
+        o7 = alpha * o7 + vec4<f32>(ss[t + 52u], ss[t + 53u], ss[t + 54u], ss[t + 55u]);
+    }
+
+    // 1 / sum per row, through workgroup memory (lane r < 16 holds row r's sum).
+    workgroupBarrier();
+    if (lane < 16u) { alpha_s[my_row] = 1.0 / run_sum; }
+    workgroupBarrier();
+    let rr = r0 + sg * 16u + orow;
+    if (rr < rows) {
+        let inv = alpha_s[sg * 16u + orow];
+        let base = ((rr / g) * p.q_stride + (kvh * g + rr % g) * D + ocol) / 4u;
+        out[base] = o0 * inv;
+        out[base + 1u] = o1 * inv;
+        out[base + 4u] = o2 * inv;
+        out[base + 5u] = o3 * inv;
+        out[base + 8u] = o4 * inv;
+        out[base + 9u] = o5 * inv;
+        out[base + 12u] = o6 * inv;
+        out[base + 13u] = o7 * inv;
+    }
+}
