@@ -7,12 +7,14 @@
 // sqrt(64), as f16) stays in workgroup memory; per tile of 64 keys:
 // - K is staged as f16 and each subgroup computes its 16 x 64 scores (4 accumulators over 4
 //   K steps of 16 dimensions), stored to its slice of workgroup memory;
-// - lane r < 16 of each subgroup updates row r's running max and sum and writes the row's
-//   probabilities as f16, and its rescale factor;
+// - lanes 2r and 2r + 1 of each subgroup take row r's 64 scores, 32 each, and update its
+//   running max and sum (combined across the pair with a subgroup shuffle), writing the
+//   row's probabilities as f16;
 // - V is staged as f16 in K's place and each subgroup computes P·V (4 accumulators of 16
 //   dimensions over 4 K steps of 16 keys), stored to its slice; every lane then updates
 //   its 8 x 4 outputs in registers: O = alpha O + P·V (an accumulator cannot be scaled per
 //   row, so O lives in plain registers).
+// Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: WG (128), BM (64), BK (64 keys), D (64).
 
 struct Params {
@@ -44,7 +46,6 @@ var<workgroup> qs: array<f16, BM * LDS>;
 var<workgroup> kv: array<f16, BK * LDS>;
 var<workgroup> ss: array<f32, 4u * 16u * SS>;
 var<workgroup> ps: array<f16, 4u * 16u * PS>;
-var<workgroup> alpha_s: array<f32, BM>;
 
 alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
@@ -103,18 +104,18 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         put4(r * LDS + d4 * 4u, vec4<f16>(v), 0u);
     }
 
-    // Lane r < 16: row sg * 16 + r's last visible key, running max and sum.
-    let my_row = sg * 16u + min(lane, 15u);
-    let my_last = p.pos0 + min((r0 + my_row) / g, p.m - 1u);
+    // Lanes 2r and 2r + 1: row r of the subgroup's 16, its last visible key, running max and
+    // sum (both lanes hold them), keys (l % 2) * 32 .. + 32 of each tile for the softmax, and
+    // dimensions (l % 2) * 8 .. + 8 of each 16-dimension chunk of the output (4 chunks).
+    let orow = lane / 2u;
+    let my_last = p.pos0 + min((r0 + sg * 16u + orow) / g, p.m - 1u);
+    let khalf = (lane % 2u) * 32u;
     var run_max = -3.0e38;
     var run_sum = 0.0;
-    // Lane l's outputs: row l / 2 of the subgroup's 16, dimensions (l % 2) * 8 .. + 8 of each
-    // 16-dimension chunk c (4 chunks).
     var o0 = vec4<f32>(0.0); var o1 = vec4<f32>(0.0);
     var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
     var o4 = vec4<f32>(0.0); var o5 = vec4<f32>(0.0);
     var o6 = vec4<f32>(0.0); var o7 = vec4<f32>(0.0);
-    let orow = lane / 2u;
     let ocol = (lane % 2u) * 8u;
     let slice = sg * 16u * SS;
     let pslice = sg * 16u * PS;
@@ -146,23 +147,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         coopStoreT(s3, &ss[slice + 48u], SS);
         workgroupBarrier();
 
-        // Online softmax of row my_row (lanes 0-15); masked keys get probability 0.
-        if (lane < 16u) {
-            var mx = run_max;
-            for (var c = 0u; c < BK; c++) {
-                if (j0 + c <= my_last) { mx = max(mx, ss[slice + lane * SS + c]); }
-            }
-            let alpha = exp2(run_max - mx);
-            var sum = 0.0;
-            for (var c = 0u; c < BK; c++) {
-                let e = select(0.0, exp2(ss[slice + lane * SS + c] - mx), j0 + c <= my_last);
-                ps[pslice + lane * PS + c] = f16(e);
-                sum += e;
-            }
-            run_max = mx;
-            run_sum = run_sum * alpha + sum;
-            alpha_s[my_row] = alpha;
+        // Online softmax of row orow, half a tile per lane; masked keys get probability 0.
+        let srow = slice + orow * SS + khalf;
+        var mx = run_max;
+        for (var c = 0u; c < 32u; c++) {
+            if (j0 + khalf + c <= my_last) { mx = max(mx, ss[srow + c]); }
         }
+        mx = max(mx, subgroupShuffleXor(mx, 1u));
+        let alpha = exp2(run_max - mx);
+        var sum = 0.0;
+        for (var c = 0u; c < 32u; c++) {
+            let e = select(0.0, exp2(ss[srow + c] - mx), j0 + khalf + c <= my_last);
+            ps[pslice + orow * PS + khalf + c] = f16(e);
+            sum += e;
+        }
+        sum += subgroupShuffleXor(sum, 1u);
+        run_max = mx;
+        run_sum = run_sum * alpha + sum;
         workgroupBarrier();
         stage_kv(lid, j0, n_keys, kv_base, true);
         workgroupBarrier();
@@ -187,7 +188,6 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         coopStoreT(v2, &ss[slice + 32u], SS);
         coopStoreT(v3, &ss[slice + 48u], SS);
         workgroupBarrier();
-        let alpha = alpha_s[sg * 16u + orow];
         let t = slice + orow * SS + ocol;
         o0 = alpha * o0 + vec4<f32>(ss[t], ss[t + 1u], ss[t + 2u], ss[t + 3u]);
         o1 = alpha * o1 + vec4<f32>(ss[t + 4u], ss[t + 5u], ss[t + 6u], ss[t + 7u]);
@@ -199,13 +199,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         o7 = alpha * o7 + vec4<f32>(ss[t + 52u], ss[t + 53u], ss[t + 54u], ss[t + 55u]);
     }
 
-    // 1 / sum per row, through workgroup memory (lane r < 16 holds row r's sum).
-    workgroupBarrier();
-    if (lane < 16u) { alpha_s[my_row] = 1.0 / run_sum; }
-    workgroupBarrier();
     let rr = r0 + sg * 16u + orow;
     if (rr < rows) {
-        let inv = alpha_s[sg * 16u + orow];
+        let inv = 1.0 / run_sum;
         let base = ((rr / g) * p.q_stride + (kvh * g + rr % g) * D + ocol) / 4u;
         out[base] = o0 * inv;
         out[base + 1u] = o1 * inv;

@@ -33,6 +33,7 @@ pub const COOP_HEAD_DIM: u32 = 64;
 /// (comparisons).
 pub fn takes_coop(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> bool {
     caps.coopmat
+        && caps.subgroups
         && !caps.cpu_adapter
         && kv == KvKind::F16Native
         && shape.head_dim == COOP_HEAD_DIM

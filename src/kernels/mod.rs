@@ -561,7 +561,7 @@ impl KernelKey {
             | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
-            KernelKey::AttnFlashCoop => (true, false),
+            KernelKey::AttnFlashCoop => (true, true),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
             _ => (false, false),
