@@ -1,21 +1,23 @@
 // Flash attention for prefill on cooperative matrices (16x16x16 f16 multiply-adds into f32),
-// for heads of 64 dimensions over an f16 cache: the same rows, causal mask and online
+// for heads of 64 or 128 dimensions over an f16 cache: the same rows, causal mask and online
 // softmax as flash_attention.wgsl, with Q·Kᵀ and P·V on the matrix cores.
 //
-// A workgroup takes BM = 64 rows of one KV head's GQA group (row r = token * group +
-// head-in-group, as flash_attention.wgsl), 16 per subgroup. Q (pre-scaled by log2(e) /
-// sqrt(64), as f16) stays in workgroup memory; per tile of 64 keys:
+// A workgroup takes BM = 16 NSG rows of one KV head's GQA group (row r = token * group +
+// head-in-group, as flash_attention.wgsl), 16 per subgroup (NSG subgroups: 4 for 64
+// dimensions, 2 for 128, within 48 KiB of workgroup memory). Q (pre-scaled by log2(e) /
+// sqrt(D), as f16) stays in workgroup memory; per tile of 64 keys:
 // - K is staged as f16 and each subgroup computes its 16 x 64 scores (4 accumulators over 4
 //   K steps of 16 dimensions), stored to its slice of workgroup memory;
 // - lanes 2r and 2r + 1 of each subgroup take row r's 64 scores, 32 each, and update its
 //   running max and sum (combined across the pair with a subgroup shuffle), writing the
 //   row's probabilities as f16;
 // - V is staged as f16 in K's place and each subgroup computes P·V (4 accumulators of 16
-//   dimensions over 4 K steps of 16 keys), stored to its slice; every lane then updates
-//   its 8 x 4 outputs in registers: O = alpha O + P·V (an accumulator cannot be scaled per
-//   row, so O lives in plain registers).
+//   dimensions over 4 K steps of 16 keys, twice for 128), stored to its slice; every lane
+//   then updates its 8 outputs per 16 dimensions in registers: O = alpha O + P·V (an
+//   accumulator cannot be scaled per row, so O lives in plain registers).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
-// Header constants: WG (128), BM (64), BK (64 keys), D (64).
+// Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), SS (the larger
+// of BK and D).
 
 struct Params {
     m: u32,
@@ -40,12 +42,12 @@ struct Params {
 
 const LDS: u32 = D + 8u;       // f16 row stride of Q and K/V tiles (bank padding)
 const PS: u32 = BK + 8u;       // f16 row stride of a subgroup's probabilities
-const SS: u32 = 64u;           // f32 row stride of a subgroup's scores / P·V (16 x 64 each)
+// SS: f32 row stride of a subgroup's scores (16 x BK) and then its P·V (16 x D).
 
 var<workgroup> qs: array<f16, BM * LDS>;
 var<workgroup> kv: array<f16, BK * LDS>;
-var<workgroup> ss: array<f32, 4u * 16u * SS>;
-var<workgroup> ps: array<f16, 4u * 16u * PS>;
+var<workgroup> ss: array<f32, NSG * 16u * SS>;
+var<workgroup> ps: array<f16, NSG * 16u * PS>;
 
 alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
@@ -116,6 +118,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
     var o4 = vec4<f32>(0.0); var o5 = vec4<f32>(0.0);
     var o6 = vec4<f32>(0.0); var o7 = vec4<f32>(0.0);
+    // Dimensions 64 .. 127 (D = 128).
+    var o8 = vec4<f32>(0.0); var o9 = vec4<f32>(0.0);
+    var o10 = vec4<f32>(0.0); var o11 = vec4<f32>(0.0);
+    var o12 = vec4<f32>(0.0); var o13 = vec4<f32>(0.0);
+    var o14 = vec4<f32>(0.0); var o15 = vec4<f32>(0.0);
     let ocol = (lane % 2u) * 8u;
     let slice = sg * 16u * SS;
     let pslice = sg * 16u * PS;
@@ -167,11 +174,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
         stage_kv(lid, j0, n_keys, kv_base, true);
         workgroupBarrier();
-        // P·V: 16 rows x 64 dimensions, over 4 steps of 16 keys.
+        // P·V: 16 rows x D dimensions, over 4 steps of 16 keys.
         var v0 = TileC();
         var v1 = TileC();
         var v2 = TileC();
         var v3 = TileC();
+        var v4 = TileC();
+        var v5 = TileC();
+        var v6 = TileC();
+        var v7 = TileC();
         for (var c0 = 0u; c0 < BK; c0 += 16u) {
             let a = coopLoadT<TileA>(&ps[pslice + c0], PS);
             let b0 = coopLoadT<TileB>(&kv[c0 * LDS], LDS);
@@ -182,11 +193,27 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             v1 = coopMultiplyAdd(a, b1, v1);
             v2 = coopMultiplyAdd(a, b2, v2);
             v3 = coopMultiplyAdd(a, b3, v3);
+            if (D == 128u) {
+                let b4 = coopLoadT<TileB>(&kv[c0 * LDS + 64u], LDS);
+                let b5 = coopLoadT<TileB>(&kv[c0 * LDS + 80u], LDS);
+                let b6 = coopLoadT<TileB>(&kv[c0 * LDS + 96u], LDS);
+                let b7 = coopLoadT<TileB>(&kv[c0 * LDS + 112u], LDS);
+                v4 = coopMultiplyAdd(a, b4, v4);
+                v5 = coopMultiplyAdd(a, b5, v5);
+                v6 = coopMultiplyAdd(a, b6, v6);
+                v7 = coopMultiplyAdd(a, b7, v7);
+            }
         }
         coopStoreT(v0, &ss[slice], SS);
         coopStoreT(v1, &ss[slice + 16u], SS);
         coopStoreT(v2, &ss[slice + 32u], SS);
         coopStoreT(v3, &ss[slice + 48u], SS);
+        if (D == 128u) {
+            coopStoreT(v4, &ss[slice + 64u], SS);
+            coopStoreT(v5, &ss[slice + 80u], SS);
+            coopStoreT(v6, &ss[slice + 96u], SS);
+            coopStoreT(v7, &ss[slice + 112u], SS);
+        }
         workgroupBarrier();
         let t = slice + orow * SS + ocol;
         o0 = alpha * o0 + vec4<f32>(ss[t], ss[t + 1u], ss[t + 2u], ss[t + 3u]);
@@ -197,6 +224,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         o5 = alpha * o5 + vec4<f32>(ss[t + 36u], ss[t + 37u], ss[t + 38u], ss[t + 39u]);
         o6 = alpha * o6 + vec4<f32>(ss[t + 48u], ss[t + 49u], ss[t + 50u], ss[t + 51u]);
         o7 = alpha * o7 + vec4<f32>(ss[t + 52u], ss[t + 53u], ss[t + 54u], ss[t + 55u]);
+        if (D == 128u) {
+            o8 = alpha * o8 + vec4<f32>(ss[t + 64u], ss[t + 65u], ss[t + 66u], ss[t + 67u]);
+            o9 = alpha * o9 + vec4<f32>(ss[t + 68u], ss[t + 69u], ss[t + 70u], ss[t + 71u]);
+            o10 = alpha * o10 + vec4<f32>(ss[t + 80u], ss[t + 81u], ss[t + 82u], ss[t + 83u]);
+            o11 = alpha * o11 + vec4<f32>(ss[t + 84u], ss[t + 85u], ss[t + 86u], ss[t + 87u]);
+            o12 = alpha * o12 + vec4<f32>(ss[t + 96u], ss[t + 97u], ss[t + 98u], ss[t + 99u]);
+            o13 = alpha * o13 + vec4<f32>(ss[t + 100u], ss[t + 101u], ss[t + 102u], ss[t + 103u]);
+            o14 = alpha * o14 + vec4<f32>(ss[t + 112u], ss[t + 113u], ss[t + 114u], ss[t + 115u]);
+            o15 = alpha * o15 + vec4<f32>(ss[t + 116u], ss[t + 117u], ss[t + 118u], ss[t + 119u]);
+        }
     }
 
     let rr = r0 + sg * 16u + orow;
@@ -211,5 +248,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         out[base + 9u] = o5 * inv;
         out[base + 12u] = o6 * inv;
         out[base + 13u] = o7 * inv;
+        if (D == 128u) {
+            out[base + 16u] = o8 * inv;
+            out[base + 17u] = o9 * inv;
+            out[base + 20u] = o10 * inv;
+            out[base + 21u] = o11 * inv;
+            out[base + 24u] = o12 * inv;
+            out[base + 25u] = o13 * inv;
+            out[base + 28u] = o14 * inv;
+            out[base + 29u] = o15 * inv;
+        }
     }
 }

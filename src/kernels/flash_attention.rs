@@ -25,18 +25,29 @@ const FLASH_V_FLOATS: u32 = 1024;
 /// (runtime-sized register arrays would live in slow memory); head_dim is rounded up.
 pub const FLASH_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
 
-/// Head dimension of the cooperative-matrix variant (flash_attention_coop.wgsl).
-pub const COOP_HEAD_DIM: u32 = 64;
+/// Head dimensions of the cooperative-matrix variants (flash_attention_coop.wgsl).
+pub const COOP_HEAD_DIMS: [u16; 2] = [64, 128];
+
+/// Query rows per workgroup of the cooperative variant for heads of `head_dim`: 16 per
+/// subgroup, 4 subgroups for 64 dimensions, 2 for 128 (its tiles then fill 46 KiB of the
+/// 48 KiB of workgroup memory the adapter guarantees for cooperative matrices).
+pub fn coop_rows(head_dim: u32) -> u32 {
+    if head_dim > 64 {
+        32
+    } else {
+        64
+    }
+}
 
 /// Whether prefill attention runs on cooperative matrices: adapters with them, heads of
-/// `COOP_HEAD_DIM` over an f16 cache read as f16; `KILN_FLASH_COOP=0` keeps the f32 kernel
+/// `COOP_HEAD_DIMS` over an f16 cache read as f16; `KILN_FLASH_COOP=0` keeps the f32 kernel
 /// (comparisons).
 pub fn takes_coop(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> bool {
     caps.coopmat
         && caps.subgroups
         && !caps.cpu_adapter
         && kv == KvKind::F16Native
-        && shape.head_dim == COOP_HEAD_DIM
+        && COOP_HEAD_DIMS.iter().any(|&d| d as u32 == shape.head_dim)
         && std::env::var("KILN_FLASH_COOP").as_deref() != Ok("0")
 }
 
@@ -114,8 +125,12 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
             format!("{m} queries at position {pos0} outside the context of {}", shape.n_ctx),
         ));
     }
-    let key = if takes_coop(kv, shape, caps) { KernelKey::AttnFlashCoop } else { key(kv, shape)? };
-    let n_tiles = (m * shape.group()).div_ceil(FLASH_ROWS);
+    let (key, rows) = if takes_coop(kv, shape, caps) {
+        (KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16 }, coop_rows(shape.head_dim))
+    } else {
+        (key(kv, shape)?, FLASH_ROWS)
+    };
+    let n_tiles = (m * shape.group()).div_ceil(rows);
     let params = FlashParams {
         m,
         pos0,

@@ -189,9 +189,11 @@ pub enum KernelKey {
         kv: KvKind,
         head_dim: u16,
     },
-    /// The same on cooperative matrices (flash_attention_coop.wgsl): heads of 64 dimensions
-    /// over an f16 cache read as f16 (`KvKind::F16Native`).
-    AttnFlashCoop,
+    /// The same on cooperative matrices (flash_attention_coop.wgsl): heads of 64 or 128
+    /// dimensions over an f16 cache read as f16 (`KvKind::F16Native`).
+    AttnFlashCoop {
+        head_dim: u16,
+    },
     AttnDecode {
         kv: KvKind,
         subgroups: bool,
@@ -296,7 +298,7 @@ impl KernelKey {
             // The slots' configurations and the step's table of columns.
             KernelKey::Sample { batched: true, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read],
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
-            KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop => &[Uniform, Read, Read, Read, ReadWrite],
+            KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
@@ -452,15 +454,20 @@ impl KernelKey {
             KernelKey::Softmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("softmax.wgsl").build()
             }
-            KernelKey::AttnFlashCoop => c
-                .enable_f16(true)
-                .enable_coopmat(true)
-                .const_u32("WG", 128)
-                .const_u32("BM", flash_attention::FLASH_ROWS)
-                .const_u32("BK", 64)
-                .const_u32("D", flash_attention::COOP_HEAD_DIM)
-                .include("flash_attention_coop.wgsl")
-                .build(),
+            KernelKey::AttnFlashCoop { head_dim } => {
+                let d = head_dim as u32;
+                let nsg = flash_attention::coop_rows(d) / 16;
+                c.enable_f16(true)
+                    .enable_coopmat(true)
+                    .const_u32("NSG", nsg)
+                    .const_u32("WG", 32 * nsg)
+                    .const_u32("BM", 16 * nsg)
+                    .const_u32("BK", 64)
+                    .const_u32("D", d)
+                    .const_u32("SS", d.max(64))
+                    .include("flash_attention_coop.wgsl")
+                    .build()
+            }
             KernelKey::AttnFlash { kv, head_dim } => flash_attention::shader_consts(head_dim as u32)
                 .into_iter()
                 .fold(c.enable_f16(kv.needs_f16()), |c, (name, v)| c.const_u32(name, v))
@@ -539,7 +546,7 @@ impl KernelKey {
     /// 16x16x16 f16 -> f32, subgroups of 32: `Caps::coopmat`; it needs SHADER_F16 too).
     pub fn needs_coopmat(&self) -> bool {
         matches!(self, KernelKey::Gemm { tile, .. } if tile.is_coop())
-            || matches!(self, KernelKey::Probe { kind: ProbeKind::CoopMma } | KernelKey::AttnFlashCoop)
+            || matches!(self, KernelKey::Probe { kind: ProbeKind::CoopMma } | KernelKey::AttnFlashCoop { .. })
     }
 
     /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
@@ -561,7 +568,7 @@ impl KernelKey {
             | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
-            KernelKey::AttnFlashCoop => (true, true),
+            KernelKey::AttnFlashCoop { .. } => (true, true),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
             _ => (false, false),
@@ -658,7 +665,9 @@ impl KernelKey {
             v.push(KernelKey::Rope { neox, to_cache: None, rope: true });
         }
         v.push(KernelKey::ToHalf);
-        v.push(KernelKey::AttnFlashCoop);
+        for head_dim in flash_attention::COOP_HEAD_DIMS {
+            v.push(KernelKey::AttnFlashCoop { head_dim });
+        }
         v.push(KernelKey::AttnCombine { batched: false });
         v.push(KernelKey::AttnCombine { batched: true });
         for subgroups in [false, true] {
