@@ -126,7 +126,9 @@ fn staged_src(v: Variant, bk: u32, xf32: bool) -> String {
     }
     let xload = |a: u32, off: &str| -> String {
         if xf32 {
-            format!("pack8(xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u], xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u + 1u])")
+            format!(
+                "pack8(xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u], xh[((wm0 + ar{a}) * k8 + {off}ac{a}) * 2u + 1u])"
+            )
         } else {
             format!("xh[(wm0 + ar{a}) * k8 + {off}ac{a}]")
         }

@@ -333,10 +333,7 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     if tiles >= fill {
         return 1;
     }
-    (fill.div_ceil(tiles) as u32)
-        .min(steps / SPLIT_K_MIN_STEPS)
-        .min(most_by_scratch)
-        .clamp(1, SPLIT_K_MAX)
+    (fill.div_ceil(tiles) as u32).min(steps / SPLIT_K_MIN_STEPS).min(most_by_scratch).clamp(1, SPLIT_K_MAX)
 }
 
 /// Weights per K range of a GEMM split `splits` ways (a whole number of BK steps), and the

@@ -125,10 +125,11 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
             format!("{m} queries at position {pos0} outside the context of {}", shape.n_ctx),
         ));
     }
-    let (key, rows) = if takes_coop(kv, shape, caps) {
-        (KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16 }, coop_rows(shape.head_dim))
+    let rows = tile_rows(kv, shape, caps);
+    let key = if takes_coop(kv, shape, caps) {
+        KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16 }
     } else {
-        (key(kv, shape)?, FLASH_ROWS)
+        key(kv, shape)?
     };
     let n_tiles = (m * shape.group()).div_ceil(rows);
     let params = FlashParams {
@@ -146,13 +147,22 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
     Ok(FlashLaunch { params, key, grid: [n_tiles, shape.n_kv_head, 1] })
 }
 
-/// Keys the launch's workgroups read, summed over query tiles (each tile reads keys 0 up to
-/// the last its last token sees): what the profile counts as K/V traffic.
-pub fn keys_read(shape: &AttnShape, m: u32, pos0: u32) -> u64 {
+/// Query rows per workgroup of the variant `launch` picks.
+pub fn tile_rows(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> u32 {
+    if takes_coop(kv, shape, caps) {
+        coop_rows(shape.head_dim)
+    } else {
+        FLASH_ROWS
+    }
+}
+
+/// Keys the launch's workgroups read, summed over query tiles of `tile_rows` rows (each tile
+/// reads keys 0 up to the last its last token sees): what the profile counts as K/V traffic.
+pub fn keys_read(shape: &AttnShape, m: u32, pos0: u32, tile_rows: u32) -> u64 {
     let rows = m * shape.group();
-    (0..rows.div_ceil(FLASH_ROWS))
+    (0..rows.div_ceil(tile_rows))
         .map(|t| {
-            let last_row = ((t + 1) * FLASH_ROWS).min(rows) - 1;
+            let last_row = ((t + 1) * tile_rows).min(rows) - 1;
             (pos0 + last_row / shape.group() + 1) as u64
         })
         .sum()
@@ -200,7 +210,10 @@ mod tests {
         // 100 tokens of an 8-head group: 800 rows, 13 tiles of 8 tokens (the last of 4).
         let shape = AttnShape { n_head: 32, n_kv_head: 4, head_dim: 64, n_ctx: 200 };
         let want: u64 = (1..=12).map(|t| t * 8).sum::<u64>() + 100;
-        assert_eq!(keys_read(&shape, 100, 0), want);
-        assert_eq!(keys_read(&shape, 100, 50), want + 13 * 50);
+        assert_eq!(keys_read(&shape, 100, 0, FLASH_ROWS), want);
+        assert_eq!(keys_read(&shape, 100, 50, FLASH_ROWS), want + 13 * 50);
+        // Tiles of 32 rows (the cooperative variant for heads of 128): 4 tokens each, 25 tiles.
+        let want32: u64 = (1..=25).map(|t| t * 4).sum();
+        assert_eq!(keys_read(&shape, 100, 0, 32), want32);
     }
 }

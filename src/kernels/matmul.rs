@@ -591,7 +591,8 @@ impl BoundMatmul {
                     return Err(KilnError::invalid("matmul", "the f16 input buffer is shorter than X"));
                 }
                 // Binding 1 (weights) is unused by the conversion; any buffer fills it.
-                let convert = Bound::new::<MatmulParams>(ctx, &KernelKey::ToHalf, stage, &[mm.x, mm.x, &halves, &dummy, &dummy])?;
+                let convert =
+                    Bound::new::<MatmulParams>(ctx, &KernelKey::ToHalf, stage, &[mm.x, mm.x, &halves, &dummy, &dummy])?;
                 let chunks = bind_chunks(&key, [&halves, mm.y, bias, &dummy], true)?;
                 let partial = match &partials {
                     Some(scratch) => bind_chunks(&pkey, [&halves, scratch, &dummy, &dummy], false)?,
@@ -778,7 +779,10 @@ impl BoundMatmul {
             }
             MatmulKernel::Gemm { tile } if tile.is_coop() => {
                 let half = self.half.as_ref().ok_or_else(|| {
-                    KilnError::invalid("matmul", format!("{} was bound without the cooperative GEMM's f16 input", self.stage))
+                    KilnError::invalid(
+                        "matmul",
+                        format!("{} was bound without the cooperative GEMM's f16 input", self.stage),
+                    )
                 })?;
                 if prepared.halves != Some(&half.halves) {
                     half.convert.set(ctx, &MatmulParams { y_stride: half.stride, ..self.params(m, 0, 0) });

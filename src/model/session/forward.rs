@@ -219,7 +219,8 @@ impl Session {
                 }
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(_) => {
-                        let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0) as f64 * kv_row;
+                        let rows = flash_attention::tile_rows(self.kv, &self.shape, &ctx.caps);
+                        let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0, rows) as f64 * kv_row;
                         StageWork::other("flash_attention", shape, kv_bytes + qo, flops)
                     }
                     PrefillAttnOps::Gemm { .. } => {
