@@ -181,6 +181,13 @@ pub fn prefill_budget_from_env() -> Option<usize> {
     })
 }
 
+/// `KILN_FLASH_COOP=0`: prefill attention stays on the f32 flash kernel where the
+/// cooperative-matrix one would run (comparisons). Read once.
+pub fn flash_coop_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("KILN_FLASH_COOP").as_deref() == Ok("0"))
+}
+
 /// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrefillAttention {

@@ -1,12 +1,8 @@
 // X rounded to f16 for the cooperative GEMM (common/gemm_x_f16.wgsl), once per matmul input
 // rather than once per tile of N inside the GEMM: rows of p.k floats (p.x_stride apart) to
 // rows of p.y_stride halves (a multiple of 8), eight halves per invocation, zeros past k.
-// Parameters: common/matmul_params.wgsl (n_cols rows). Header constant: WG.
-
-struct Half8 {
-    lo: vec4<f16>,
-    hi: vec4<f16>,
-}
+// Parameters: common/matmul_params.wgsl (n_cols rows); Half8: common/half8.wgsl. Header
+// constant: WG.
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> xh: array<Half8>;

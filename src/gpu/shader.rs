@@ -13,7 +13,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/kv_f16_packed.wgsl", include_str!("../../wgsl/common/kv_f16_packed.wgsl")),
     ("formats/f32.wgsl", include_str!("../../wgsl/formats/f32.wgsl")),
     ("formats/f16.wgsl", include_str!("../../wgsl/formats/f16.wgsl")),
-    ("common/chunk_half.wgsl", include_str!("../../wgsl/common/chunk_half.wgsl")),
+    ("common/half8.wgsl", include_str!("../../wgsl/common/half8.wgsl")),
     ("common/gemm_x_f32.wgsl", include_str!("../../wgsl/common/gemm_x_f32.wgsl")),
     ("common/gemm_x_f16.wgsl", include_str!("../../wgsl/common/gemm_x_f16.wgsl")),
     ("common/gemm_w_decode.wgsl", include_str!("../../wgsl/common/gemm_w_decode.wgsl")),

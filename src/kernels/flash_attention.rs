@@ -48,7 +48,7 @@ pub fn takes_coop(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> boo
         && !caps.cpu_adapter
         && kv == KvKind::F16Native
         && COOP_HEAD_DIMS.iter().any(|&d| d as u32 == shape.head_dim)
-        && std::env::var("KILN_FLASH_COOP").as_deref() != Ok("0")
+        && !crate::config::flash_coop_disabled()
 }
 
 /// The class of a head dimension (its variant), None above the largest.

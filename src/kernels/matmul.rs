@@ -272,6 +272,16 @@ fn halves_buffer(ctx: &GpuContext, k: u32, rows: u32) -> Result<wgpu::Buffer> {
     ctx.storage((rows as u64 * half_stride(k) as u64 * 2).next_multiple_of(16), "f16 activations")
 }
 
+/// An f16 input buffer of `mm`'s own (one-off matmuls, no session scratch), where the planner
+/// may put it on the cooperative GEMM.
+fn own_halves(ctx: &GpuContext, mm: &Matmul) -> Result<Option<wgpu::Buffer>> {
+    if wants_halves(ctx, mm) {
+        Ok(Some(halves_buffer(ctx, mm.w.k, x_rows(mm))?))
+    } else {
+        Ok(None)
+    }
+}
+
 /// Whether the planner picks the int8 GEMV for `mm` at some m the GEMV takes (one token, or
 /// from `GEMV_Q8_MIN_COLS` columns): the matmul then needs the int8 input bound.
 fn wants_q8(ctx: &GpuContext, mm: &Matmul) -> bool {
@@ -448,7 +458,7 @@ impl BoundMatmul {
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
     pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
         let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
-        let halves = if wants_halves(ctx, mm) { Some(halves_buffer(ctx, mm.w.k, x_rows(mm))?) } else { None };
+        let halves = own_halves(ctx, mm)?;
         Self::bind(ctx, mm, stage, blocks, halves, None)
     }
 
@@ -891,7 +901,7 @@ pub fn prepare_split(
     stage: &'static str,
 ) -> Result<Vec<Dispatch>> {
     let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
-    let halves = if wants_halves(ctx, mm) { Some(halves_buffer(ctx, mm.w.k, x_rows(mm))?) } else { None };
+    let halves = own_halves(ctx, mm)?;
     let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch))?;
     bm.forced_splits = Some(splits);
     one_off(ctx, &bm, mm.m, kernel, false, stage)

@@ -370,6 +370,7 @@ impl KernelKey {
                 .enable_f16(true)
                 .const_u32("WG", WG_ELT)
                 .include("common/matmul_params.wgsl")
+                .include("common/half8.wgsl")
                 .include("to_half.wgsl")
                 .build(),
             KernelKey::Gemm { format, tile, epi } => {
@@ -408,11 +409,12 @@ impl KernelKey {
                         .const_u32("SGN", sgn)
                         .const_u32("FM", fm)
                         .const_u32("FN", fnn)
+                        .include("common/half8.wgsl")
                         .include("common/gemm_x_f16.wgsl");
                     let c = if halves {
                         c.include("common/coop_w_half.wgsl")
                     } else {
-                        c.include("common/chunk_half.wgsl").include("common/coop_w_decode.wgsl")
+                        c.include("common/coop_w_decode.wgsl")
                     };
                     c.include("gemm_coop.wgsl").build()
                 } else {

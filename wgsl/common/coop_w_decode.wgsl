@@ -1,6 +1,6 @@
-// The cooperative GEMM's W decoded in the tile from its block format (common/gemm_w_decode.wgsl;
-// unpack8h: common/chunk_half.wgsl): the words are loaded by stage_w before the multiply-adds
-// and decoded by halves_w after them.
+// The cooperative GEMM's W decoded in the tile from its block format (common/gemm_w_decode.wgsl):
+// the words are loaded by stage_w before the multiply-adds, and decoded (the format file's
+// unpack8) and rounded to f16 by halves_w after them.
 
 alias WStage = RawW8;
 
@@ -11,12 +11,12 @@ fn w_base(row: u32) -> u32 { return row; }
 
 fn stage_w_at(base: u32, c: u32) -> WStage { return RawW8(fetch8(base, c, p.k), true); }
 
-fn halves_w(s: WStage) -> Half8 {
-    let h = unpack8h(s.raw);
-    return Half8(select(vec4<f16>(0.0), h[0], s.inside), select(vec4<f16>(0.0), h[1], s.inside));
+fn halves_w_full(s: WStage) -> Half8 {
+    let ch = unpack8(s.raw);
+    return Half8(vec4<f16>(chunk_lo(ch)), vec4<f16>(chunk_hi(ch)));
 }
 
-fn halves_w_full(s: WStage) -> Half8 {
-    let h = unpack8h(s.raw);
-    return Half8(h[0], h[1]);
+fn halves_w(s: WStage) -> Half8 {
+    let h = halves_w_full(s);
+    return Half8(select(vec4<f16>(0.0), h.lo, s.inside), select(vec4<f16>(0.0), h.hi, s.inside));
 }

@@ -1,12 +1,7 @@
 // The cooperative GEMM's X in f16 (rows of x_stride halves, x_stride % 8 == 0): eight halves
 // in one 16-byte load, stored to workgroup memory as they are. (Rounding f32 X to f16 inside
 // the GEMM costs a conversion per value per tile of N, and conversions run at a fraction of
-// the rate of everything else.)
-
-struct Half8 {
-    lo: vec4<f16>,
-    hi: vec4<f16>,
-}
+// the rate of everything else.) Half8: common/half8.wgsl.
 
 @group(0) @binding(2) var<storage, read> x: array<Half8>;
 

@@ -146,10 +146,6 @@ fn kquant_scale_min_of(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(mn));
 }
 
-fn kquant_scale_min(b: u32, j: u32) -> vec2<f32> {
-    return kquant_scale_min_of(w32(b + 1u), w32(b + 2u), w32(b + 3u), j);
-}
-
 // Q4_K and Q5_K: (scale, offset) of sub-block j of a block whose d/dmin word is dm:
 // weight = scale * q + offset.
 fn kquant_sub_scale(dm: u32, s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
@@ -162,12 +158,12 @@ fn kquant_sub_scale(dm: u32, s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
 // (scale0, offset0, scale1, offset1): weight = scale * q + offset.
 fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
     let dm = w32(b);
-    let d_dmin = unpack2x16float(dm);
-    let d = d_dmin.x;
-    let dmin = d_dmin.y;
-    let sm0 = kquant_scale_min(b, 2u * grp);
-    let sm1 = kquant_scale_min(b, 2u * grp + 1u);
-    return vec4<f32>(d * sm0.x, -(dmin * sm0.y), d * sm1.x, -(dmin * sm1.y));
+    let s0 = w32(b + 1u);
+    let s1 = w32(b + 2u);
+    let s2 = w32(b + 3u);
+    let a = kquant_sub_scale(dm, s0, s1, s2, 2u * grp);
+    let c = kquant_sub_scale(dm, s0, s1, s2, 2u * grp + 1u);
+    return vec4<f32>(a.x, a.y, c.x, c.y);
 }
 
 // Q4_K and Q5_K in the int8-activation GEMV: a unit is one aligned 16-byte vector of quants,
