@@ -292,7 +292,7 @@ fn benches(c: &mut Criterion) {
 /// TinyLlama's heads; "elements" are the floating-point operations of Q·Kᵀ and P·V over the
 /// causal half.
 fn attention_benches(c: &mut Criterion) {
-    use kiln::kernels::attention::AttnShape;
+    use kiln::kernels::attention::{self, AttnShape};
     use kiln::kernels::flash_attention::{self, FlashArgs};
     use kiln::kernels::KvKind;
     let ctx = GpuContext::new(&ContextOptions::from_env().expect("env")).expect("GPU");
@@ -315,6 +315,45 @@ fn attention_benches(c: &mut Criterion) {
         g.bench_function(format!("flash/{m} tokens/{kv:?}"), |b| {
             b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
         });
+    }
+    g.finish();
+
+    // Decode attention (one query token over an f16 cache, with the combine pass where the
+    // context is split) with TinyLlama's and Llama-7B's heads, at the contexts of a chat and
+    // of `kiln bench -d 4096`; "bytes" are the K and V rows read. One layer's attention,
+    // repeated back to back: its latency, which is what a decode step pays.
+    let mut g = c.benchmark_group("attention_decode");
+    g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    let contexts: &[u32] = if small() { &[100, 700] } else { &[128, 512, 1024, 4096] };
+    for (name, n_head, n_kv_head, head_dim) in [("tinyllama", 32u32, 4u32, 64u32), ("llama-7b", 32, 32, 128)] {
+        let n_ctx = *contexts.iter().max().unwrap();
+        let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx };
+        let kv = KvKind::for_cache(true, &ctx.caps);
+        let kv_bytes = (n_ctx * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
+        let k_cache = ctx.storage(kv_bytes, "k").unwrap();
+        let v_cache = ctx.storage(kv_bytes, "v").unwrap();
+        let q = ctx.upload_f32(&vec![0.01f32; (n_head * head_dim) as usize], "q").unwrap();
+        let out = ctx.storage((n_head * head_dim * 4) as u64, "out").unwrap();
+        let partial = ctx.storage(shape.decode_scratch_len() as u64 * 4, "partials").unwrap();
+        for &kv_len in contexts {
+            let a = attention::DecodeArgs {
+                q: &q,
+                k_cache: &k_cache,
+                v_cache: &v_cache,
+                partial: &partial,
+                out: &out,
+                kv_len,
+                kv_base: 0,
+                columns: None,
+                block: None,
+            };
+            let ds = attention::prepare_decode(&ctx, kv, &shape, &a).unwrap();
+            g.throughput(Throughput::Bytes(kv_bytes / n_ctx as u64 * kv_len as u64 * 2));
+            g.bench_function(
+                format!("{name}/{kv_len} positions/block {}/{} dispatches", shape.decode_block(kv_len), ds.len()),
+                |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters)),
+            );
+        }
     }
     g.finish();
 }

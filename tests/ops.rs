@@ -212,34 +212,41 @@ fn attention_prefill_and_decode() {
     }
 }
 
-/// Decode attention over the shapes of real models' head groups (GQA blocks of 1 to 8 query
-/// heads per workgroup, head sizes 64 to 256, one that divides no block evenly) and context
-/// lengths around its split size: one split (the kernel writes the output), two, and many
-/// (split and combine), against the f64 reference. Tolerance 1e-4.
+/// Decode attention over the shapes of real models' head groups (head sizes 12 to 256, one
+/// GQA group that divides no larger block) and context lengths around the split size: one
+/// split (the kernel writes the output), two, and many (split and combine), with one query
+/// head per workgroup (the planner's choice up to 4,096 positions) and the largest block of
+/// heads sharing their K and V reads; every block at the longest context. Against the f64
+/// reference. Tolerance 1e-4.
 #[test]
 fn decode_attention_blocks_and_splits() {
     for g in gpus() {
         // (heads, KV heads, head dim): TinyLlama, Llama-7B, Qwen3-0.6B, Qwen2.5-0.5B (group 7),
-        // a 256-wide head, and a group of 16 (blocks of 8).
-        for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (16, 8, 128), (14, 2, 64), (4, 2, 256), (16, 1, 32)] {
+        // a 256-wide head, a group of 16, and heads of 12 (K rows read one value at a time).
+        for (nh, nkv, hd) in
+            [(32u32, 4u32, 64u32), (8, 8, 128), (16, 8, 128), (14, 2, 64), (4, 2, 256), (16, 1, 32), (6, 3, 12)]
+        {
             let n_ctx = 600;
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
-            // Long contexts: the GQA block's split size (short ones take one head a workgroup).
-            let chunk = shape.decode_chunk(n_ctx);
+            let chunk = shape.decode_chunk();
             let kv = KvKind::for_cache(true, &g.ctx.caps);
             let mut r = rng((nh * hd + nkv) as u64);
-            let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
+            let mut case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
+            let all: Vec<u32> = (1..=shape.largest_block()).filter(|&b| shape.takes_block(b)).collect();
             for kv_len in [1, 5, chunk - 1, chunk, chunk + 1, 2 * chunk + 17, n_ctx] {
-                let q = randn(&mut r, (nh * hd) as usize, 2.0);
-                let want = case.reference(&q, 1, kv_len as usize - 1);
-                let (got, dispatches) = case.decode(&g.ctx, &q, kv_len).unwrap();
-                assert_eq!(dispatches, shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
-                let what = format!(
-                    "[{}] decode nh={nh} kv={nkv} hd={hd} block={} chunk={chunk} kv_len={kv_len}",
-                    g.name,
-                    shape.decode_block(kv_len)
-                );
-                assert_close(&what, &got, &want, 1e-4);
+                let blocks = if kv_len == n_ctx { all.clone() } else { vec![1, shape.largest_block()] };
+                for block in blocks {
+                    case.block = Some(block);
+                    let q = randn(&mut r, (nh * hd) as usize, 2.0);
+                    let want = case.reference(&q, 1, kv_len as usize - 1);
+                    let (got, dispatches) = case.decode(&g.ctx, &q, kv_len).unwrap();
+                    assert_eq!(dispatches, shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
+                    let what = format!(
+                        "[{}] decode nh={nh} kv={nkv} hd={hd} block={block} chunk={chunk} kv_len={kv_len}",
+                        g.name
+                    );
+                    assert_close(&what, &got, &want, 1e-4);
+                }
             }
         }
     }
@@ -330,25 +337,30 @@ fn decode_attention_over_columns_of_a_shared_cache() {
     let cols = AttnCase::shared_cache_columns(region);
     for g in gpus() {
         // stories260K's heads (GQA 2, head dim 8) over an f32 and an f16 cache, TinyLlama's
-        // (GQA 8: blocks of 8 heads, 128 positions a split) over an f16 cache.
+        // (GQA 8, 128 positions a split) over an f16 cache: one head per workgroup and the
+        // whole GQA group per workgroup.
         for (nh, nkv, hd, caches) in [(8u32, 4u32, 8u32, &[false, true][..]), (32, 4, 64, &[true][..])] {
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx: region * 5 };
-            for &f16_cache in caches {
+            for (&f16_cache, block) in caches.iter().flat_map(|c| [(c, 1), (c, nh / nkv)]) {
                 let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
                 let mut r = rng((nh * hd + nkv) as u64 + 77);
-                let case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
+                let mut case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
+                case.block = Some(block);
                 for m in [1usize, 2, 5] {
                     let q = randn(&mut r, m * (nh * hd) as usize, 2.0);
                     let want: Vec<f32> =
                         cols[..m].iter().enumerate().flat_map(|(c, col)| case.reference_column(&q, c, col)).collect();
                     let (got, _) = case.decode_columns(&g.ctx, &q, region, &cols[..m], true).unwrap();
-                    let what = format!("[{}] batched decode nh={nh} kv={nkv} hd={hd} columns={m} {kv:?}", g.name);
+                    let what = format!(
+                        "[{}] batched decode nh={nh} kv={nkv} hd={hd} block={block} columns={m} {kv:?}",
+                        g.name
+                    );
                     assert_close(&what, &got, &want, 1e-4);
                 }
                 // One sequence in slot 4's region, at its last row.
                 let q = randn(&mut r, (nh * hd) as usize, 2.0);
                 let (got, _) = case.decode_columns(&g.ctx, &q, region, &cols[2..3], false).unwrap();
-                let what = format!("[{}] decode in a region nh={nh} kv={nkv} hd={hd} {kv:?}", g.name);
+                let what = format!("[{}] decode in a region nh={nh} kv={nkv} hd={hd} block={block} {kv:?}", g.name);
                 assert_close(&what, &got, &case.reference_column(&q, 0, &cols[2]), 1e-4);
             }
         }

@@ -1,15 +1,31 @@
 // Decode attention: one query token against the cached context (flash-decoding). A workgroup
-// takes a block of query heads that share one KV head (GQA), so each K and V row it reads
-// serves the whole block, and CHUNK positions of the context (`p.chunk`). With one split the
+// takes a block of NB query heads that share one KV head (GQA), so each K and V row it reads
+// serves the whole block, and C positions of the context (a split). With one split the
 // workgroup writes the normalized output itself: a short context needs a single dispatch.
 // Longer contexts are split over workgroups that write their partial max, sum and weighted
 // V, which attention_combine.wgsl merges. A batched decode step (common/step_columns.wgsl)
 // adds the grid's z: column z's query against its own sequence's cache region up to its own
 // position; the splits past a column's context exit at once, and where the longest context
 // (the step header's kv_len) is split, every column writes partials for the combine pass.
-// With common/step_one.wgsl the grid's z is 1 and the column is 0. Header constants: WG (256), TPP (invocations per
-// position while scoring), NB (query heads per workgroup, at most 8), MAX_QB (query values
-// of a block: NB x head_dim), MAX_SC (scores of a block: NB x chunk).
+// With common/step_one.wgsl the grid's z is 1 and the column is 0.
+//
+// Bound by latency, not bandwidth: every K and V value the workgroup needs is loaded into
+// registers at the start, 32 of each per invocation, so the loads are in flight together
+// instead of one round trip per pass; then the scores, one softmax and the weighted V take
+// a handful of barriers.
+//
+// K rows come through common/kv_rows_vec.wgsl (heads of a multiple of 8 dimensions: whole
+// vectors) or common/kv_rows_scalar.wgsl (one value at a time).
+// Header constants: WG (256), D (the head-dim class: 32, 64, 128 or 256; heads of up to D
+// dimensions), C (positions per split: WG * 32 / D), NB (query heads per workgroup, at most
+// min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB).
+
+// Scoring: TPP invocations per position, 32 dimensions each (K values in registers).
+const TPP: u32 = D / 32u;
+// Weighting V: invocation (position group, dimension), VG groups of 32 positions each.
+const VG: u32 = WG / D;
+// The block's heads in vectors of four.
+const NBV: u32 = (NB + 3u) / 4u;
 
 struct Params {
     head_dim: u32,
@@ -20,7 +36,7 @@ struct Params {
     n_splits: u32,   // splits the partials buffer has room for, per head
     q_stride: u32,   // elements between heads' queries (head_dim for a packed Q row)
     scale: f32,
-    chunk: u32,      // positions per split (a multiple of WG / TPP)
+    chunk: u32,      // positions per split (C)
     _pad2: u32,
     _pad0: u32,
     _pad1: u32,
@@ -28,7 +44,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<KvWord>;
+// k_cache: binding 2, read by k_row32 (common/kv_rows_vec.wgsl or common/kv_rows_scalar.wgsl).
 @group(0) @binding(3) var<storage, read> v_cache: array<KvWord>;
 // The output [columns, n_head * head_dim] with one split, else the partials
 // [columns, n_head, n_splits, head_dim + 2].
@@ -36,12 +52,15 @@ struct Params {
 // The step: each column sees positions 0 .. kv_len - 1 of its region (common/step_*.wgsl).
 @group(0) @binding(5) var<storage, read> step: Step;
 
-var<workgroup> qs: array<f32, MAX_QB>;       // [block][head_dim], pre-scaled
-var<workgroup> sc: array<f32, MAX_SC>;       // [block][chunk] scores, then exp(score - max)
-var<workgroup> red: array<f32, 2048>;        // partial dot products, then partial outputs
-var<workgroup> stat: array<f32, 32>;         // per head of the block: max, sum
+// The block's queries [head][D / 4], pre-scaled; after the scores, the sums of
+// exp(score - max) per position group and head.
+var<workgroup> qs: array<vec4<f32>, NB * D / 4u>;
+// exp(score - max) [position][heads in fours].
+var<workgroup> sc: array<vec4<f32>, C * NBV>;
+// Partial dot products [invocation][head]; then each subgroup's maximum [head][group]; then
+// partial outputs [position group][head][D].
+var<workgroup> red: array<f32, WG * NB>;
 
-fn k_at(i: u32) -> f32 { return kv_get(k_cache[i / KV_PER_WORD], i); }
 fn v_at(i: u32) -> f32 { return kv_get(v_cache[i / KV_PER_WORD], i); }
 
 @compute @workgroup_size(WG)
@@ -55,7 +74,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let kvh = wid.x / blocks_per_kv;
     let h0 = kvh * p.group + (wid.x % blocks_per_kv) * NB;   // first query head of the block
     let split = wid.y;
-    let j0 = split * p.chunk;
+    let j0 = split * C;
     // The column: 0 for one sequence (a constant, so its terms fold away).
     let col = select(0u, wid.z, BATCHED);
     let kv_len = col_len(col);
@@ -63,118 +82,123 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         // A split past this column's context (the grid covers the longest in the step).
         return;
     }
-    let row0 = col_base(col);   // the column's first cache row
-    let qh0 = col * p.n_head;   // the column's first head in Q and the output
-    let j1 = min(j0 + p.chunk, kv_len);
-    let len = j1 - j0;
+    let row0 = col_base(col) + j0;   // the split's first cache row
+    let qh0 = col * p.n_head;        // the column's first head in Q and the output
+    let len = min(j0 + C, kv_len) - j0;
     let lid = lane.lid;
+    let last = hd - 1u;
     // One split for the whole step: the output is written here, else partials.
-    let one_split = step.kv_len <= p.chunk;
+    let one_split = step.kv_len <= C;
 
-    for (var i = lid; i < NB * hd; i += WG) {
-        let g = i / hd;
-        qs[i] = q[(qh0 + h0 + g) * p.q_stride + i % hd] * p.scale;
-    }
-    workgroupBarrier();
-
-    // Scores: TPP invocations per position, each over every TPP-th dimension, for every
-    // head of the block; then the TPP partial sums of each (position, head) are added.
-    let per_pass = WG / TPP;
-    let pl = lid / TPP;
+    // Every load first. K: invocation (position pk, part t) holds dimensions 32t .. 32t + 31
+    // of its position (as whole vectors where the heads allow); V: invocation (group pg, dimension dv) holds dimension dv of positions
+    // pg, pg + VG, ... Positions past the context read the last one (their weights are zero),
+    // dimensions past the head its last (their queries are zero).
+    let pk = lid / TPP;
     let t = lid % TPP;
-    for (var jj = 0u; jj < len; jj += per_pass) {
-        let j = jj + pl;
-        var dots: array<f32, NB>;
-        for (var g = 0u; g < NB; g++) { dots[g] = 0.0; }
-        if (j < len) {
-            let kb = (row0 + j0 + j) * p.kv_stride + kvh * hd;
-            for (var d = t; d < hd; d += TPP) {
-                let kv = k_at(kb + d);
-                for (var g = 0u; g < NB; g++) { dots[g] = fma(qs[g * hd + d], kv, dots[g]); }
-            }
-        }
-        for (var g = 0u; g < NB; g++) { red[(pl * NB + g) * TPP + t] = dots[g]; }
-        workgroupBarrier();
-        for (var i = lid; i < per_pass * NB; i += WG) {
-            let jp = i / NB;
-            let g = i % NB;
-            if (jj + jp < len) {
-                var s = 0.0;
-                for (var u = 0u; u < TPP; u++) { s += red[i * TPP + u]; }
-                sc[g * p.chunk + jj + jp] = s;
-            }
-        }
-        workgroupBarrier();
+    let kr = k_row32((row0 + min(pk, len - 1u)) * p.kv_stride + kvh * hd, t, hd);
+    let pg = lid / D;
+    let dv = lid % D;
+    let vc = kvh * hd + min(dv, last);
+    var vr: array<f32, 32>;
+    for (var i = 0u; i < 32u; i++) { vr[i] = v_at((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc); }
+    for (var i = lid; i < NB * D; i += WG) {
+        let d = i % D;
+        let qv = q[(qh0 + h0 + i / D) * p.q_stride + min(d, last)] * p.scale;
+        qs[i / 4u][i % 4u] = select(0.0, qv, d < hd);
     }
+    workgroupBarrier();
 
-    // Softmax pieces per head: the maximum, then exp(score - max) and their sum.
+    // Scores: each invocation's 32 dimensions for every head of the block, then the TPP
+    // parts of each position added up by the position's own invocation (lid < C).
+    var dots: array<f32, NB>;
     for (var g = 0u; g < NB; g++) {
-        var mx = -3.4028235e38;
-        for (var j = lid; j < len; j += WG) { mx = max(mx, sc[g * p.chunk + j]); }
-        mx = wg_max(mx, lane);
-        var sum = 0.0;
-        for (var j = lid; j < len; j += WG) {
-            let e = exp(sc[g * p.chunk + j] - mx);
-            sc[g * p.chunk + j] = e;
-            sum += e;
+        var s = 0.0;
+        for (var r = 0u; r < 8u; r++) {
+            let kq = vec4<f32>(kr[4u * r], kr[4u * r + 1u], kr[4u * r + 2u], kr[4u * r + 3u]);
+            s += dot(qs[(g * D + t * 32u) / 4u + r], kq);
         }
-        sum = wg_sum(sum, lane);
-        if (lid == 0u) {
-            stat[2u * g] = mx;
-            stat[2u * g + 1u] = sum;
+        dots[g] = s;
+    }
+    var s: array<f32, NB>;
+    if (TPP > 1u) {
+        for (var g = 0u; g < NB; g++) { red[lid * NB + g] = dots[g]; }
+        workgroupBarrier();
+        for (var g = 0u; g < NB; g++) {
+            var tot = 0.0;
+            if (lid < C) {
+                for (var u = 0u; u < TPP; u++) { tot += red[(lid * TPP + u) * NB + g]; }
+            }
+            s[g] = tot;
+        }
+        workgroupBarrier();
+    } else {
+        s = dots;
+    }
+    for (var g = 0u; g < NB; g++) { s[g] = select(-3.4028235e38, s[g], lid < len); }
+
+    // The maximum of each head's scores: per lane group (a subgroup), then across them.
+    for (var g = 0u; g < NB; g++) {
+        let m = group_max(s[g], lane);
+        if (lane_is_leader(lane)) { red[g * LANE_GROUPS_MAX + lane_group(lane)] = m; }
+    }
+    workgroupBarrier();
+    var mx: array<f32, NB>;
+    var e: array<f32, NBV * 4u>;
+    for (var g = 0u; g < NBV * 4u; g++) { e[g] = 0.0; }
+    for (var g = 0u; g < NB; g++) {
+        var m = red[g * LANE_GROUPS_MAX];
+        for (var u = 1u; u < lane_groups(lane); u++) { m = max(m, red[g * LANE_GROUPS_MAX + u]); }
+        mx[g] = m;
+        e[g] = select(0.0, exp(s[g] - m), lid < len);
+    }
+    if (lid < C) {
+        for (var v = 0u; v < NBV; v++) {
+            sc[lid * NBV + v] = vec4<f32>(e[4u * v], e[4u * v + 1u], e[4u * v + 2u], e[4u * v + 3u]);
         }
     }
     workgroupBarrier();
 
-    // Weighted V: invocation (position group pg, dimension d) walks every groups-th position,
-    // four at a time so their loads are in flight together; the groups are added after.
-    let groups = max(WG / max(hd, 1u), 1u);
-    let pg = lid / max(hd, 1u);
-    for (var d0 = 0u; d0 < hd; d0 += WG) {
-        let d = d0 + lid % hd;
-        var acc: array<f32, NB>;
-        for (var g = 0u; g < NB; g++) { acc[g] = 0.0; }
-        let vb = (row0 + j0) * p.kv_stride + kvh * hd + d;
-        if (pg < groups && d < hd) {
-            var j = pg;
-            for (; j + 3u * groups < len; j += 4u * groups) {
-                let v0 = v_at(vb + j * p.kv_stride);
-                let v1 = v_at(vb + (j + groups) * p.kv_stride);
-                let v2 = v_at(vb + (j + 2u * groups) * p.kv_stride);
-                let v3 = v_at(vb + (j + 3u * groups) * p.kv_stride);
-                for (var g = 0u; g < NB; g++) {
-                    let s = g * p.chunk + j;
-                    acc[g] += sc[s] * v0 + sc[s + groups] * v1 + sc[s + 2u * groups] * v2 + sc[s + 3u * groups] * v3;
-                }
-            }
-            for (; j < len; j += groups) {
-                let v = v_at(vb + j * p.kv_stride);
-                for (var g = 0u; g < NB; g++) { acc[g] = fma(sc[g * p.chunk + j], v, acc[g]); }
-            }
+    // Weighted V and the sums of the weights, per position group; then the groups added.
+    var acc: array<vec4<f32>, NBV>;
+    var es: array<vec4<f32>, NBV>;
+    for (var v = 0u; v < NBV; v++) {
+        var a = vec4<f32>(0.0);
+        var e = vec4<f32>(0.0);
+        for (var i = 0u; i < 32u; i++) {
+            let w = sc[(pg + VG * i) * NBV + v];
+            a = fma(w, vec4<f32>(vr[i]), a);
+            e += w;
         }
-        workgroupBarrier();
-        if (pg < groups && d < hd) {
-            for (var g = 0u; g < NB; g++) { red[(pg * NB + g) * hd + (d - d0)] = acc[g]; }
-        }
-        workgroupBarrier();
-        let width = min(WG, hd - d0);
-        for (var i = lid; i < NB * width; i += WG) {
-            let g = i / width;
-            let dd = i % width;
+        acc[v] = a;
+        es[v] = e;
+    }
+    for (var g = 0u; g < NB; g++) { red[(pg * NB + g) * D + dv] = acc[g / 4u][g % 4u]; }
+    if (dv == 0u) {
+        for (var g = 0u; g < NB; g++) { qs[(pg * NB + g) / 4u][(pg * NB + g) % 4u] = es[g / 4u][g % 4u]; }
+    }
+    workgroupBarrier();
+    for (var i = lid; i < NB * D; i += WG) {
+        let g = i / D;
+        let d = i % D;
+        if (d < hd) {
             var o = 0.0;
-            for (var u = 0u; u < groups; u++) { o += red[(u * NB + g) * hd + dd]; }
+            for (var u = 0u; u < VG; u++) { o += red[(u * NB + g) * D + d]; }
             let h = qh0 + h0 + g;
             if (one_split) {
-                part[h * hd + d0 + dd] = o / stat[2u * g + 1u];
+                var tot = 0.0;
+                for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + g) / 4u][(u * NB + g) % 4u]; }
+                part[h * hd + d] = o / tot;
             } else {
-                part[(h * p.n_splits + split) * (hd + 2u) + d0 + dd] = o;
+                part[(h * p.n_splits + split) * (hd + 2u) + d] = o;
             }
         }
-        workgroupBarrier();
     }
     if (!one_split && lid < NB) {
+        var tot = 0.0;
+        for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + lid) / 4u][(u * NB + lid) % 4u]; }
         let b = ((qh0 + h0 + lid) * p.n_splits + split) * (hd + 2u);
-        part[b + hd] = stat[2u * lid];
-        part[b + hd + 1u] = stat[2u * lid + 1u];
+        part[b + hd] = mx[lid];
+        part[b + hd + 1u] = tot;
     }
 }

@@ -461,30 +461,30 @@ fn attention_prefill(ck: &mut Checker) -> Result<()> {
     Ok(())
 }
 
-/// Decode attention in both of its launch shapes: one query head per workgroup for contexts
-/// of one split (up to its longest, and past it with GQA group 1), and each GQA block of 2 to
-/// 8 heads sharing their K and V reads (GQA groups of 1 to 8), which longer contexts take,
-/// split over the context and combined. Over an f16 cache with every block, an f32 one with
-/// the first and last (the cache type is an include of its own, independent of the block).
+/// Decode attention in both of its launch shapes: one query head per workgroup (the
+/// planner's choice up to `attention::DECODE_SHARE_FROM` positions), and each GQA block of 2
+/// to 8 heads sharing their K and V reads (GQA groups of 1 to 8, the block the whole group),
+/// which longer contexts take; in one split and split over the context and combined. Over an
+/// f16 cache with every block, an f32 one with the first and last (the cache type is an
+/// include of its own, independent of the block).
 fn attention_decode(ck: &mut Checker) -> Result<()> {
-    use crate::kernels::attention::AttnShape;
     let shapes = decode_attention_shapes(600);
-    // The longest context one head per workgroup takes (in one split).
-    let short = AttnShape::chunk_of(1);
     for (i, &shape) in shapes.iter().enumerate() {
+        // The longest context one head per workgroup takes (in one split).
+        let short = shape.decode_chunk();
         let f32_too = i == 0 || i + 1 == shapes.len();
         for f16_cache in [true, false].into_iter().take(1 + f32_too as usize) {
             let kv = KvKind::for_cache(f16_cache, &ck.ctx.caps);
             let mut r = Rng::new((shape.n_head * 64 + f16_cache as u32) as u64);
-            let case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
-            for kv_len in [5, short, short + 1, shape.n_ctx] {
+            let mut case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
+            for (kv_len, block) in [(5, 1), (short, shape.group()), (short + 1, 1), (shape.n_ctx, shape.group())] {
+                case.block = Some(block);
                 let q = r.normal((shape.n_head * shape.head_dim) as usize, 2.0);
                 let (got, dispatches) = case.decode(ck.ctx, &q, kv_len)?;
                 let splits = shape.decode_splits(kv_len);
                 let what = format!(
-                    "heads {} per KV head, block {}, {kv:?}, {kv_len} positions in {splits} split{}",
+                    "heads {} per KV head, block {block}, {kv:?}, {kv_len} positions in {splits} split{}",
                     shape.group(),
-                    shape.decode_block(kv_len),
                     if splits == 1 { "" } else { "s" }
                 );
                 let want_dispatches = if splits > 1 { 2 } else { 1 };

@@ -131,6 +131,9 @@ pub struct AttnCase {
     pub kv: KvKind,
     pub k_vals: Vec<f32>,
     pub v_vals: Vec<f32>,
+    /// Query heads per decode workgroup: None for the planner's choice, or a block variant
+    /// the planner would not pick at this context (every block is checked whatever the policy).
+    pub block: Option<u32>,
     k_cache: wgpu::Buffer,
     v_cache: wgpu::Buffer,
 }
@@ -141,7 +144,7 @@ impl AttnCase {
         let (kb, k_vals) = cache_bytes(&r.normal(n, 1.0), kv);
         let (vb, v_vals) = cache_bytes(&r.normal(n, 1.0), kv);
         let (k_cache, v_cache) = (ctx.upload(&kb, "k")?, ctx.upload(&vb, "v")?);
-        Ok(AttnCase { shape, kv, k_vals, v_vals, k_cache, v_cache })
+        Ok(AttnCase { shape, kv, k_vals, v_vals, block: None, k_cache, v_cache })
     }
 
     /// The f64 reference for m queries at positions pos0...
@@ -206,6 +209,7 @@ impl AttnCase {
             kv_len: one.kv_len,
             kv_base: one.kv_base,
             columns: batched.then_some(cols),
+            block: self.block,
         };
         let ds = attention::prepare_decode(ctx, self.kv, &s, &a)?;
         run(ctx, &ds)?;

@@ -84,10 +84,9 @@ pub fn gemv_widths(kernels: &[MatmulKernel], widths: Widths) -> Vec<MatmulKernel
     kernels.iter().copied().filter(|k| width(k).is_none_or(|(q8, n)| kept(q8, n))).collect()
 }
 
-/// Decode attention shapes that make it pick each of its workgroup blocks at long contexts
-/// (1 to 8 query heads sharing a KV head's reads: GQA groups of 1 to 8, head size 64), with
-/// room for a context of `n_ctx` (several splits). Short contexts take one head per
-/// workgroup whatever the group.
+/// Decode attention shapes whose GQA groups are each of its workgroup blocks (1 to 8 query
+/// heads sharing a KV head's reads: GQA groups of 1 to 8, head size 64), with room for a
+/// context of `n_ctx` (several splits).
 pub fn decode_attention_shapes(n_ctx: u32) -> Vec<AttnShape> {
     (1..=ATTN_DECODE_MAX_BLOCK)
         .map(|group| AttnShape { n_head: 2 * group, n_kv_head: 2, head_dim: 64, n_ctx })
@@ -179,13 +178,16 @@ mod tests {
     #[test]
     fn decode_shapes_cover_every_block() {
         let shapes = decode_attention_shapes(600);
-        let long = AttnShape::chunk_of(1) + 1;
-        let blocks: Vec<u32> = shapes.iter().map(|s| s.decode_block(long)).collect();
+        // Each shape's whole GQA group is a block the kernel takes: 1 to 8 heads.
+        let blocks: Vec<u32> = shapes.iter().map(|s| s.largest_block()).collect();
         assert_eq!(blocks, (1..=ATTN_DECODE_MAX_BLOCK).collect::<Vec<_>>());
-        // Past one head's longest split every block splits; up to it, one head per workgroup
-        // takes the context in one split.
-        assert!(shapes.iter().all(|s| s.decode_splits(long) > 1));
-        let short = AttnShape::chunk_of(1);
-        assert!(shapes.iter().all(|s| s.decode_block(short) == 1 && s.decode_splits(short) == 1));
+        assert!(shapes.iter().all(|s| s.takes_block(s.group())));
+        // Past one split's positions the context splits; up to it, it does not.
+        let short = shapes[0].decode_chunk();
+        assert!(shapes.iter().all(|s| s.decode_splits(short + 1) > 1 && s.decode_splits(short) == 1));
+        // The planner takes one head per workgroup up to DECODE_SHARE_FROM, the whole group past it.
+        let far = crate::kernels::attention::DECODE_SHARE_FROM + 1;
+        let deep: Vec<AttnShape> = shapes.iter().map(|s| AttnShape { n_ctx: far, ..*s }).collect();
+        assert!(deep.iter().all(|s| s.decode_block(far - 1) == 1 && s.decode_block(far) == s.group()));
     }
 }

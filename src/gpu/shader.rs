@@ -11,6 +11,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/kv_f32.wgsl", include_str!("../../wgsl/common/kv_f32.wgsl")),
     ("common/kv_f16_native.wgsl", include_str!("../../wgsl/common/kv_f16_native.wgsl")),
     ("common/kv_f16_packed.wgsl", include_str!("../../wgsl/common/kv_f16_packed.wgsl")),
+    ("common/kv_rows_vec.wgsl", include_str!("../../wgsl/common/kv_rows_vec.wgsl")),
+    ("common/kv_rows_scalar.wgsl", include_str!("../../wgsl/common/kv_rows_scalar.wgsl")),
     ("formats/f32.wgsl", include_str!("../../wgsl/formats/f32.wgsl")),
     ("formats/f16.wgsl", include_str!("../../wgsl/formats/f16.wgsl")),
     ("common/half8.wgsl", include_str!("../../wgsl/common/half8.wgsl")),

@@ -10,8 +10,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::{KilnError, Result};
 use crate::gpu::{bind, grid, Dispatch, GpuContext};
 use crate::kernels::{
-    KernelKey, KvKind, ATTN_DECODE_MAX_BLOCK, ATTN_DECODE_MAX_CHUNK, ATTN_DECODE_QB, ATTN_DECODE_SC, ATTN_DECODE_TPP,
-    ATTN_MAX_HEAD_DIM, ATTN_TILE, ATTN_WG_DECODE,
+    KernelKey, KvKind, ATTN_DECODE_HEAD_DIMS, ATTN_DECODE_MAX_BLOCK, ATTN_MAX_HEAD_DIM, ATTN_TILE, ATTN_WG_DECODE,
 };
 
 /// The shape of one layer's attention.
@@ -38,7 +37,7 @@ impl AttnShape {
                 format!("{} heads do not divide into {} KV heads", self.n_head, self.n_kv_head),
             ));
         }
-        if self.head_dim > ATTN_MAX_HEAD_DIM || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || self.head_dim > ATTN_MAX_HEAD_DIM || self.head_dim % 2 != 0 {
             return Err(KilnError::invalid(
                 "attention",
                 format!("head dim {} (kiln supports even sizes up to {ATTN_MAX_HEAD_DIM})", self.head_dim),
@@ -46,47 +45,79 @@ impl AttnShape {
         }
         Ok(())
     }
-    /// Query heads one decode workgroup takes at a context of `kv_len`. A short context (one
-    /// split of a single head) gets one head per workgroup: the most workgroups, each with
-    /// the least to do. A longer one shares each K and V row among the largest divisor of the
-    /// GQA group whose queries fit the kernel's workgroup memory (`KILN_DECODE_BLOCK`
-    /// overrides both).
+    /// The decode kernel's head-dim class for this shape's heads.
+    pub fn decode_class(&self) -> u32 {
+        decode_class(self.head_dim)
+    }
+    /// Whether the decode kernel reads this shape's K rows as whole vectors (8 halves or 4
+    /// floats): every head's row starts on one.
+    pub fn decode_vectors(&self) -> bool {
+        self.head_dim % 8 == 0
+    }
+    /// Query heads one decode workgroup takes at a context of `kv_len`. Up to
+    /// `DECODE_SHARE_FROM` positions one head per workgroup: the most workgroups, each with
+    /// the least to do, the K and V rows its GQA group shares read again from cache (H200, run
+    /// 67: with TinyLlama's heads blocks of 1 beat 2, 4 and 8 from 128 to 4,096 positions,
+    /// 3.8 / 6.7 / 7.5 / 10.6 µs at 128, 17.1 / 31.8 / 21.8 / 18.9 at 4,096). Past it, each
+    /// K and V row is read once for the largest divisor of the GQA group the kernel's
+    /// workgroup memory takes. `KILN_DECODE_BLOCK` overrides both.
     pub fn decode_block(&self, kv_len: u32) -> u32 {
-        let most = (ATTN_DECODE_QB / self.head_dim.max(1)).clamp(1, ATTN_DECODE_MAX_BLOCK);
-        if let Some(b) =
-            crate::config::decode_block_from_env().filter(|&b| b >= 1 && b <= most && self.group() % b == 0)
-        {
+        if let Some(b) = crate::config::decode_block_from_env().filter(|&b| self.takes_block(b)) {
             return b;
         }
-        if kv_len <= Self::chunk_of(1) {
+        if kv_len <= DECODE_SHARE_FROM {
             return 1;
         }
-        (1..=most).rev().find(|b| self.group() % b == 0).unwrap_or(1)
+        self.largest_block()
     }
-    /// Context positions per decode workgroup (a split) for blocks of `block` heads: their
-    /// scores fit workgroup memory, and at most `ATTN_DECODE_MAX_CHUNK` so long contexts
-    /// spread over many workgroups.
-    pub fn chunk_of(block: u32) -> u32 {
-        let per_pass = ATTN_WG_DECODE / ATTN_DECODE_TPP;
-        ((ATTN_DECODE_SC / block.max(1)) / per_pass * per_pass).clamp(per_pass, ATTN_DECODE_MAX_CHUNK)
+    /// The largest block of query heads a decode workgroup can take for this shape.
+    pub fn largest_block(&self) -> u32 {
+        (1..=max_block_of_class(self.decode_class())).rev().find(|&b| self.takes_block(b)).unwrap_or(1)
     }
-    /// Positions per split at a context of `kv_len`.
-    pub fn decode_chunk(&self, kv_len: u32) -> u32 {
-        Self::chunk_of(self.decode_block(kv_len))
+    /// Whether a decode workgroup can take blocks of `block` query heads of this shape.
+    pub fn takes_block(&self, block: u32) -> bool {
+        block >= 1 && block <= max_block_of_class(self.decode_class()) && self.group() % block == 0
+    }
+    /// Context positions per decode workgroup (a split).
+    pub fn decode_chunk(&self) -> u32 {
+        chunk_of_class(self.decode_class())
     }
     /// Splits of a context of `kv_len` positions (1: the kernel writes the output itself).
     pub fn decode_splits(&self, kv_len: u32) -> u32 {
-        kv_len.div_ceil(self.decode_chunk(kv_len)).max(1)
+        kv_len.div_ceil(self.decode_chunk()).max(1)
     }
     /// Splits the partials buffer has room for: the most any context length can need.
     fn max_splits(&self) -> u32 {
-        (1..=ATTN_DECODE_MAX_BLOCK).map(|b| self.n_ctx.div_ceil(Self::chunk_of(b))).max().unwrap_or(1).max(1)
+        self.n_ctx.div_ceil(self.decode_chunk()).max(1)
     }
     /// Scratch floats the decode kernel needs for its partial results (per column of a
     /// batched step).
     pub fn decode_scratch_len(&self) -> u32 {
         self.n_head * self.max_splits() * (self.head_dim + 2)
     }
+}
+
+/// Contexts up to which decode attention takes one query head per workgroup
+/// (`AttnShape::decode_block`).
+pub const DECODE_SHARE_FROM: u32 = 4096;
+
+/// The decode kernel's head-dim class for heads of `head_dim` dimensions: the smallest of
+/// `ATTN_DECODE_HEAD_DIMS` that holds them.
+pub fn decode_class(head_dim: u32) -> u32 {
+    ATTN_DECODE_HEAD_DIMS.into_iter().map(u32::from).find(|&c| head_dim <= c).unwrap_or(ATTN_MAX_HEAD_DIM)
+}
+
+/// Positions per decode split for heads of class `d`: each invocation holds 32 K and 32 V
+/// values of the split in registers (attention_decode.wgsl).
+pub fn chunk_of_class(d: u32) -> u32 {
+    ATTN_WG_DECODE * 32 / d
+}
+
+/// Query heads a decode workgroup of class `d` takes at most: its queries (heads x d) within
+/// 512 floats and its weights (heads x positions) within 1024, so the kernel's workgroup
+/// memory stays within 16 KiB.
+pub fn max_block_of_class(d: u32) -> u32 {
+    ATTN_DECODE_MAX_BLOCK.min(512 / d).min(1024 / chunk_of_class(d)).max(1)
 }
 
 /// Mirrors `Params` in attention_prefill.wgsl.
@@ -243,7 +274,7 @@ pub struct DecodeLaunch {
 }
 
 pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> Result<DecodeLaunch> {
-    launch_columns(ctx_caps, kv, shape, kv_len, None)
+    launch_columns(ctx_caps, kv, shape, kv_len, None, None)
 }
 
 /// The decode attention of a batched step of `cols` columns (at most `plan::GEMV_MAX_COLS`),
@@ -263,21 +294,32 @@ pub fn decode_launch_batched(
             format!("{cols} columns (a batched step has 1 to {})", crate::plan::GEMV_MAX_COLS),
         ));
     }
-    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols))
+    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None)
 }
 
+/// `block`: query heads per workgroup, None for `AttnShape::decode_block`'s choice.
 fn launch_columns(
     ctx_caps: &crate::gpu::Caps,
     kv: KvKind,
     shape: &AttnShape,
     kv_len: u32,
     cols: Option<u32>,
+    block: Option<u32>,
 ) -> Result<DecodeLaunch> {
     shape.check()?;
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
-    let block = shape.decode_block(kv_len);
+    let block = match block {
+        None => shape.decode_block(kv_len),
+        Some(b) if shape.takes_block(b) => b,
+        Some(b) => {
+            return Err(KilnError::invalid(
+                "attention",
+                format!("a decode block of {b} heads for {} heads per KV head of {}", shape.group(), shape.head_dim),
+            ))
+        }
+    };
     let splits = shape.decode_splits(kv_len);
     let params = AttnDecodeParams {
         head_dim: shape.head_dim,
@@ -290,11 +332,18 @@ fn launch_columns(
         n_splits: shape.max_splits(),
         q_stride: shape.head_dim,
         scale: 1.0 / (shape.head_dim as f32).sqrt(),
-        chunk: shape.decode_chunk(kv_len),
+        chunk: shape.decode_chunk(),
         _pad: [0; 3],
     };
     let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
-    let key = KernelKey::AttnDecode { kv, subgroups: ctx_caps.subgroups, block: block as u8, batched };
+    let key = KernelKey::AttnDecode {
+        kv,
+        subgroups: ctx_caps.subgroups,
+        head_dim: shape.decode_class() as u16,
+        vectors: shape.decode_vectors(),
+        block: block as u8,
+        batched,
+    };
     let grid = [shape.n_head / block, splits, z];
     Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]) })
 }
@@ -312,6 +361,8 @@ pub struct DecodeArgs<'a> {
     pub kv_len: u32,
     pub kv_base: u32,
     pub columns: Option<&'a [crate::kernels::matmul::StepColumn]>,
+    /// Query heads per workgroup: None for the planner's choice (`AttnShape::decode_block`).
+    pub block: Option<u32>,
 }
 
 /// One dispatch (a context of one split), or the split attention and the combine pass.
@@ -320,10 +371,13 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let (l, step_bytes) = match a.columns {
         Some(cols) => {
             let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
-            (decode_launch_batched(&ctx.caps, kv, shape, kv_len, cols.len() as u32)?, step_table(cols))
+            if cols.is_empty() || cols.len() as u32 > crate::plan::GEMV_MAX_COLS {
+                return Err(KilnError::invalid("attention", format!("{} columns in a batched step", cols.len())));
+            }
+            (launch_columns(&ctx.caps, kv, shape, kv_len, Some(cols.len() as u32), a.block)?, step_table(cols))
         }
         None => {
-            let l = decode_launch(&ctx.caps, kv, shape, a.kv_len)?;
+            let l = launch_columns(&ctx.caps, kv, shape, a.kv_len, None, a.block)?;
             let state = StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, kv_base: a.kv_base };
             (l, bytemuck::bytes_of(&state).to_vec())
         }

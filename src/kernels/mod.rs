@@ -197,6 +197,10 @@ pub enum KernelKey {
     AttnDecode {
         kv: KvKind,
         subgroups: bool,
+        /// The head-dim class (`attention::decode_class`).
+        head_dim: u16,
+        /// K rows read as whole vectors: heads of a multiple of 8 dimensions.
+        vectors: bool,
         /// Query heads per workgroup (`AttnShape::decode_block`).
         block: u8,
         /// One query per column of a batched decode step, each over its own sequence.
@@ -256,13 +260,10 @@ pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax,
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
-pub const ATTN_WG: u32 = 64; // the combine pass
-pub const ATTN_WG_DECODE: u32 = 256; // decode attention
-pub const ATTN_DECODE_TPP: u32 = 8; // invocations per position while scoring
+pub const ATTN_WG_DECODE: u32 = 256; // decode attention and its combine pass
 pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
-pub const ATTN_DECODE_QB: u32 = 512; // query values of a block (heads x head_dim), at most
-pub const ATTN_DECODE_SC: u32 = 1024; // scores of a block (heads x positions), at most
-pub const ATTN_DECODE_MAX_CHUNK: u32 = 256; // positions per decode workgroup, at most
+/// Head-dim classes of the decode attention's variants (heads of up to that many dimensions).
+pub const ATTN_DECODE_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
 pub const ATTN_TILE: (u32, u32, u32, u32, u32) = (32, 32, 16, 4, 4);
 
 /// How a kernel binds one resource (group 0, bindings in order).
@@ -476,21 +477,21 @@ impl KernelKey {
                 .include(kv.file())
                 .include("flash_attention.wgsl")
                 .build(),
-            KernelKey::AttnDecode { kv, subgroups, block, batched } => step_file(
+            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched } => step_file(
                 c.enable_f16(kv.needs_f16())
                     .const_u32("WG", ATTN_WG_DECODE)
-                    .const_u32("TPP", ATTN_DECODE_TPP)
+                    .const_u32("D", head_dim as u32)
+                    .const_u32("C", attention::chunk_of_class(head_dim as u32))
                     .const_u32("NB", block as u32)
-                    .const_u32("MAX_QB", ATTN_DECODE_QB)
-                    .const_u32("MAX_SC", ATTN_DECODE_SC)
                     .include(kv.file())
+                    .include(if vectors { "common/kv_rows_vec.wgsl" } else { "common/kv_rows_scalar.wgsl" })
                     .include(reduce_file(subgroups)),
                 batched,
             )
             .include("attention_decode.wgsl")
             .build(),
             KernelKey::AttnCombine { batched } => {
-                step_file(c.const_u32("WG", ATTN_WG), batched).include("attention_combine.wgsl").build()
+                step_file(c.const_u32("WG", ATTN_WG_DECODE), batched).include("attention_combine.wgsl").build()
             }
             KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
@@ -650,9 +651,13 @@ impl KernelKey {
                 v.push(KernelKey::AttnFlash { kv, head_dim });
             }
             for subgroups in [false, true] {
-                for block in 1..=ATTN_DECODE_MAX_BLOCK as u8 {
-                    for batched in [false, true] {
-                        v.push(KernelKey::AttnDecode { kv, subgroups, block, batched });
+                for head_dim in ATTN_DECODE_HEAD_DIMS {
+                    for block in 1..=attention::max_block_of_class(head_dim as u32) as u8 {
+                        for batched in [false, true] {
+                            for vectors in [false, true] {
+                                v.push(KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched });
+                            }
+                        }
                     }
                 }
             }

@@ -41,3 +41,8 @@ fn kv_get(w: KvWord, i: u32) -> f32 { return kv_half_to_f32((w >> ((i & 1u) * 16
 fn kv_pair_words(a: f32, b: f32) -> array<KvWord, 2> {
     return array<KvWord, 2>(kv_f32_to_half(a) | (kv_f32_to_half(b) << 16u), 0u);
 }
+// Eight halves at once, for kernels that read whole rows (attention_decode.wgsl binds the
+// cache as KvVec; rows of a multiple of 8 values start on one).
+alias KvVec = vec4<u32>;
+const KV_PER_VEC: u32 = 8u;
+fn kv_vec_get(v: KvVec, e: u32) -> f32 { return kv_half_to_f32((v[e / 2u] >> ((e % 2u) * 16u)) & 0xffffu); }

@@ -40,10 +40,11 @@ fn wg_min_u32(v: u32, lane: Lane) -> u32 {
     return red_u[0];
 }
 
-// Batched reductions (many sums, one barrier): without subgroups every lane is its own
+// Batched reductions (many sums or maxima, one barrier): without subgroups every lane is its own
 // group; after one barrier any lane adds the groups up.
 const LANE_GROUPS_MAX: u32 = WG;
 fn lane_group(lane: Lane) -> u32 { return lane.lid; }
 fn lane_groups(lane: Lane) -> u32 { return WG; }
 fn lane_is_leader(lane: Lane) -> bool { return true; }
 fn group_sum(v: f32, lane: Lane) -> f32 { return v; }
+fn group_max(v: f32, lane: Lane) -> f32 { return v; }

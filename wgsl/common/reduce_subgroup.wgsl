@@ -41,10 +41,11 @@ fn wg_min_u32(v: u32, lane: Lane) -> u32 {
     return t;
 }
 
-// Batched reductions (many sums, one barrier): each group of lanes (a subgroup) sums its
+// Batched reductions (many sums or maxima, one barrier): each group of lanes (a subgroup) sums its
 // values, its leader stores the result, and after one barrier any lane adds the groups up.
 const LANE_GROUPS_MAX: u32 = 64u;
 fn lane_group(lane: Lane) -> u32 { return lane.sg_id; }
 fn lane_groups(lane: Lane) -> u32 { return lane.n_sg; }
 fn lane_is_leader(lane: Lane) -> bool { return lane.sg_lane == 0u; }
 fn group_sum(v: f32, lane: Lane) -> f32 { return subgroupAdd(v); }
+fn group_max(v: f32, lane: Lane) -> f32 { return subgroupMax(v); }

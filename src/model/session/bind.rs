@@ -84,8 +84,14 @@ impl Session {
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
         // Any variant serves the bind groups: batched or not, they bind the same buffers.
-        let decode_key =
-            KernelKey::AttnDecode { kv, subgroups: sub, block: shape.decode_block(opts.n_ctx) as u8, batched: false };
+        let decode_key = KernelKey::AttnDecode {
+            kv,
+            subgroups: sub,
+            head_dim: shape.decode_class() as u16,
+            vectors: shape.decode_vectors(),
+            block: shape.decode_block(opts.n_ctx) as u8,
+            batched: false,
+        };
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
