@@ -14,7 +14,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let n_units = unit_count(p.k);
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
-    let inv = row_inv_rms(lane);
+    // The fused RMSNorm's 1 / rms scales each column's sums at the end (the products take
+    // x times the norm weights): the weights' loads need not wait for the row's reduction.
+    var inv: array<f32, NCOLS>;
+    for (var m = 0u; m < NCOLS; m++) { inv[m] = 1.0; }
 
     if (NCOLS == 1u) {
         // One column (decode): x's slice loaded once per unit for all rows, each row decoded
@@ -105,5 +108,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
 
+    if (NORM) {
+        let rms = row_inv_rms(lane);
+        for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= rms[i % NCOLS]; }
+    }
     write_rows(acc, row0, lane);
 }
