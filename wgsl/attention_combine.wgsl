@@ -1,10 +1,10 @@
 // Merges the per-split partial results of attention_decode into out[h * head_dim + d], one
 // workgroup per query head (and per column of a batched step, the grid's z: every column,
-// its short context one split). Needs common/step_one.wgsl or common/step_columns.wgsl.
-// The splits are spread over the workgroup: invocation (split group, dimension) adds up every
-// groups-th split of its dimension, so the partials' loads are in flight together rather
-// than one split after another. Header constants: WG (a power of two, at least the largest
-// head dim).
+// its short context one split). Needs common/step_one.wgsl or common/step_columns.wgsl and a
+// reduce file (common/reduce_*.wgsl). The splits' maxima meet in one batched reduction; then
+// invocation (split group, dimension) adds up every groups-th split of its dimension, four
+// splits' loads in flight at a time. Header constants: WG (a power of two, at least the
+// largest head dim).
 
 struct Params {
     head_dim: u32,
@@ -26,12 +26,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read> step: Step;
 
-// (maximum, sum) pairs, then the split groups' partial outputs.
-var<workgroup> red_m: array<f32, WG>;
+// Each lane group's maximum; then the split groups' weighted values [group][dimension].
+var<workgroup> red_v: array<f32, WG>;
+// The split groups' weighted sums.
 var<workgroup> red_s: array<f32, WG>;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lane.lid;
     let col = select(0u, wid.z, BATCHED);
     let kv_len = col_len(col);
     let h = col * p.n_head + wid.x;
@@ -42,33 +44,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let stride = hd + 2u;
     let base = h * p.n_splits * stride;
 
-    // The global maximum and the sum of exp(split max - global max) * split sum, as
-    // (max, sum) pairs merged over the workgroup.
+    // The largest of the splits' maxima.
     var m = -3.4028235e38;
-    var s = 0.0;
-    for (var i = lid; i < n_used; i += WG) {
-        let mi = part[base + i * stride + hd];
-        let si = part[base + i * stride + hd + 1u];
-        let mn = max(m, mi);
-        s = s * exp(m - mn) + si * exp(mi - mn);
-        m = mn;
-    }
-    red_m[lid] = m;
-    red_s[lid] = s;
+    for (var i = lid; i < n_used; i += WG) { m = max(m, part[base + i * stride + hd]); }
+    let gm = group_max(m, lane);
+    if (lane_is_leader(lane)) { red_v[lane_group(lane)] = gm; }
     workgroupBarrier();
-    for (var w = WG / 2u; w > 0u; w >>= 1u) {
-        if (lid < w) {
-            let m2 = red_m[lid + w];
-            let mn = max(m, m2);
-            s = s * exp(m - mn) + red_s[lid + w] * exp(m2 - mn);
-            m = mn;
-            red_m[lid] = m;
-            red_s[lid] = s;
-        }
-        workgroupBarrier();
-    }
-    let gmax = red_m[0];
-    let total = red_s[0];
+    var gmax = red_v[0];
+    for (var u = 1u; u < lane_groups(lane); u++) { gmax = max(gmax, red_v[u]); }
     workgroupBarrier();
 
     // Invocation (split group sg, dimension d) over splits sg, sg + groups, ...
@@ -76,17 +59,38 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let sg = lid / max(hd, 1u);
     let d = lid % max(hd, 1u);
     var acc = 0.0;
+    var tot = 0.0;
     if (sg < groups) {
-        for (var i = sg; i < n_used; i += groups) {
+        var i = sg;
+        for (; i + 3u * groups < n_used; i += 4u * groups) {
+            let b0 = base + i * stride;
+            let b1 = b0 + groups * stride;
+            let b2 = b1 + groups * stride;
+            let b3 = b2 + groups * stride;
+            let v = vec4<f32>(part[b0 + d], part[b1 + d], part[b2 + d], part[b3 + d]);
+            let mx = vec4<f32>(part[b0 + hd], part[b1 + hd], part[b2 + hd], part[b3 + hd]);
+            let s = vec4<f32>(part[b0 + hd + 1u], part[b1 + hd + 1u], part[b2 + hd + 1u], part[b3 + hd + 1u]);
+            let w = exp(mx - vec4<f32>(gmax));
+            acc += dot(v, w);
+            tot += dot(s, w);
+        }
+        for (; i < n_used; i += groups) {
             let b = base + i * stride;
-            acc += part[b + d] * exp(part[b + hd] - gmax);
+            let w = exp(part[b + hd] - gmax);
+            acc += part[b + d] * w;
+            tot += part[b + hd + 1u] * w;
         }
     }
-    red_m[lid] = acc;
+    red_v[lid] = acc;
+    red_s[lid] = tot;
     workgroupBarrier();
     if (lid < hd) {
         var o = 0.0;
-        for (var g = 0u; g < groups; g++) { o += red_m[g * hd + lid]; }
-        out[h * hd + lid] = o / total;
+        var t = 0.0;
+        for (var g = 0u; g < groups; g++) {
+            o += red_v[g * hd + lid];
+            t += red_s[g * hd];
+        }
+        out[h * hd + lid] = o / t;
     }
 }

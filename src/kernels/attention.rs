@@ -288,16 +288,11 @@ pub fn decode_launch_batched(
     kv_len: u32,
     cols: u32,
 ) -> Result<DecodeLaunch> {
-    if cols == 0 || cols > crate::plan::GEMV_MAX_COLS {
-        return Err(KilnError::invalid(
-            "attention",
-            format!("{cols} columns (a batched step has 1 to {})", crate::plan::GEMV_MAX_COLS),
-        ));
-    }
     launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None)
 }
 
-/// `block`: query heads per workgroup, None for `AttnShape::decode_block`'s choice.
+/// `cols`: a batched step's columns (None: one sequence); `block`: query heads per
+/// workgroup, None for `AttnShape::decode_block`'s choice.
 fn launch_columns(
     ctx_caps: &crate::gpu::Caps,
     kv: KvKind,
@@ -307,6 +302,12 @@ fn launch_columns(
     block: Option<u32>,
 ) -> Result<DecodeLaunch> {
     shape.check()?;
+    if let Some(cols) = cols.filter(|&c| c == 0 || c > crate::plan::GEMV_MAX_COLS) {
+        return Err(KilnError::invalid(
+            "attention",
+            format!("{cols} columns (a batched step has 1 to {})", crate::plan::GEMV_MAX_COLS),
+        ));
+    }
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
@@ -371,9 +372,6 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let (l, step_bytes) = match a.columns {
         Some(cols) => {
             let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
-            if cols.is_empty() || cols.len() as u32 > crate::plan::GEMV_MAX_COLS {
-                return Err(KilnError::invalid("attention", format!("{} columns in a batched step", cols.len())));
-            }
             (launch_columns(&ctx.caps, kv, shape, kv_len, Some(cols.len() as u32), a.block)?, step_table(cols))
         }
         None => {
@@ -390,7 +388,8 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
-        let pipe = ctx.pipeline(&KernelKey::AttnCombine { batched: a.columns.is_some() })?;
+        let pipe =
+            ctx.pipeline(&KernelKey::AttnCombine { subgroups: ctx.caps.subgroups, batched: a.columns.is_some() })?;
         let ub = ctx.uniform(&l.params, "attention.combine");
         let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step]);
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });

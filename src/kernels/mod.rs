@@ -207,6 +207,7 @@ pub enum KernelKey {
         batched: bool,
     },
     AttnCombine {
+        subgroups: bool,
         batched: bool,
     },
     Rope {
@@ -490,8 +491,10 @@ impl KernelKey {
             )
             .include("attention_decode.wgsl")
             .build(),
-            KernelKey::AttnCombine { batched } => {
-                step_file(c.const_u32("WG", ATTN_WG_DECODE), batched).include("attention_combine.wgsl").build()
+            KernelKey::AttnCombine { subgroups, batched } => {
+                step_file(c.const_u32("WG", ATTN_WG_DECODE).include(reduce_file(subgroups)), batched)
+                    .include("attention_combine.wgsl")
+                    .build()
             }
             KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
@@ -570,6 +573,7 @@ impl KernelKey {
             | KernelKey::Sample { subgroups, .. }
             | KernelKey::Nll { subgroups } => (false, subgroups),
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
+            KernelKey::AttnCombine { subgroups, .. } => (false, subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
             KernelKey::AttnFlashCoop { .. } => (true, true),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
@@ -675,8 +679,10 @@ impl KernelKey {
         for head_dim in flash_attention::COOP_HEAD_DIMS {
             v.push(KernelKey::AttnFlashCoop { head_dim });
         }
-        v.push(KernelKey::AttnCombine { batched: false });
-        v.push(KernelKey::AttnCombine { batched: true });
+        for subgroups in [false, true] {
+            v.push(KernelKey::AttnCombine { subgroups, batched: false });
+            v.push(KernelKey::AttnCombine { subgroups, batched: true });
+        }
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {
                 v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu });

@@ -356,7 +356,7 @@ impl Session {
                 )?,
                 attn_combine: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &KernelKey::AttnCombine { batched: false },
+                    &KernelKey::AttnCombine { subgroups: sub, batched: false },
                     "attention",
                     &[&partial, &attn, &step_state],
                 )?,

@@ -245,7 +245,11 @@ impl Session {
                 decode.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                 if let Some(g2) = launch.combine {
                     l.attn_combine.set(ctx, &launch.params);
-                    l.attn_combine.record_with(rec.pass(), &*pipe(&KernelKey::AttnCombine { batched })?, g2);
+                    l.attn_combine.record_with(
+                        rec.pass(),
+                        &*pipe(&KernelKey::AttnCombine { subgroups: sub, batched })?,
+                        g2,
+                    );
                 }
             } else {
                 match &l.attn_prefill {
