@@ -176,10 +176,15 @@ fn benches(c: &mut Criterion) {
                         plans.extend(GemmTile::COOP.map(|tile| (512, MatmulKernel::Gemm { tile })));
                     }
                 }
+                // KILN_BENCH_DECODE_NORM=1: each GEMV with the RMSNorm fused in front, as the
+                // decode step runs Q/K/V, gate/up and the LM head.
+                let norm_w = ctx.upload_f32(&vec![1.0f32; k], "norm").unwrap();
+                let fused = std::env::var("KILN_BENCH_DECODE_NORM").as_deref() == Ok("1");
                 for (m, plan) in plans {
-                    let mm = Matmul::dense(&w, &x, &y, m);
+                    let mm = Matmul { norm: fused.then_some((&norm_w, 1e-5)), ..Matmul::dense(&w, &x, &y, m) };
                     let ds = matmul::prepare_with(&ctx, &mm, plan, "decode").unwrap();
-                    g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}", format.name()), |b| {
+                    let tag = if fused { "+norm" } else { "" };
+                    g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}{tag}", format.name()), |b| {
                         b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
                     });
                 }

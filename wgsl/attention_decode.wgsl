@@ -61,7 +61,6 @@ var<workgroup> sc: array<vec4<f32>, C * NBV>;
 // partial outputs [position group][head][D].
 var<workgroup> red: array<f32, WG * NB>;
 
-fn v_at(i: u32) -> f32 { return kv_get(v_cache[i / KV_PER_WORD], i); }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -100,8 +99,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let pg = lid / D;
     let dv = lid % D;
     let vc = kvh * hd + min(dv, last);
-    var vr: array<f32, 32>;
-    for (var i = 0u; i < 32u; i++) { vr[i] = v_at((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc); }
+    // V stays as loaded (halves) until it is weighted; rows of an even number of values keep
+    // dimension vc's half of a packed word the same in every row.
+    var vr: array<KvWord, 32>;
+    for (var i = 0u; i < 32u; i++) { vr[i] = v_cache[((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc) / KV_PER_WORD]; }
     for (var i = lid; i < NB * D; i += WG) {
         let d = i % D;
         let qv = q[(qh0 + h0 + i / D) * p.q_stride + min(d, last)] * p.scale;
@@ -114,10 +115,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     var dots: array<f32, NB>;
     for (var g = 0u; g < NB; g++) {
         var s = 0.0;
-        for (var r = 0u; r < 8u; r++) {
-            let kq = vec4<f32>(kr[4u * r], kr[4u * r + 1u], kr[4u * r + 2u], kr[4u * r + 3u]);
-            s += dot(qs[(g * D + t * 32u) / 4u + r], kq);
-        }
+        for (var r = 0u; r < 8u; r++) { s += dot(qs[(g * D + t * 32u) / 4u + r], k_row4(kr, r)); }
         dots[g] = s;
     }
     var s: array<f32, NB>;
@@ -167,7 +165,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         var e = vec4<f32>(0.0);
         for (var i = 0u; i < 32u; i++) {
             let w = sc[(pg + VG * i) * NBV + v];
-            a = fma(w, vec4<f32>(vr[i]), a);
+            a = fma(w, vec4<f32>(kv_get(vr[i], vc)), a);
             e += w;
         }
         acc[v] = a;
