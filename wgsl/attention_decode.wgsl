@@ -61,7 +61,6 @@ var<workgroup> sc: array<vec4<f32>, C * NBV>;
 // partial outputs [position group][head][D].
 var<workgroup> red: array<f32, WG * NB>;
 
-
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     // Loop bounds from the uniform alone would let lavapipe (Mesa 22/23) inline them and
@@ -90,17 +89,19 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let one_split = step.kv_len <= C;
 
     // Every load first. K: invocation (position pk, part t) holds dimensions 32t .. 32t + 31
-    // of its position (as whole vectors where the heads allow); V: invocation (group pg, dimension dv) holds dimension dv of positions
-    // pg, pg + VG, ... Positions past the context read the last one (their weights are zero),
-    // dimensions past the head its last (their queries are zero).
+    // of its position (as whole vectors where the heads allow); V: invocation (group pg,
+    // dimension dv) holds dimension dv of positions pg, pg + VG, ... Positions past the
+    // context read the last one (their weights are zero), dimensions past the head its last
+    // (their queries are zero). Both stay as loaded (halves) until used: fewer registers, so
+    // more workgroups fit an SM at once.
     let pk = lid / TPP;
     let t = lid % TPP;
     let kr = k_row32((row0 + min(pk, len - 1u)) * p.kv_stride + kvh * hd, t, hd);
     let pg = lid / D;
     let dv = lid % D;
     let vc = kvh * hd + min(dv, last);
-    // V stays as loaded (halves) until it is weighted; rows of an even number of values keep
-    // dimension vc's half of a packed word the same in every row.
+    // Rows of an even number of values keep dimension vc's half of a packed word the same in
+    // every row.
     var vr: array<KvWord, 32>;
     for (var i = 0u; i < 32u; i++) { vr[i] = v_cache[((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc) / KV_PER_WORD]; }
     for (var i = lid; i < NB * D; i += WG) {
