@@ -329,8 +329,12 @@ fn attention_benches(c: &mut Criterion) {
     // repeated back to back: its latency, which is what a decode step pays.
     let mut g = c.benchmark_group("attention_decode");
     g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-    let contexts: &[u32] = if small() { &[100, 700] } else { &[128, 512, 1024, 4096] };
-    for (name, n_head, n_kv_head, head_dim) in [("tinyllama", 32u32, 4u32, 64u32), ("llama-7b", 32, 32, 128)] {
+    // TinyLlama's also at 16,384 positions (where sharing K/V reads among a GQA block may pay).
+    let (short, long): (&[u32], &[u32]) =
+        if small() { (&[100, 700], &[100, 700]) } else { (&[128, 512, 1024, 4096], &[128, 512, 1024, 4096, 16384]) };
+    for (name, n_head, n_kv_head, head_dim, contexts) in
+        [("tinyllama", 32u32, 4u32, 64u32, long), ("llama-7b", 32, 32, 128, short)]
+    {
         let n_ctx = *contexts.iter().max().unwrap();
         let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx };
         let kv = KvKind::for_cache(true, &ctx.caps);

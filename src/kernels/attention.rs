@@ -58,9 +58,10 @@ impl AttnShape {
     /// `DECODE_SHARE_FROM` positions one head per workgroup: the most workgroups, each with
     /// the least to do, the K and V rows its GQA group shares read again from cache (H200, run
     /// 67: with TinyLlama's heads blocks of 1 beat 2, 4 and 8 from 128 to 4,096 positions,
-    /// 3.8 / 6.7 / 7.5 / 10.6 µs at 128, 17.1 / 31.8 / 21.8 / 18.9 at 4,096). Past it, each
-    /// K and V row is read once for the largest divisor of the GQA group the kernel's
-    /// workgroup memory takes. `KILN_DECODE_BLOCK` overrides both.
+    /// 3.8 / 6.7 / 7.5 / 10.6 µs at 128, 17.1 / 31.8 / 21.8 / 18.9 at 4,096; run 81, tg128
+    /// after 4,096 positions: blocks of 1 735 tok/s, of 8 720; after 16,384: 523 and 546).
+    /// Past it, each K and V row is read once for the largest divisor of the GQA group the
+    /// kernel's workgroup memory takes. `KILN_DECODE_BLOCK` overrides both.
     pub fn decode_block(&self, kv_len: u32) -> u32 {
         if let Some(b) = crate::config::decode_block_from_env().filter(|&b| self.takes_block(b)) {
             return b;
@@ -98,8 +99,9 @@ impl AttnShape {
 }
 
 /// Contexts up to which decode attention takes one query head per workgroup
-/// (`AttnShape::decode_block`).
-pub const DECODE_SHARE_FROM: u32 = 4096;
+/// (`AttnShape::decode_block`): between the H200's 4,096 (one head ahead) and 16,384 (blocks
+/// of 8 ahead).
+pub const DECODE_SHARE_FROM: u32 = 6144;
 
 /// The decode kernel's head-dim class for heads of `head_dim` dimensions: the smallest of
 /// `ATTN_DECODE_HEAD_DIMS` that holds them.
