@@ -15,9 +15,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
     // The fused RMSNorm's 1 / rms scales each column's sums at the end (the products take
-    // x times the norm weights): the weights' loads need not wait for the row's reduction.
-    var inv: array<f32, NCOLS>;
-    for (var m = 0u; m < NCOLS; m++) { inv[m] = 1.0; }
+    // x times the norm weights, load_in's factor 1): the weights' loads need not wait for the
+    // row's reduction.
 
     if (NCOLS == 1u) {
         // One column (decode): x's slice loaded once per unit for all rows, each row decoded
@@ -37,12 +36,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             var s1: array<f32, NCOLS>;
             for (var m = 0u; m < NCOLS; m++) {
                 let xr = min(col0 + m, p.n_cols - 1u) * (p.x_stride / 4u);
-                x0l[m] = load_in(xr, c0, 0u, inv[m]);
-                x0h[m] = load_in(xr, c0, 1u, inv[m]);
+                x0l[m] = load_in(xr, c0, 0u, 1.0);
+                x0h[m] = load_in(xr, c0, 1u, 1.0);
                 s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));
                 if (UNIT_CHUNKS == 2u) {
-                    x1l[m] = load_in(xr, c1, 0u, inv[m]);
-                    x1h[m] = load_in(xr, c1, 1u, inv[m]);
+                    x1l[m] = load_in(xr, c1, 0u, 1.0);
+                    x1h[m] = load_in(xr, c1, 1u, 1.0);
                     s1[m] = dot(x1l[m] + x1h[m], vec4<f32>(1.0));
                 }
             }
@@ -90,15 +89,15 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             }
             for (var m = 0u; m < NCOLS; m++) {
                 let xr = min(col0 + m, p.n_cols - 1u) * (p.x_stride / 4u);
-                let x0l = load_in(xr, c0, 0u, inv[m]);
-                let x0h = load_in(xr, c0, 1u, inv[m]);
+                let x0l = load_in(xr, c0, 0u, 1.0);
+                let x0h = load_in(xr, c0, 1u, 1.0);
                 let s0 = dot(x0l + x0h, vec4<f32>(1.0));
                 for (var r = 0u; r < ROWS; r++) {
                     acc[r * NCOLS + m] += w0[r].scale * (dot(w0[r].lo, x0l) + dot(w0[r].hi, x0h)) + w0[r].offset * s0;
                 }
                 if (UNIT_CHUNKS == 2u) {
-                    let x1l = load_in(xr, c1, 0u, inv[m]);
-                    let x1h = load_in(xr, c1, 1u, inv[m]);
+                    let x1l = load_in(xr, c1, 0u, 1.0);
+                    let x1h = load_in(xr, c1, 1u, 1.0);
                     let s1 = dot(x1l + x1h, vec4<f32>(1.0));
                     for (var r = 0u; r < ROWS; r++) {
                         acc[r * NCOLS + m] += w1[r].scale * (dot(w1[r].lo, x1l) + dot(w1[r].hi, x1h)) + w1[r].offset * s1;

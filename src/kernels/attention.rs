@@ -293,6 +293,18 @@ pub fn decode_launch_batched(
     launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None)
 }
 
+/// The decode kernel's variant for `shape` with blocks of `block` query heads.
+pub fn decode_key(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, block: u32, batched: bool) -> KernelKey {
+    KernelKey::AttnDecode {
+        kv,
+        subgroups: caps.subgroups,
+        head_dim: shape.decode_class() as u16,
+        vectors: shape.decode_vectors(),
+        block: block as u8,
+        batched,
+    }
+}
+
 /// `cols`: a batched step's columns (None: one sequence); `block`: query heads per
 /// workgroup, None for `AttnShape::decode_block`'s choice.
 fn launch_columns(
@@ -339,14 +351,7 @@ fn launch_columns(
         _pad: [0; 3],
     };
     let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
-    let key = KernelKey::AttnDecode {
-        kv,
-        subgroups: ctx_caps.subgroups,
-        head_dim: shape.decode_class() as u16,
-        vectors: shape.decode_vectors(),
-        block: block as u8,
-        batched,
-    };
+    let key = decode_key(ctx_caps, kv, shape, block, batched);
     let grid = [shape.n_head / block, splits, z];
     Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]) })
 }

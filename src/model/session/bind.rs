@@ -7,7 +7,7 @@ use crate::config::PrefillAttention;
 use crate::error::{KilnError, Result};
 use crate::gpu::{Bound, GpuContext};
 use crate::kernels::argmax::ArgmaxParams;
-use crate::kernels::attention::{AttnDecodeParams, AttnGemmParams, AttnShape, SoftmaxParams};
+use crate::kernels::attention::{self, AttnDecodeParams, AttnGemmParams, AttnShape, SoftmaxParams};
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention::{self, FlashParams};
@@ -84,14 +84,7 @@ impl Session {
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub };
         // Any variant serves the bind groups: batched or not, they bind the same buffers.
-        let decode_key = KernelKey::AttnDecode {
-            kv,
-            subgroups: sub,
-            head_dim: shape.decode_class() as u16,
-            vectors: shape.decode_vectors(),
-            block: shape.decode_block(opts.n_ctx) as u8,
-            batched: false,
-        };
+        let decode_key = attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false);
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
