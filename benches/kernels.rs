@@ -104,12 +104,24 @@ fn benches(c: &mut Criterion) {
                         }
                     }
                 }
-                if ctx.caps.coopmat && m >= 4 && !norm {
+                // The cooperative GEMM (without the norm, which it does not fuse: "-norm") at
+                // the planner's tile and K ranges, and the small tiles at 1-8 ranges.
+                if ctx.caps.coopmat && m >= 2 {
+                    let mut plain = Matmul::dense(&w, &x, &y, m);
+                    plain.norm = None;
+                    let tag = if norm { "-norm" } else { "" };
                     let plan = kiln::plan::plan_gemm(m, n as u32, k as u32, format, &ctx.caps);
                     if let MatmulKernel::Gemm { tile } = plan {
                         let splits = kiln::plan::gemm_splits(m, n as u32, k as u32, tile, &ctx.caps);
-                        let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "b").unwrap();
-                        plans.push((format!("{plan}/split{splits}"), ds));
+                        let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b").unwrap();
+                        plans.push((format!("{plan}/split{splits}{tag} (planned gemm)"), ds));
+                    }
+                    for tile in [GemmTile::Coop16, GemmTile::Coop64] {
+                        let plan = MatmulKernel::Gemm { tile };
+                        for splits in [1u32, 2, 4, 8] {
+                            let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b").unwrap();
+                            plans.push((format!("{plan}/split{splits}{tag}"), ds));
+                        }
                     }
                 }
                 for (name, ds) in &plans {

@@ -18,8 +18,11 @@ pub enum GemmTile {
     T128,
     /// 64x128 (64 rows of X, 128 of W), 8x8 per invocation, 128 invocations: F32 weights.
     T64x128,
-    /// 64x64 on cooperative matrices (16x16x16 f16 multiply-adds into f32), four subgroups
-    /// of 32 invocations each computing a 32x32 quadrant (gemm_coop.wgsl): few tokens.
+    /// 16 tokens x 64 weight rows on cooperative matrices (16x16x16 f16 multiply-adds into
+    /// f32), four subgroups of 16x16 each (gemm_coop.wgsl): batched decode steps, short prompts.
+    Coop16,
+    /// 64x64 on cooperative matrices, four subgroups of 32 invocations each computing a 32x32
+    /// quadrant: few tokens.
     Coop64,
     /// 128 tokens x 64 weight rows on cooperative matrices, four subgroups of 64x32 each:
     /// prefill where 128x128 tiles would leave SMs idle.
@@ -39,6 +42,7 @@ impl GemmTile {
             GemmTile::T128x64 => (128, 64, 16, 8, 8),
             GemmTile::T128 => (128, 128, 16, 8, 8),
             GemmTile::T64x128 => (64, 128, 16, 8, 8),
+            GemmTile::Coop16 => (16, 64, 32, 16, 16),
             GemmTile::Coop64 => (64, 64, 32, 16, 16),
             GemmTile::Coop128x64 => (128, 64, 32, 16, 16),
             GemmTile::Coop128 => (128, 128, 32, 16, 16),
@@ -52,16 +56,20 @@ impl GemmTile {
         }
     }
     pub fn is_coop(self) -> bool {
-        matches!(self, GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128)
+        matches!(
+            self,
+            GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128
+        )
     }
     /// The cooperative-matrix tiles.
-    pub const COOP: [GemmTile; 3] = [GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128];
+    pub const COOP: [GemmTile; 4] = [GemmTile::Coop16, GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128];
     /// Cooperative tiles: subgroups along N, and 16x16 accumulators per subgroup along M and N
     /// (gemm_coop.wgsl's SGN, FM, FN).
     pub fn coop_layout(self) -> (u32, u32, u32) {
         match self {
             GemmTile::Coop128 => (4, 4, 2),
             GemmTile::Coop128x64 => (2, 4, 2),
+            GemmTile::Coop16 => (4, 1, 1),
             _ => (2, 2, 2),
         }
     }
@@ -278,9 +286,19 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     // against 20.1 with 128x64 (the other formats lose 1-9% with it).
     // Matrix cores where the adapter has them, for quantized and F16 weights (F32 and BF16
     // would lose range in f16): 128x128 tiles from COOP_WIDE_MIN_M tokens, split along K
-    // where they are too few to fill the GPU (`gemm_splits`), 64x64 tiles split along K below.
+    // where they are too few to fill the GPU (`gemm_splits`), 64x64 tiles split along K below,
+    // and 16x64 tiles up to 16 tokens, where a 64-row tile would mostly multiply padding (H200,
+    // `KILN_BENCH_BATCHED=1 cargo bench`, run 86, at 16 columns: TinyLlama's 2048x2048 Q4_K
+    // 17.5 -> 15.2 µs, 2048x5632 Q6_K 26.7 -> 24.4; TinyLlama Q4_K_M pp16 2,513 -> 3,292-3,361
+    // tok/s).
     if coop {
-        let tile = if m >= COOP_WIDE_MIN_M && n >= COOP_WIDE_MIN_N { GemmTile::Coop128 } else { GemmTile::Coop64 };
+        let tile = if m >= COOP_WIDE_MIN_M && n >= COOP_WIDE_MIN_N {
+            GemmTile::Coop128
+        } else if m <= 16 {
+            GemmTile::Coop16
+        } else {
+            GemmTile::Coop64
+        };
         return MatmulKernel::Gemm { tile };
     }
     let tile = if tiles(128, 64) < 256 {
@@ -325,7 +343,7 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     }
     // 128x128 cooperative tiles take one workgroup per SM; the small tiles two.
     let fill = match tile {
-        GemmTile::T32 | GemmTile::T64 | GemmTile::Coop64 => SPLIT_K_FILL_TILES,
+        GemmTile::T32 | GemmTile::T64 | GemmTile::Coop16 | GemmTile::Coop64 => SPLIT_K_FILL_TILES,
         GemmTile::Coop128 => COOP_FILL_TILES,
         _ => return 1,
     };
@@ -455,7 +473,10 @@ mod tests {
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
         assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T128x64));
         assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::Coop64));
-        assert_eq!(gemm(9, WeightFormat::F16), Some(GemmTile::Coop64));
+        // 16-row tiles up to 16 tokens (batched decode steps, short prompts).
+        assert_eq!(gemm(9, WeightFormat::F16), Some(GemmTile::Coop16));
+        assert_eq!(gemm(16, WeightFormat::Q4K), Some(GemmTile::Coop16));
+        assert_eq!(gemm(17, WeightFormat::Q4K), Some(GemmTile::Coop64));
         assert_eq!(gemm(32, WeightFormat::F32), Some(GemmTile::T32));
         assert_eq!(gemm(4, WeightFormat::Q4K), None);
     }
@@ -465,14 +486,17 @@ mod tests {
         for tile in GemmTile::COOP {
             let (bm, bn, bk, _, _) = tile.dims();
             let (sgn, fm, fnn) = tile.coop_layout();
-            // gemm_coop.wgsl writes out FM = 2 or 4 and FN = 2 by name.
-            assert!(fm == 2 || fm == 4, "{tile:?}");
-            assert_eq!(fnn, 2, "{tile:?}");
+            // gemm_coop.wgsl writes out FM = 1, 2 or 4 and FN = 1 or 2 by name (FN 1 only with FM 1).
+            assert!(fm == 1 || fm == 2 || fm == 4, "{tile:?}");
+            assert!(fnn == 2 || (fnn == 1 && fm == 1), "{tile:?}");
             let sgm = tile.workgroup_size() / 32 / sgn;
             assert_eq!((sgm * fm * 16, sgn * fnn * 16), (bm, bn), "{tile:?}");
-            // Whole X vectors and W chunks per invocation and K step.
-            assert_eq!(bm * bk / 4 % tile.workgroup_size(), 0, "{tile:?}");
-            assert_eq!(bn * bk / 8 % tile.workgroup_size(), 0, "{tile:?}");
+            // Two W chunks per invocation and K step; X chunks: 1, 2 or 4 per invocation, or
+            // (16-row tiles) one for each of the first whole subgroups.
+            let wg = tile.workgroup_size();
+            assert_eq!(bn * bk / 8, 2 * wg, "{tile:?}");
+            let x_chunks = bm * bk / 8;
+            assert!([wg, 2 * wg, 4 * wg].contains(&x_chunks) || (x_chunks < wg && x_chunks % 32 == 0), "{tile:?}");
             // Workgroup memory: double-buffered padded tiles and a 16x16 f32 slice per
             // subgroup, within 48 KiB.
             let bytes = 2 * (bm + bn) * (bk + 8) * 2 + tile.workgroup_size() / 32 * 1024;

@@ -136,6 +136,7 @@ fn split_k_gemm_matches_reference() {
     for g in gpus() {
         let mut tiles = vec![GemmTile::T32];
         if g.ctx.caps.coopmat {
+            tiles.push(GemmTile::Coop16);
             tiles.push(GemmTile::Coop64);
             tiles.push(GemmTile::Coop128);
         }

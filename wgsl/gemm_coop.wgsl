@@ -18,17 +18,19 @@
 // outside when storing it (a load is never behind a branch).
 // Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
-// workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG, SGN, FM (2 or 4),
-// FN (2).
+// workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG, SGN, FM (1, 2 or 4),
+// FN (1 or 2). FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
 
 const LDS: u32 = BK + 8u;
 const N_SG: u32 = WG / 32u;
-// Per invocation and K step: 8-value chunks of X and of W.
-const X_PER: u32 = BM * BK / 8u / WG;
+// Per invocation and K step: 8-value chunks of X and of W. A 16-row tile has fewer X chunks
+// than invocations: the first X_CHUNKS invocations (whole subgroups) move one each.
+const X_CHUNKS: u32 = BM * BK / 8u;
+const X_PER: u32 = max(1u, X_CHUNKS / WG);
 const W_PER: u32 = BN * BK / 8u / WG;
-const_assert ((X_PER == 2u || X_PER == 4u) && W_PER == 2u);
+const_assert ((FN == 2u || FM == 1u) && (X_PER == 1u || X_PER == 2u || X_PER == 4u) && W_PER == 2u);
 
 var<workgroup> xs: array<f16, 2u * BM * LDS>;   // A: [buffer][m][k]
 var<workgroup> ws: array<f16, 2u * BN * LDS>;   // B: [buffer][n][k], i.e. K x N column-major
@@ -41,7 +43,7 @@ alias TileC = coop_mat16x16<f32, C>;
 // The X chunks and W words of one K step that one invocation moves, as loaded: nothing waits
 // on those loads until stash decodes (block formats) and stores them, after the multiply-adds.
 // Named fields, not arrays indexed in loops, which the compiler may keep in slow local memory
-// (X_PER is 2 or 4, W_PER 2).
+// (X_PER is 1, 2 or 4, W_PER 2).
 struct Staged {
     x0: XStage,
     x1: XStage,
@@ -50,6 +52,9 @@ struct Staged {
     w0: WStage,
     w1: WStage,
 }
+
+// Whether this invocation moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
+fn moves_x(lid: u32) -> bool { return X_CHUNKS >= WG || lid < X_CHUNKS; }
 
 // Chunk j of this invocation: i = lid + j WG of the tile's rows x (BK / 8) chunks, so that
 // consecutive invocations read consecutive chunks of a row.
@@ -65,8 +70,8 @@ fn slot(lid: u32, j: u32, buf: u32, rows: u32) -> u32 {
 // W, what lies outside zeroed when stored.
 fn fetch_edge(lid: u32, m0: u32, n0: u32, k0: u32) -> Staged {
     var s: Staged;
-    s.x0 = load_x8(m0 + row_of(lid, 0u), k0 + chunk_of(lid, 0u) * 8u);
-    s.x1 = load_x8(m0 + row_of(lid, 1u), k0 + chunk_of(lid, 1u) * 8u);
+    if (moves_x(lid)) { s.x0 = load_x8(m0 + row_of(lid, 0u), k0 + chunk_of(lid, 0u) * 8u); }
+    if (X_PER >= 2u) { s.x1 = load_x8(m0 + row_of(lid, 1u), k0 + chunk_of(lid, 1u) * 8u); }
     if (X_PER == 4u) {
         s.x2 = load_x8(m0 + row_of(lid, 2u), k0 + chunk_of(lid, 2u) * 8u);
         s.x3 = load_x8(m0 + row_of(lid, 3u), k0 + chunk_of(lid, 3u) * 8u);
@@ -89,8 +94,8 @@ struct Bases {
 
 fn bases(lid: u32, m0: u32, n0: u32) -> Bases {
     var b: Bases;
-    b.x0 = x_base(m0 + row_of(lid, 0u)) + chunk_of(lid, 0u);
-    b.x1 = x_base(m0 + row_of(lid, 1u)) + chunk_of(lid, 1u);
+    if (moves_x(lid)) { b.x0 = x_base(m0 + row_of(lid, 0u)) + chunk_of(lid, 0u); }
+    if (X_PER >= 2u) { b.x1 = x_base(m0 + row_of(lid, 1u)) + chunk_of(lid, 1u); }
     if (X_PER == 4u) {
         b.x2 = x_base(m0 + row_of(lid, 2u)) + chunk_of(lid, 2u);
         b.x3 = x_base(m0 + row_of(lid, 3u)) + chunk_of(lid, 3u);
@@ -102,8 +107,8 @@ fn bases(lid: u32, m0: u32, n0: u32) -> Bases {
 
 fn fetch_full(lid: u32, b: Bases, c8: u32) -> Staged {
     var s: Staged;
-    s.x0 = load_x8_at(b.x0, c8);
-    s.x1 = load_x8_at(b.x1, c8);
+    if (moves_x(lid)) { s.x0 = load_x8_at(b.x0, c8); }
+    if (X_PER >= 2u) { s.x1 = load_x8_at(b.x1, c8); }
     if (X_PER == 4u) {
         s.x2 = load_x8_at(b.x2, c8);
         s.x3 = load_x8_at(b.x3, c8);
@@ -143,8 +148,8 @@ fn put8(t: u32, h: Half8, which: u32) {
 
 fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
     if (full) {
-        put8(slot(lid, 0u, buf, BM), s.x0.h, 0u);
-        put8(slot(lid, 1u, buf, BM), s.x1.h, 0u);
+        if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), s.x0.h, 0u); }
+        if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), s.x1.h, 0u); }
         if (X_PER == 4u) {
             put8(slot(lid, 2u, buf, BM), s.x2.h, 0u);
             put8(slot(lid, 3u, buf, BM), s.x3.h, 0u);
@@ -153,8 +158,8 @@ fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
         put8(slot(lid, 1u, buf, BN), halves_w_full(s.w1), 1u);
         return;
     }
-    put8(slot(lid, 0u, buf, BM), x_halves(s.x0), 0u);
-    put8(slot(lid, 1u, buf, BM), x_halves(s.x1), 0u);
+    if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), x_halves(s.x0), 0u); }
+    if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), x_halves(s.x1), 0u); }
     if (X_PER == 4u) {
         put8(slot(lid, 2u, buf, BM), x_halves(s.x2), 0u);
         put8(slot(lid, 3u, buf, BM), x_halves(s.x3), 0u);
@@ -163,7 +168,8 @@ fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
     put8(slot(lid, 1u, buf, BN), halves_w(s.w1), 1u);
 }
 
-// Accumulators, fragments and multiply-adds are written out by name (FM is 2 or 4, FN 2):
+// Accumulators, fragments and multiply-adds are written out by name (FM is 1, 2 or 4, FN 1 or 2;
+// FN 1 only with FM 1):
 // arrays of cooperative matrices indexed in loops may live in slow local memory.
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -203,25 +209,25 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var kk = 0u; kk < BK; kk += 16u) {
             let ia = cur * BM * LDS + sm * LDS + kk;
             let ib = cur * BN * LDS + sn * LDS + kk;
-            let ia1 = ia + 16u * LDS;
-            let ib1 = ib + 16u * LDS;
             let a0 = coopLoadT<TileA>(&xs[ia], LDS);
-            let a1 = coopLoadT<TileA>(&xs[ia1], LDS);
             let b0 = coopLoad<TileB>(&ws[ib], LDS);
-            let b1 = coopLoad<TileB>(&ws[ib1], LDS);
             c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            if (FM == 4u) {
-                let ia2 = ia + 32u * LDS;
-                let ia3 = ia + 48u * LDS;
-                let a2 = coopLoadT<TileA>(&xs[ia2], LDS);
-                let a3 = coopLoadT<TileA>(&xs[ia3], LDS);
-                c20 = coopMultiplyAdd(a2, b0, c20);
-                c21 = coopMultiplyAdd(a2, b1, c21);
-                c30 = coopMultiplyAdd(a3, b0, c30);
-                c31 = coopMultiplyAdd(a3, b1, c31);
+            if (FN == 2u) {
+                let b1 = coopLoad<TileB>(&ws[ib + 16u * LDS], LDS);
+                c01 = coopMultiplyAdd(a0, b1, c01);
+                if (FM >= 2u) {
+                    let a1 = coopLoadT<TileA>(&xs[ia + 16u * LDS], LDS);
+                    c10 = coopMultiplyAdd(a1, b0, c10);
+                    c11 = coopMultiplyAdd(a1, b1, c11);
+                }
+                if (FM == 4u) {
+                    let a2 = coopLoadT<TileA>(&xs[ia + 32u * LDS], LDS);
+                    let a3 = coopLoadT<TileA>(&xs[ia + 48u * LDS], LDS);
+                    c20 = coopMultiplyAdd(a2, b0, c20);
+                    c21 = coopMultiplyAdd(a2, b1, c21);
+                    c30 = coopMultiplyAdd(a3, b0, c30);
+                    c31 = coopMultiplyAdd(a3, b1, c31);
+                }
             }
         }
         if (more) { stash(lid, next, 1u - cur, full); }
@@ -231,9 +237,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let lane = lid % 32u;
     let slice = sg * 256u;
     emit(c00, slice, lane, m0 + sm, n0 + sn);
-    emit(c01, slice, lane, m0 + sm, n0 + sn + 16u);
-    emit(c10, slice, lane, m0 + sm + 16u, n0 + sn);
-    emit(c11, slice, lane, m0 + sm + 16u, n0 + sn + 16u);
+    if (FN == 2u) { emit(c01, slice, lane, m0 + sm, n0 + sn + 16u); }
+    if (FM >= 2u) {
+        emit(c10, slice, lane, m0 + sm + 16u, n0 + sn);
+        emit(c11, slice, lane, m0 + sm + 16u, n0 + sn + 16u);
+    }
     if (FM == 4u) {
         emit(c20, slice, lane, m0 + sm + 32u, n0 + sn);
         emit(c21, slice, lane, m0 + sm + 32u, n0 + sn + 16u);

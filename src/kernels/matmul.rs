@@ -686,9 +686,10 @@ impl BoundMatmul {
         }
     }
 
-    /// What one call over m columns does, for the profile: the kernel the planner picks,
-    /// the shape, and the bytes (weights, X, Y) and flops it needs at the least.
-    pub fn work(&self, ctx: &GpuContext, m: u32) -> crate::profile::StageWork {
+    /// What one call over m columns does, for the profile: the kernel the planner picks (for
+    /// one sequence's step or, `batched`, a batched decode step's), the shape, and the bytes
+    /// (weights, X, Y) and flops it needs at the least.
+    pub fn work(&self, ctx: &GpuContext, m: u32, batched: bool) -> crate::profile::StageWork {
         let fused = match (self.norm_eps.is_some(), self.glu) {
             (true, _) => "+norm",
             (_, true) => "+swiglu",
@@ -698,7 +699,7 @@ impl BoundMatmul {
         let (m64, k64, n64) = (m as f64, self.k as f64, self.n as f64);
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
-        let kernel = self.plan(ctx, m);
+        let kernel = self.plan_step(ctx, m, batched);
         let split = match kernel {
             MatmulKernel::Gemm { tile } => {
                 let rows = self.chunks.iter().map(|c| c.2).max().unwrap_or(self.n);

@@ -117,7 +117,7 @@ impl Session {
         let kv_off = step.kv_base * self.shape.kv_stride();
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
         let fused = crate::plan::gemv_takes(m, &ctx.caps) && (batched || m <= self.prefill_gemv_cols);
-        let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m)).collect());
+        let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m, batched)).collect());
         for l in &self.layers {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
             // over the cache, then the output projection added to the residual stream.
@@ -144,14 +144,14 @@ impl Session {
                     }
                     if fused {
                         rec.stage(Stage::AttnNormQkv, || {
-                            StageWork::combine(vec![q_fused.work(ctx, m), k_fused.work(ctx, m), v_fused.work(ctx, m)])
+                            StageWork::combine(vec![q_fused.work(ctx, m, batched), k_fused.work(ctx, m, batched), v_fused.work(ctx, m, batched)])
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m, false)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::Qkv, || {
-                            StageWork::combine(vec![q.work(ctx, m), k.work(ctx, m), v.work(ctx, m)])
+                            StageWork::combine(vec![q.work(ctx, m, batched), k.work(ctx, m, batched), v.work(ctx, m, batched)])
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[q, k, v], m, batched)?;
                     }
@@ -271,36 +271,36 @@ impl Session {
                     }
                 }
             }
-            rec.stage(Stage::AttnOut, || l.wo.work(ctx, m));
+            rec.stage(Stage::AttnOut, || l.wo.work(ctx, m, batched));
             l.wo.record(ctx, rec.pass(), m, batched)?;
 
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
                 FfnOps::Interleaved { decode, prefill, down } => {
                     if fused {
-                        rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m));
+                        rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m, batched));
                         decode.record(ctx, rec.pass(), m, batched)?;
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
-                        rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m));
+                        rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m, batched));
                         prefill.record(ctx, rec.pass(), m, batched)?;
                     }
-                    rec.stage(Stage::FfnDown, || down.work(ctx, m));
+                    rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
                     down.record(ctx, rec.pass(), m, batched)?;
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || {
-                            StageWork::combine(vec![gate_fused.work(ctx, m), up_fused.work(ctx, m)])
+                            StageWork::combine(vec![gate_fused.work(ctx, m, batched), up_fused.work(ctx, m, batched)])
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m, false)?;
-                        rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m));
+                        rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m, batched));
                         down_fused.record(ctx, rec.pass(), m, batched)?;
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
-                        rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m), up.work(ctx, m)]));
+                        rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m, batched), up.work(ctx, m, batched)]));
                         BoundMatmul::record_group(ctx, rec.pass(), &[gate, up], m, batched)?;
                         rec.stage(Stage::FfnAct, || {
                             StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
@@ -311,7 +311,7 @@ impl Session {
                             &*pipe(&KernelKey::Elementwise { op: EltOp::SiluMul })?,
                             grid((m * sf).div_ceil(WG_ELT)),
                         );
-                        rec.stage(Stage::FfnDown, || down.work(ctx, m));
+                        rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
                         down.record(ctx, rec.pass(), m, batched)?;
                     }
                 }
@@ -334,7 +334,7 @@ impl Session {
     ) -> Result<()> {
         let ctx = &*self.ctx;
         let v = self.cfg.n_vocab;
-        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, m));
+        rec.stage(Stage::OutputNormLmHead, || head.work(ctx, m, true));
         // One token, or a batched step's columns: the GEMV (with the output norm fused in)
         // wherever it takes m.
         head.record(ctx, rec.pass(), m, true)?;

@@ -166,7 +166,7 @@ impl Session {
             &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
             grid(m),
         );
-        rec.stage(Stage::LmHead, || self.lm_head_all.work(ctx, m));
+        rec.stage(Stage::LmHead, || self.lm_head_all.work(ctx, m, false));
         self.lm_head_all.record(ctx, rec.pass(), m, false)
     }
 
