@@ -412,7 +412,7 @@ fn sample_benches(c: &mut Criterion) {
             let k = SampleConfig::new(cfg, n_vocab, n_vocab);
             let d = sample::prepare(&ctx, &k, &lb, &ids, &state, 1).unwrap();
             g.bench_function(format!("{dist}/{name}"), |b| {
-                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
+                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &d, iters))
             });
         }
     }

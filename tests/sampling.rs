@@ -73,7 +73,7 @@ fn gpu_draws_follow_the_distribution() {
     let state = g.ctx.upload(bytemuck::cast_slice(&states), "state").unwrap();
     assert_eq!(states.len(), rows as usize * STATE_WORDS);
     let d = sample::prepare(&g.ctx, &k, &lb, &ids, &state, rows).unwrap();
-    run_dispatches(&g.ctx, &[&d]).unwrap();
+    run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
     let picks = g.ctx.read_u32(&ids, rows as usize).unwrap();
     let mut counts = vec![0usize; n];
     picks.iter().for_each(|&t| counts[t as usize] += 1);
@@ -202,7 +202,8 @@ fn banned_tokens_are_never_drawn_on_the_gpu() {
         let mut got = Vec::new();
         for _ in 0..10 {
             let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
-            run_dispatches(&g.ctx, &[&sample::prepare(&g.ctx, &k, &lb, &ids, &state, 1).unwrap()]).unwrap();
+            let d = sample::prepare(&g.ctx, &k, &lb, &ids, &state, 1).unwrap();
+            run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
             got.push(g.ctx.read_u32(&ids, 1).unwrap()[0]);
         }
         let want: Vec<u32> = (0..10).map(|_| cpu.sample(&logits, &[])).collect();
@@ -243,8 +244,8 @@ fn batched_sampler_picks_each_slots_reference_tokens() {
         for _ in 0..steps {
             // The sampler rewrites the logits it penalizes: fresh ones each step.
             let lb = g.ctx.upload_f32(&rows, "logits").unwrap();
-            let d = sample::prepare_columns(&g.ctx, &configs_buf, &lb, &ids, &state, &cols).unwrap();
-            run_dispatches(&g.ctx, &[&d]).unwrap();
+            let d = sample::prepare_columns(&g.ctx, &configs_buf, &lb, &ids, &state, &cols, vocab as u32).unwrap();
+            run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
             for (c, t) in g.ctx.read_u32(&ids, n_slots).unwrap().into_iter().enumerate() {
                 got[cols[c].slot as usize].push(t);
             }

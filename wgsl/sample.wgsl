@@ -1,42 +1,21 @@
-// Sampling on the GPU: one workgroup per row of logits picks a token with llama.cpp's chain
-// (repetition, frequency and presence penalties over the recent tokens, then greedy, or top-k,
-// top-p and min-p on the softmax, temperature, and a seeded draw), appends it to the row's
-// history and writes its id where the next step's embedding gather reads it. The CPU
-// reference is `Sampler` in src/sample.rs: the same steps in the same order and precision.
-// Where a row's configuration and state come from is an include: common/sample_one.wgsl
-// (the uniform; state row = row) or common/sample_columns.wgsl (a batched decode step: each
-// row its slot's). Header constants: WG (a power of two), CAP (most candidates, a power of
-// two <= 4 WG), HIST (most history tokens the penalties look at), BAN (most banned tokens).
+// Sampling on the GPU, second pass: one workgroup per row of logits picks a token with
+// llama.cpp's chain (repetition, frequency and presence penalties over the recent tokens, then
+// greedy, or top-k, top-p and min-p on the softmax, temperature, and a seeded draw), appends it
+// to the row's history and writes its id where the next step's embedding gather reads it. The
+// first pass (sample_prune.wgsl) applied the penalties and bans and left, per slice of the
+// row, its largest logit and a floor under its top_k largest. The CPU reference is `Sampler`
+// in src/sample.rs: the same steps in the same order and precision.
+// Configuration, state and bindings: common/sample_common.wgsl; where a row's configuration
+// and state come from: common/sample_one.wgsl (the uniform; state row = row) or
+// common/sample_columns.wgsl (a batched decode step: each row its slot's). Header constants:
+// WG (a power of two), SLICE, CAP (most candidates, a power of two <= 4 WG), HIST, BAN.
 
-struct Config {
-    n_vocab: u32,
-    top_k: u32,          // 1 ..= CAP (callers turn 0, "off", into CAP)
-    window: u32,         // history tokens the penalties look at (<= HIST)
-    greedy: u32,         // 1: argmax (after the penalties)
-    temp: f32,
-    top_p: f32,
-    min_p: f32,
-    repeat_penalty: f32,
-    freq_penalty: f32,
-    presence_penalty: f32,
-    seed_lo: u32,
-    seed_hi: u32,
-    logits_stride: u32,  // floats between rows of logits
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-// Per row: draws made so far, tokens ever appended, banned tokens, one unused word, the
-// history ring of HIST ids, then the banned ids.
-const STATE_WORDS: u32 = 4u + HIST + BAN;
-
-@group(0) @binding(1) var<storage, read_write> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
-@group(0) @binding(3) var<storage, read_write> state: array<u32>;
+// Candidates per invocation when they are sorted.
+const PER_CAND: u32 = (CAP + WG - 1u) / WG;
 
 var<workgroup> cand_v: array<f32, CAP>;
 var<workgroup> cand_i: array<u32, CAP>;
+var<workgroup> cand_w: array<f32, CAP>;
 var<workgroup> n_cand: atomic<u32>;
 var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> picked: u32;
@@ -52,41 +31,6 @@ fn pcg(v: u32) -> u32 {
 fn uniform01(seed_lo: u32, seed_hi: u32, n: u32) -> f32 {
     let h = pcg(pcg(pcg(seed_lo) ^ seed_hi) + n);
     return f32(h >> 8u) * (1.0 / 16777216.0);
-}
-
-// Candidates before `a` in the sorted order: larger value first, lower index on ties.
-fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
-    return va > vb || (va == vb && ia < ib);
-}
-
-// NaN logits never count.
-fn usable(v: f32) -> bool { return v == v; }
-
-// How many logits of the row lie within each distance d[j] below the maximum (mx - v <=
-// d[j]): counted in registers, added up with one batched reduction (cand_v, unused yet, holds
-// the groups' sums). Uniform control flow.
-fn count_within(base: u32, n: u32, mx: f32, d: array<f32, 4>, lane: Lane) -> array<u32, 4> {
-    var c = vec4<u32>(0u);
-    let dv = vec4<f32>(d[0], d[1], d[2], d[3]);
-    for (var i = lane.lid; i < n; i += WG) {
-        let v = logits[base + i];
-        if (usable(v)) { c += vec4<u32>(vec4<f32>(mx - v) <= dv); }
-    }
-    workgroupBarrier();
-    for (var j = 0u; j < 4u; j++) {
-        // Exact in f32: counts stay far below 2^24.
-        let s = group_sum(f32(c[j]), lane);
-        if (lane_is_leader(lane)) { cand_v[j * LANE_GROUPS_MAX + lane_group(lane)] = s; }
-    }
-    workgroupBarrier();
-    var out: array<u32, 4>;
-    for (var j = 0u; j < 4u; j++) {
-        var t = 0.0;
-        for (var g = 0u; g < lane_groups(lane); g++) { t += cand_v[j * LANE_GROUPS_MAX + g]; }
-        out[j] = u32(t);
-    }
-    workgroupBarrier();
-    return out;
 }
 
 // A float as an unsigned key in the same order.
@@ -132,6 +76,27 @@ fn kth_largest_key(base: u32, n: u32, k: u32, lane: Lane) -> u32 {
     return prefix;
 }
 
+// Gathers the row's usable logits at or above `t` (exact: those whose sort key is at least
+// `key`) into the candidates, at most CAP of them; returns how many there were (uniform).
+fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
+    if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
+    workgroupBarrier();
+    for (var i = lane.lid; i < n; i += WG) {
+        let v = logits[base + i];
+        let keep = select(v >= t, sort_key(v) >= key, exact);
+        if (usable(v) && keep) {
+            let slot = atomicAdd(&n_cand, 1u);
+            if (slot < CAP) {
+                cand_v[slot] = v;
+                cand_i[slot] = i;
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lane.lid == 0u) { picked = atomicLoad(&n_cand); }
+    return workgroupUniformLoad(&picked);
+}
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
@@ -139,197 +104,128 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let base = row * cfg.logits_stride;
     let st = row_slot(row) * STATE_WORDS;
     let n = cfg.n_vocab;
-
-    // Penalties: each distinct token of the window once, with its count (llama.cpp: divide
-    // positive logits by the repetition penalty and multiply negative ones, then subtract
-    // count * frequency and presence).
     let total = state[st + 1u];
-    let n_hist = min(min(total, cfg.window), HIST);
-    let penalize = cfg.repeat_penalty != 1.0 || cfg.freq_penalty != 0.0 || cfg.presence_penalty != 0.0;
-    if (penalize) {
-        // The window is the last n_hist tokens of the ring.
-        let start = total - n_hist;
-        for (var i = lane.lid; i < n_hist; i += WG) {
-            let t = state[st + 4u + (start + i) % HIST];
-            var first = true;
-            var count = 0u;
-            for (var j = 0u; j < n_hist; j++) {
-                if (state[st + 4u + (start + j) % HIST] == t) {
-                    if (j < i) { first = false; }
-                    count += 1u;
-                }
-            }
-            if (first && t < n) {
-                var l = logits[base + t];
-                l = select(l * cfg.repeat_penalty, l / cfg.repeat_penalty, l > 0.0);
-                l -= f32(count) * cfg.freq_penalty + cfg.presence_penalty;
-                logits[base + t] = l;
-            }
-        }
-    }
-    storageBarrier();
-    workgroupBarrier();
-    // Banned tokens (--ignore-eos) are never drawn.
-    for (var i = lane.lid; i < min(state[st + 2u], BAN); i += WG) {
-        let t = state[st + 4u + HIST + i];
-        if (t < n) { logits[base + t] = -3.4028235e38; }
-    }
-    storageBarrier();
-    workgroupBarrier();
 
-    // The largest logit and its lowest index (greedy's answer, and softmax's reference).
+    // The row's largest logit and its lowest index (greedy's answer, and softmax's reference),
+    // and the floor every one of its top_k largest logits reaches: from the first pass's
+    // slices, in index order (so the first slice with the largest value has its lowest index).
+    let slices = (n + SLICE - 1u) / SLICE;
     var best = -3.4028235e38;
     var best_i = 0xffffffffu;
-    for (var i = lane.lid; i < n; i += WG) {
-        let v = logits[base + i];
-        if (usable(v) && (v > best || best_i == 0xffffffffu)) {
+    var fl = -3.4028235e38;
+    for (var s = lane.lid; s < slices; s += WG) {
+        let e = prune[row * slices + s];
+        let v = bitcast<f32>(e.x);
+        if (e.y != 0xffffffffu && (v > best || best_i == 0xffffffffu)) {
             best = v;
-            best_i = i;
+            best_i = e.y;
         }
+        if (e.w != 0u) { fl = max(fl, bitcast<f32>(e.z)); }
     }
     let mx = wg_max(best, lane);
     let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
+    let floor_t = wg_max(fl, lane);
 
-    if (cfg.greedy == 0u && PHASES > 1u) {
-        // Candidates: the top_k largest logits (top-p and min-p act on their softmax below).
-        // A search over distances below the maximum finds a threshold that holds at least
-        // top_k and at most CAP of them without sorting the vocabulary: each round counts the
-        // logits within four distances (in registers, then one batched reduction: no atomics,
-        // which crowd when logits bunch up), and narrows the interval where the count
-        // crosses top_k. Where the logits crowd one distance too tightly, an exact radix
-        // select on their bits does.
-        // While no finite distance holds top_k yet, the distances grow geometrically (the
-        // last one unbounded: all of them); once one does, they split [lo, hi] evenly. (Split
-        // evenly from an unbounded hi, they stayed astronomically large: logits spread wider
-        // than 4 below the maximum went to the radix select every time, a hundred
-        // microseconds on an H200.)
-        let unbounded = 3.4028235e38;
-        var lo = 0.0;            // a distance holding fewer than top_k
-        var hi = unbounded;      // a distance holding at least top_k (at first: everything)
-        var hi_count = 0xffffffffu;
-        var found = false;
-        for (var round = 0u; round < 6u && !found; round++) {
-            var d: array<f32, 4>;
-            if (hi == unbounded) {
-                let b = max(lo, 0.125);
-                d = array<f32, 4>(4.0 * b, 16.0 * b, 64.0 * b, unbounded);
-            } else {
-                for (var j = 0u; j < 4u; j++) { d[j] = lo + (hi - lo) * f32(j + 1u) / 5.0; }
-            }
-            let c = count_within(base, n, mx, d, lane);
-            var j = 0u;
-            while (j < 4u && c[j] < cfg.top_k) { j++; }
-            if (j == 4u && hi == unbounded) {
-                // Fewer than top_k in all (a small vocabulary): they are the candidates.
-                hi_count = c[3];
-                found = true;
-            } else if (j == 4u) {
-                // The count crosses top_k between the last distance and hi.
-                lo = d[3];
-            } else if (d[j] == unbounded) {
-                // Only everything holds top_k: look further out.
-                lo = d[2];
-            } else {
-                hi = d[j];
-                hi_count = c[j];
-                if (j > 0u) { lo = d[j - 1u]; }
-                // Done once the interval's far end holds at most CAP.
-                found = hi_count <= CAP;
-            }
-        }
+    if (cfg.greedy == 0u && PHASES > 2u) {
+        // Candidates: the top_k largest logits (top-p and min-p act on their softmax below),
+        // gathered from those at or above the floor; where more than CAP reach it (logits
+        // crowding just below the largest), an exact radix select on their bits finds the
+        // top_k-th largest instead.
         var min_key = 0u;
-        let exact = !found;
-        if (PHASES > 2u) {
-            if (exact) {
-                min_key = kth_largest_key(base, n, cfg.top_k, lane);
-            }
-            if (lane.lid == 0u) { atomicStore(&n_cand, 0u); }
-            workgroupBarrier();
-            for (var i = lane.lid; i < n; i += WG) {
-                let v = logits[base + i];
-                let keep = select(mx - v <= hi, sort_key(v) >= min_key, exact);
-                if (usable(v) && keep) {
-                    let slot = atomicAdd(&n_cand, 1u);
-                    if (slot < CAP) {
-                        cand_v[slot] = v;
-                        cand_i[slot] = i;
-                    }
-                }
+        var count = gather(base, n, floor_t, 0u, false, lane);
+        if (count > CAP) {
+            min_key = kth_largest_key(base, n, cfg.top_k, lane);
+            count = gather(base, n, floor_t, min_key, true, lane);
+        }
+        count = min(count, CAP);
+        if (PHASES > 3u) {
+            // The candidates into the order of the CPU reference: each one's place is how
+            // many come before it (larger value first, lower index on ties: a total order, so
+            // no two share a place), counted over all of them at once, four at a time. (A
+            // bitonic sort took 17 µs on an H200: a barrier of the whole workgroup per stage.)
+            for (var i = count + lane.lid; i < (count + 3u) / 4u * 4u; i += WG) {
+                cand_v[i] = -3.4028235e38;
+                cand_i[i] = 0xffffffffu;
             }
             workgroupBarrier();
-            let count = min(atomicLoad(&n_cand), CAP);
-            if (PHASES > 3u) {
-                // Bitonic sort of the candidates (padded with the smallest float) into the order of
-                // the CPU reference.
-                var size = 1u;
-                while (size < count) { size *= 2u; }
-                for (var i = count + lane.lid; i < size; i += WG) {
-                    cand_v[i] = -3.4028235e38;
-                    cand_i[i] = 0xffffffffu;
+            var mine_v: array<f32, PER_CAND>;
+            var mine_i: array<u32, PER_CAND>;
+            var place: array<u32, PER_CAND>;
+            for (var j = 0u; j < PER_CAND; j++) {
+                let i = lane.lid + j * WG;
+                place[j] = 0xffffffffu;
+                if (i < count) {
+                    let v = cand_v[i];
+                    let id = cand_i[i];
+                    var r = 0u;
+                    for (var o = 0u; o < count; o += 4u) {
+                        let v4 = vec4<f32>(cand_v[o], cand_v[o + 1u], cand_v[o + 2u], cand_v[o + 3u]);
+                        let i4 = vec4<u32>(cand_i[o], cand_i[o + 1u], cand_i[o + 2u], cand_i[o + 3u]);
+                        let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
+                        r += dot(vec4<u32>(ahead), vec4<u32>(1u));
+                    }
+                    mine_v[j] = v;
+                    mine_i[j] = id;
+                    place[j] = r;
                 }
-                workgroupBarrier();
-                for (var k = 2u; k <= size; k *= 2u) {
-                    for (var j = k / 2u; j > 0u; j /= 2u) {
-                        for (var i = lane.lid; i < size; i += WG) {
-                            let o = i ^ j;
-                            if (o > i) {
-                                let up = (i & k) == 0u;
-                                let swap = select(before(cand_v[i], cand_i[i], cand_v[o], cand_i[o]),
-                                                  before(cand_v[o], cand_i[o], cand_v[i], cand_i[i]), up);
-                                if (swap) {
-                                    let tv = cand_v[i];
-                                    cand_v[i] = cand_v[o];
-                                    cand_v[o] = tv;
-                                    let ti = cand_i[i];
-                                    cand_i[i] = cand_i[o];
-                                    cand_i[o] = ti;
-                                }
-                            }
-                        }
-                        workgroupBarrier();
-                    }
+            }
+            workgroupBarrier();
+            for (var j = 0u; j < PER_CAND; j++) {
+                if (place[j] != 0xffffffffu) {
+                    cand_v[place[j]] = mine_v[j];
+                    cand_i[place[j]] = mine_i[j];
                 }
-                // One invocation walks the sorted candidates as the CPU reference does.
-                if (lane.lid == 0u && PHASES > 4u) {
-                    var keep = min(count, cfg.top_k);
-                    let top = cand_v[0];
-                    var sum = 0.0;
-                    for (var i = 0u; i < keep; i++) { sum += exp(cand_v[i] - top); }
-                    if (cfg.top_p < 1.0) {
-                        var acc = 0.0;
-                        for (var i = 0u; i < keep; i++) {
-                            acc += exp(cand_v[i] - top) / sum;
-                            if (acc >= cfg.top_p) {
-                                keep = i + 1u;
-                                break;
-                            }
-                        }
-                    }
-                    if (cfg.min_p > 0.0) {
-                        let p_floor = cfg.min_p / sum;
-                        var k = 1u;
-                        while (k < keep && exp(cand_v[k] - top) / sum >= p_floor) { k += 1u; }
-                        keep = k;
-                    }
-                    var weight_total = 0.0;
-                    for (var i = 0u; i < keep; i++) { weight_total += exp((cand_v[i] - top) / cfg.temp); }
-                    var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
-                    var pick = cand_i[max(keep, 1u) - 1u];
+            }
+            workgroupBarrier();
+            // Each candidate's softmax term exp(v - top) (in place of its value) and its weight
+            // exp((v - top) / temp), all at once; then one invocation walks them as the CPU
+            // reference does, with the same arithmetic in the same order.
+            let top = cand_v[0];
+            workgroupBarrier();
+            let terms = min(count, cfg.top_k);
+            for (var i = lane.lid; i < terms; i += WG) {
+                let v = cand_v[i];
+                cand_v[i] = exp(v - top);
+                cand_w[i] = exp((v - top) / cfg.temp);
+            }
+            workgroupBarrier();
+            if (lane.lid == 0u && PHASES > 4u) {
+                var keep = terms;
+                var sum = 0.0;
+                for (var i = 0u; i < keep; i++) { sum += cand_v[i]; }
+                if (cfg.top_p < 1.0) {
+                    var acc = 0.0;
                     for (var i = 0u; i < keep; i++) {
-                        let w = exp((cand_v[i] - top) / cfg.temp);
-                        if (r < w) {
-                            pick = cand_i[i];
+                        acc += cand_v[i] / sum;
+                        if (acc >= cfg.top_p) {
+                            keep = i + 1u;
                             break;
                         }
-                        r -= w;
                     }
-                    picked = pick;
                 }
-                if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0]) + min_key; }
+                if (cfg.min_p > 0.0) {
+                    let p_floor = cfg.min_p / sum;
+                    var k = 1u;
+                    while (k < keep && cand_v[k] / sum >= p_floor) { k += 1u; }
+                    keep = k;
+                }
+                var weight_total = 0.0;
+                for (var i = 0u; i < keep; i++) { weight_total += cand_w[i]; }
+                var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
+                var pick = cand_i[max(keep, 1u) - 1u];
+                for (var i = 0u; i < keep; i++) {
+                    let w = cand_w[i];
+                    if (r < w) {
+                        pick = cand_i[i];
+                        break;
+                    }
+                    r -= w;
+                }
+                picked = pick;
             }
-            if (lane.lid == 0u && PHASES == 3u) { picked = count + min_key; }
+            if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0]) + min_key; }
         }
-        if (lane.lid == 0u && PHASES <= 2u) { picked = u32(hi) + arg; }
+        if (lane.lid == 0u && PHASES == 3u) { picked = count + min_key; }
     } else if (lane.lid == 0u) {
         picked = arg;
     }

@@ -261,7 +261,7 @@ pub fn gpu_tokens(
         .map(|_| {
             let lb = ctx.upload_f32(logits, "logits")?;
             let d = sample::prepare(ctx, &k, &lb, &ids, &state, 1)?;
-            run_dispatches(ctx, &[&d])?;
+            run_dispatches(ctx, &d.iter().collect::<Vec<_>>())?;
             Ok(ctx.read_u32(&ids, 1)?[0])
         })
         .collect()

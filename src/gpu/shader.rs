@@ -36,6 +36,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/epilogue_qkv.wgsl", include_str!("../../wgsl/common/epilogue_qkv.wgsl")),
     ("common/step_one.wgsl", include_str!("../../wgsl/common/step_one.wgsl")),
     ("common/step_columns.wgsl", include_str!("../../wgsl/common/step_columns.wgsl")),
+    ("common/sample_common.wgsl", include_str!("../../wgsl/common/sample_common.wgsl")),
     ("common/sample_one.wgsl", include_str!("../../wgsl/common/sample_one.wgsl")),
     ("common/sample_columns.wgsl", include_str!("../../wgsl/common/sample_columns.wgsl")),
     ("common/epilogue_none.wgsl", include_str!("../../wgsl/common/epilogue_none.wgsl")),
@@ -61,6 +62,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
     ("sample.wgsl", include_str!("../../wgsl/sample.wgsl")),
+    ("sample_prune.wgsl", include_str!("../../wgsl/sample_prune.wgsl")),
     ("nll.wgsl", include_str!("../../wgsl/nll.wgsl")),
     ("probe.wgsl", include_str!("../../wgsl/probe.wgsl")),
 ];

@@ -229,12 +229,15 @@ pub enum KernelKey {
     Argmax {
         subgroups: bool,
     },
-    /// Penalties, top-k/top-p/min-p, temperature and a seeded draw (or greedy), one
-    /// workgroup per row (sample.wgsl).
+    /// Sampling, two passes over the same bindings: `prune` the first, penalties and bans
+    /// and per slice of the row its largest logit and a floor under its top-k
+    /// (sample_prune.wgsl); then top-k/top-p/min-p, temperature and a seeded draw (or
+    /// greedy), one workgroup per row (sample.wgsl).
     Sample {
         subgroups: bool,
         /// Rows are a batched step's columns, each with its slot's configuration and state.
         batched: bool,
+        prune: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
     Nll {
@@ -296,9 +299,11 @@ impl KernelKey {
             | KernelKey::RmsNorm { .. }
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
-            KernelKey::Sample { batched: false, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite],
+            KernelKey::Sample { batched: false, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite, ReadWrite],
             // The slots' configurations and the step's table of columns.
-            KernelKey::Sample { batched: true, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read],
+            KernelKey::Sample { batched: true, .. } => {
+                &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read, ReadWrite]
+            }
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
             KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => &[Uniform, Read, Read, Read, ReadWrite],
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
@@ -523,20 +528,23 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
-            KernelKey::Sample { subgroups, batched } => {
+            KernelKey::Sample { subgroups, batched, prune } => {
+                let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
                 let c = c
-                    .const_u32("WG", sample::sample_wg(caps))
+                    .const_u32("WG", wg)
+                    .const_u32("SLICE", sample::SLICE)
                     .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
                     .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
                     .const_u32("BAN", crate::sample::BAN_CAP as u32)
                     .const_u32("PHASES", sample::phases())
                     .include(reduce_file(subgroups));
+                let c = c.include("common/sample_common.wgsl");
                 let c = if batched {
                     step_file(c, true).include("common/sample_columns.wgsl")
                 } else {
                     c.include("common/sample_one.wgsl")
                 };
-                c.include("sample.wgsl").build()
+                c.include(if prune { "sample_prune.wgsl" } else { "sample.wgsl" }).build()
             }
             KernelKey::Nll { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("nll.wgsl").build()
@@ -690,8 +698,10 @@ impl KernelKey {
             v.push(KernelKey::Softmax { subgroups });
             v.push(KernelKey::RmsNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
-            v.push(KernelKey::Sample { subgroups, batched: false });
-            v.push(KernelKey::Sample { subgroups, batched: true });
+            for prune in [false, true] {
+                v.push(KernelKey::Sample { subgroups, batched: false, prune });
+                v.push(KernelKey::Sample { subgroups, batched: true, prune });
+            }
             v.push(KernelKey::Nll { subgroups });
         }
         for kind in [ProbeKind::ReadBandwidth, ProbeKind::Fma, ProbeKind::DependentDispatch, ProbeKind::CoopMma] {

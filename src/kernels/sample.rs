@@ -1,6 +1,9 @@
-//! Sampling on the GPU (wgsl/sample.wgsl): penalties, greedy or top-k/top-p/min-p with
-//! temperature and a seeded draw, one workgroup per row, so that sampled decoding chains its
-//! steps on the GPU as greedy decoding does. The CPU reference is `crate::sample::Sampler`.
+//! Sampling on the GPU: penalties, greedy or top-k/top-p/min-p with temperature and a seeded
+//! draw, so that sampled decoding chains its steps on the GPU as greedy decoding does. Two
+//! dispatches over the same bindings: wgsl/sample_prune.wgsl (penalties and bans; per slice of
+//! each row its largest logit and a floor under its top-k), then wgsl/sample.wgsl (one
+//! workgroup per row: the candidates, their softmax and the draw). The CPU reference is
+//! `crate::sample::Sampler`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -15,6 +18,28 @@ pub const SAMPLE_WG: u32 = 256;
 /// take a quarter of the iterations each.
 pub const SAMPLE_WG_WIDE: u32 = 1024;
 
+/// Logits per workgroup of the first pass (sample_prune.wgsl), held in registers, eight per
+/// invocation: TinyLlama's 32,000-token rows in 16 workgroups.
+pub const SLICE: u32 = 2048;
+
+/// Invocations per workgroup of the first pass.
+pub const PRUNE_WG: u32 = 256;
+
+/// Slices of a row of `n_vocab` logits: the first pass's workgroups per row.
+pub fn slices(n_vocab: u32) -> u32 {
+    n_vocab.div_ceil(SLICE).max(1)
+}
+
+/// Bytes of the first pass's results for `rows` rows of `n_vocab` logits (16 per slice).
+pub fn prune_bytes(n_vocab: u32, rows: u32) -> u64 {
+    rows.max(1) as u64 * slices(n_vocab) as u64 * 16
+}
+
+/// The two passes' grids for `rows` rows of `n_vocab` logits: (first, second).
+pub fn grids(n_vocab: u32, rows: u32) -> ([u32; 3], [u32; 3]) {
+    ([slices(n_vocab), rows, 1], [rows, 1, 1])
+}
+
 /// The sampling workgroup's size on an adapter with `caps`.
 pub fn sample_wg(caps: &crate::gpu::Caps) -> u32 {
     if caps.wide_workgroups {
@@ -26,8 +51,8 @@ pub fn sample_wg(caps: &crate::gpu::Caps) -> u32 {
 
 /// The sampler's phases to run: all of them (5), unless `KILN_SAMPLE_PHASES` asks for fewer
 /// to time a prefix of them (`cargo bench --bench kernels -- sample`): 1 penalties and the
-/// maximum, 2 the top-k threshold's search, 3 gathering the candidates, 4 sorting them, 5 the
-/// draw. A cut-short kernel picks the maximum.
+/// maximum, 2 the slices' floors under the top-k, 3 gathering the candidates, 4 sorting them,
+/// 5 the draw. A cut-short kernel picks the maximum.
 pub fn phases() -> u32 {
     std::env::var("KILN_SAMPLE_PHASES").ok().and_then(|v| v.parse().ok()).unwrap_or(5).clamp(1, 5)
 }
@@ -92,7 +117,7 @@ pub fn initial_state(draws: u32, history: &[u32], banned: &[u32]) -> Vec<u32> {
     s
 }
 
-/// One dispatch sampling `rows` rows of `logits` (tests, tools): `state` holds
+/// The two dispatches sampling `rows` rows of `logits` (tests, tools): `state` holds
 /// `STATE_WORDS` words per row (`initial_state`), `ids` one u32 per row.
 pub fn prepare(
     ctx: &crate::gpu::GpuContext,
@@ -101,17 +126,16 @@ pub fn prepare(
     ids: &wgpu::Buffer,
     state: &wgpu::Buffer,
     rows: u32,
-) -> crate::Result<crate::gpu::Dispatch> {
-    let pipeline =
-        ctx.pipeline(&crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: false })?;
+) -> crate::Result<Vec<crate::gpu::Dispatch>> {
+    let prune = ctx.storage(prune_bytes(cfg.n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(cfg, "sample");
-    let bg = crate::gpu::bind(ctx, &pipeline, "sample", &[&ub, logits, ids, state]);
-    Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: [rows, 1, 1], params: Some(ub) })
+    passes(ctx, false, &ub, &[&ub, logits, ids, state, &prune], grids(cfg.n_vocab, rows))
 }
 
-/// One dispatch sampling the rows of a batched decode step (tests, tools): row c of
-/// `logits` for the slot `cols[c]` names, with that slot's configuration (`configs`, one
-/// `SampleConfig` per slot) and state row (`state`, `STATE_WORDS` words per slot).
+/// The two dispatches sampling the rows of a batched decode step (tests, tools): row c of
+/// `logits` (rows of `n_vocab`) for the slot `cols[c]` names, with that slot's configuration
+/// (`configs`, one `SampleConfig` per slot) and state row (`state`, `STATE_WORDS` words per
+/// slot).
 pub fn prepare_columns(
     ctx: &crate::gpu::GpuContext,
     configs: &wgpu::Buffer,
@@ -119,12 +143,30 @@ pub fn prepare_columns(
     ids: &wgpu::Buffer,
     state: &wgpu::Buffer,
     cols: &[crate::kernels::matmul::StepColumn],
-) -> crate::Result<crate::gpu::Dispatch> {
-    let key = crate::kernels::KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: true };
-    let pipeline = ctx.pipeline(&key)?;
+    n_vocab: u32,
+) -> crate::Result<Vec<crate::gpu::Dispatch>> {
+    let rows = cols.len() as u32;
+    let prune = ctx.storage(prune_bytes(n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(&SampleConfig::zeroed(), "sample");
     let step = ctx.upload(&crate::kernels::matmul::step_table(cols), "step table")?;
-    let bg = crate::gpu::bind(ctx, &pipeline, "sample", &[&ub, logits, ids, state, configs, &step]);
-    let grid = [cols.len() as u32, 1, 1];
-    Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group: bg, workgroups: grid, params: Some(ub) })
+    passes(ctx, true, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
+}
+
+fn passes(
+    ctx: &crate::gpu::GpuContext,
+    batched: bool,
+    ub: &wgpu::Buffer,
+    buffers: &[&wgpu::Buffer],
+    (first, second): ([u32; 3], [u32; 3]),
+) -> crate::Result<Vec<crate::gpu::Dispatch>> {
+    let subgroups = ctx.caps.subgroups;
+    [(true, first), (false, second)]
+        .into_iter()
+        .map(|(prune, workgroups)| {
+            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune };
+            let pipeline = ctx.pipeline(&key)?;
+            let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);
+            Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group, workgroups, params: Some(ub.clone()) })
+        })
+        .collect()
 }

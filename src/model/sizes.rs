@@ -52,6 +52,9 @@ pub struct SessionSizes {
     pub sampler_states: u64,
     /// ... and configuration (`kernels::sample::SampleConfig`).
     pub sampler_configs: u64,
+    /// The sampler's first pass's results per row and slice of the logits
+    /// (`kernels::sample::prune_bytes`) for a step of up to the batch columns.
+    pub sampler_slices: u64,
     /// The int8 GEMVs' quantized inputs (`kernels::matmul::MatmulScratch`), one per input length
     /// (n_embd, q_dim, n_ff; 0 where a length repeats), each of up to `plan::GEMV_MAX_COLS`
     /// columns. Counted whether or not the planner picks the int8 GEMV: at most this.
@@ -99,6 +102,7 @@ impl SessionSizes {
             kv_layer: n_seq * opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
             sampler_states: n_seq * f(crate::kernels::sample::STATE_WORDS as u64),
             sampler_configs: n_seq * std::mem::size_of::<crate::kernels::sample::SampleConfig>() as u64,
+            sampler_slices: crate::kernels::sample::prune_bytes(cfg.n_vocab, cols as u32),
             q8_inputs: {
                 let ks = [cfg.n_embd, cfg.q_dim(), cfg.n_ff];
                 let bytes = |k| crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k);
@@ -111,7 +115,7 @@ impl SessionSizes {
 
     /// Each kind of activation storage buffer, as (what, bytes allocated with the tail pad,
     /// how many of it a session holds).
-    fn activation_buffers(&self) -> [(&'static str, u64, u64); 15] {
+    fn activation_buffers(&self) -> [(&'static str, u64, u64); 16] {
         let q8 = |i: usize| ("int8 activations", storage_size(self.q8_inputs[i]), (self.q8_inputs[i] > 0) as u64);
         let b = |what, bytes, count| (what, storage_size(bytes), count);
         [
@@ -126,6 +130,7 @@ impl SessionSizes {
             b("logits", self.logits, 1),
             b("sampler states", self.sampler_states, 1),
             b("sampler configurations", self.sampler_configs, 1),
+            b("sampler slices", self.sampler_slices, 1),
             q8(0),
             q8(1),
             q8(2),

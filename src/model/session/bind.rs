@@ -416,17 +416,20 @@ impl Session {
         // uniform; the table sampler each row's slot's from `sample_configs`.
         let sample_state = st(sizes.sampler_states, "sampling state")?;
         let sample_configs = st(sizes.sampler_configs, "sampler configurations")?;
+        // The first pass's results per row and slice of the logits (any step's rows).
+        let sample_slices = st(sizes.sampler_slices, "sampler slices")?;
+        // Both passes bind the same buffers (one layout): one bind group records either.
         let sample = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: false },
+            &KernelKey::Sample { subgroups: sub, batched: false, prune: false },
             "sample",
-            &[&logits, &out_id, &sample_state],
+            &[&logits, &out_id, &sample_state, &sample_slices],
         )?;
         let sample_table = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: true },
+            &KernelKey::Sample { subgroups: sub, batched: true, prune: false },
             "sample",
-            &[&logits, &out_id, &sample_state, &sample_configs, &step_state],
+            &[&logits, &out_id, &sample_state, &sample_configs, &step_state, &sample_slices],
         )?;
         // Batched steps need the stacked Q/K/V epilogue (it takes each column's position), and
         // stay on the GEMV, whose results for a column do not depend on the others beside it.

@@ -342,9 +342,12 @@ impl Session {
             rec.stage(Stage::Sample, || {
                 StageWork::other("sample", format!("{m}x{v}"), (m * v) as f64 * 4.0 * 3.0, 0.0)
             });
-            let key = KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: table };
             let sample = if table { &self.sample_table } else { &self.sample };
-            sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, [m, 1, 1]);
+            let (first, second) = crate::kernels::sample::grids(v, m);
+            for (prune, grid) in [(true, first), (false, second)] {
+                let key = KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: table, prune };
+                sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
+            }
         }
         if pick == Output::Argmax {
             rec.stage(Stage::Sample, || StageWork::other("argmax", format!("{v}"), v as f64 * 4.0, 0.0));

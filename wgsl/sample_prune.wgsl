@@ -1,0 +1,152 @@
+// Sampling's first pass (sample.wgsl is the second): one workgroup per SLICE logits of a row
+// (grid: slices x rows) applies the row's penalties and bans to its slice of the logits, then
+// writes the slice's largest logit (its lowest index on ties) and a floor under its top_k
+// largest: a value that at least top_k of the slice's logits reach. Every one of the row's
+// top_k largest logits reaches the largest of its slices' floors (that slice alone holds top_k
+// logits at or above it), so the second pass gathers the candidates in one read of the row,
+// and greedy rows need no read at all. One workgroup reading a 32,000-token row again and
+// again to search for a threshold (as the second pass did alone) took 30-40 µs on an H200;
+// here each slice's search runs on values held in registers, all slices at once.
+// The including file supplies row_config, row_slot and the `prune` buffer (common/
+// sample_one.wgsl or sample_columns.wgsl). Header constants: WG, SLICE (a multiple of WG),
+// CAP, HIST, BAN, PHASES (as sample.wgsl).
+
+const PER: u32 = SLICE / WG;
+
+var<workgroup> sums: array<f32, 4u * LANE_GROUPS_MAX>;
+
+// How many of this invocation's values lie within each distance d[j] below mx (mx - v <=
+// d[j]), added up over the workgroup with one batched reduction. Uniform control flow.
+fn count_within(v: array<f32, PER>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u32> {
+    var c = vec4<u32>(0u);
+    for (var j = 0u; j < PER; j++) {
+        if (usable(v[j])) { c += vec4<u32>(vec4<f32>(mx - v[j]) <= d); }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        // Exact in f32: counts stay far below 2^24.
+        let s = group_sum(f32(c[j]), lane);
+        if (lane_is_leader(lane)) { sums[j * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+    }
+    workgroupBarrier();
+    var out = vec4<u32>(0u);
+    for (var j = 0u; j < 4u; j++) {
+        var t = 0.0;
+        for (var g = 0u; g < lane_groups(lane); g++) { t += sums[j * LANE_GROUPS_MAX + g]; }
+        out[j] = u32(t);
+    }
+    workgroupBarrier();
+    return out;
+}
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.y;
+    let cfg = row_config(row);
+    let base = row * cfg.logits_stride;
+    let st = row_slot(row) * STATE_WORDS;
+    let n = cfg.n_vocab;
+    let lo = wid.x * SLICE;
+    let hi_i = min(lo + SLICE, n);
+
+    // Penalties on the slice's tokens: each distinct token of the window once, with its count
+    // (llama.cpp: divide positive logits by the repetition penalty and multiply negative ones,
+    // then subtract count * frequency and presence).
+    let total = state[st + 1u];
+    let n_hist = min(min(total, cfg.window), HIST);
+    let penalize = cfg.repeat_penalty != 1.0 || cfg.freq_penalty != 0.0 || cfg.presence_penalty != 0.0;
+    if (penalize) {
+        // The window is the last n_hist tokens of the ring.
+        let start = total - n_hist;
+        for (var i = lane.lid; i < n_hist; i += WG) {
+            let t = state[st + 4u + (start + i) % HIST];
+            if (t >= lo && t < hi_i) {
+                var first = true;
+                var count = 0u;
+                for (var j = 0u; j < n_hist; j++) {
+                    if (state[st + 4u + (start + j) % HIST] == t) {
+                        if (j < i) { first = false; }
+                        count += 1u;
+                    }
+                }
+                if (first) {
+                    var l = logits[base + t];
+                    l = select(l * cfg.repeat_penalty, l / cfg.repeat_penalty, l > 0.0);
+                    l -= f32(count) * cfg.freq_penalty + cfg.presence_penalty;
+                    logits[base + t] = l;
+                }
+            }
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    // Banned tokens (--ignore-eos) are never drawn.
+    for (var i = lane.lid; i < min(state[st + 2u], BAN); i += WG) {
+        let t = state[st + 4u + HIST + i];
+        if (t >= lo && t < hi_i) { logits[base + t] = -3.4028235e38; }
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // The slice in registers (NaN where there is no logit: NaN logits never count), and its
+    // largest value with its lowest index.
+    var v: array<f32, PER>;
+    var best = -3.4028235e38;
+    var best_i = 0xffffffffu;
+    let nan = bitcast<f32>(0x7fc00000u);
+    for (var j = 0u; j < PER; j++) {
+        let i = lo + j * WG + lane.lid;
+        v[j] = nan;
+        if (i < hi_i) { v[j] = logits[base + i]; }
+        if (usable(v[j]) && (v[j] > best || best_i == 0xffffffffu)) {
+            best = v[j];
+            best_i = i;
+        }
+    }
+    let mx = wg_max(best, lane);
+    let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
+
+    // The floor: a distance below mx within which at least top_k values lie, searched as the
+    // second pass once did over the whole row. While no finite distance holds top_k yet, the
+    // distances grow geometrically (the last one unbounded: all of them); once one does, they
+    // split [near, far] evenly, until the far end holds at most twice top_k.
+    let unbounded = 3.4028235e38;
+    var near = 0.0;          // a distance holding fewer than top_k
+    var far = unbounded;     // a distance holding at least top_k
+    var has_floor = false;
+    var done = cfg.greedy != 0u || PHASES < 2u;
+    for (var round = 0u; round < 6u && !done; round++) {
+        var d: vec4<f32>;
+        if (far == unbounded) {
+            let b = max(near, 0.125);
+            d = vec4<f32>(4.0 * b, 16.0 * b, 64.0 * b, unbounded);
+        } else {
+            for (var j = 0u; j < 4u; j++) { d[j] = near + (far - near) * f32(j + 1u) / 5.0; }
+        }
+        let c = count_within(v, mx, d, lane);
+        var j = 0u;
+        while (j < 4u && c[j] < cfg.top_k) { j++; }
+        if (j == 4u && far == unbounded) {
+            // Fewer than top_k in the slice: it bounds nothing.
+            done = true;
+        } else if (j == 4u) {
+            near = d[3];
+        } else if (d[j] == unbounded) {
+            near = d[2];
+        } else {
+            far = d[j];
+            has_floor = true;
+            if (j > 0u) { near = d[j - 1u]; }
+            done = c[j] <= 2u * cfg.top_k;
+        }
+    }
+    // The smallest value within `far`: at least top_k values reach it (counted by the same
+    // comparison, so rounding cannot drop one).
+    var low = 3.4028235e38;
+    for (var j = 0u; j < PER; j++) {
+        if (usable(v[j]) && mx - v[j] <= far) { low = min(low, v[j]); }
+    }
+    let fl = -wg_max(-low, lane);
+    if (lane.lid == 0u) {
+        prune[row * nwg.x + wid.x] = vec4<u32>(bitcast<u32>(mx), arg, bitcast<u32>(fl), select(0u, 1u, has_floor));
+    }
+}
