@@ -10,12 +10,12 @@
 // common/sample_columns.wgsl (a batched decode step: each row its slot's). Header constants:
 // WG (a power of two), SLICE, CAP (most candidates, a power of two <= 4 WG), HIST, BAN.
 
-// Candidates per invocation when they are sorted.
-const PER_CAND: u32 = (CAP + WG - 1u) / WG;
+// Candidates per invocation while they are ranked.
+const HELD: u32 = (CAP + WG - 1u) / WG;
 
-var<workgroup> cand_v: array<f32, CAP>;
-var<workgroup> cand_i: array<u32, CAP>;
-var<workgroup> cand_w: array<f32, CAP>;
+// The candidates' values and ids, four to a vector so that ranking them reads four at a time.
+var<workgroup> cand_v: array<vec4<f32>, CAP / 4u>;
+var<workgroup> cand_i: array<vec4<u32>, CAP / 4u>;
 var<workgroup> n_cand: atomic<u32>;
 var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> picked: u32;
@@ -87,8 +87,8 @@ fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
         if (usable(v) && keep) {
             let slot = atomicAdd(&n_cand, 1u);
             if (slot < CAP) {
-                cand_v[slot] = v;
-                cand_i[slot] = i;
+                cand_v[slot / 4u][slot % 4u] = v;
+                cand_i[slot / 4u][slot % 4u] = i;
             }
         }
     }
@@ -144,23 +144,23 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             // no two share a place), counted over all of them at once, four at a time. (A
             // bitonic sort took 17 µs on an H200: a barrier of the whole workgroup per stage.)
             for (var i = count + lane.lid; i < (count + 3u) / 4u * 4u; i += WG) {
-                cand_v[i] = -3.4028235e38;
-                cand_i[i] = 0xffffffffu;
+                cand_v[i / 4u][i % 4u] = -3.4028235e38;
+                cand_i[i / 4u][i % 4u] = 0xffffffffu;
             }
             workgroupBarrier();
-            var mine_v: array<f32, PER_CAND>;
-            var mine_i: array<u32, PER_CAND>;
-            var place: array<u32, PER_CAND>;
-            for (var j = 0u; j < PER_CAND; j++) {
+            var mine_v: array<f32, HELD>;
+            var mine_i: array<u32, HELD>;
+            var place: array<u32, HELD>;
+            for (var j = 0u; j < HELD; j++) {
                 let i = lane.lid + j * WG;
                 place[j] = 0xffffffffu;
                 if (i < count) {
-                    let v = cand_v[i];
-                    let id = cand_i[i];
+                    let v = cand_v[i / 4u][i % 4u];
+                    let id = cand_i[i / 4u][i % 4u];
                     var r = 0u;
                     for (var o = 0u; o < count; o += 4u) {
-                        let v4 = vec4<f32>(cand_v[o], cand_v[o + 1u], cand_v[o + 2u], cand_v[o + 3u]);
-                        let i4 = vec4<u32>(cand_i[o], cand_i[o + 1u], cand_i[o + 2u], cand_i[o + 3u]);
+                        let v4 = cand_v[o / 4u];
+                        let i4 = cand_i[o / 4u];
                         let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
                         r += dot(vec4<u32>(ahead), vec4<u32>(1u));
                     }
@@ -170,33 +170,23 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 }
             }
             workgroupBarrier();
-            for (var j = 0u; j < PER_CAND; j++) {
+            for (var j = 0u; j < HELD; j++) {
                 if (place[j] != 0xffffffffu) {
-                    cand_v[place[j]] = mine_v[j];
-                    cand_i[place[j]] = mine_i[j];
+                    cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
+                    cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
                 }
             }
             workgroupBarrier();
-            // Each candidate's softmax term exp(v - top) (in place of its value) and its weight
-            // exp((v - top) / temp), all at once; then one invocation walks them as the CPU
-            // reference does, with the same arithmetic in the same order.
-            let top = cand_v[0];
-            workgroupBarrier();
-            let terms = min(count, cfg.top_k);
-            for (var i = lane.lid; i < terms; i += WG) {
-                let v = cand_v[i];
-                cand_v[i] = exp(v - top);
-                cand_w[i] = exp((v - top) / cfg.temp);
-            }
-            workgroupBarrier();
+            // One invocation walks the sorted candidates as the CPU reference does.
             if (lane.lid == 0u && PHASES > 4u) {
-                var keep = terms;
+                var keep = min(count, cfg.top_k);
+                let top = cand_v[0].x;
                 var sum = 0.0;
-                for (var i = 0u; i < keep; i++) { sum += cand_v[i]; }
+                for (var i = 0u; i < keep; i++) { sum += exp(cand_v[i / 4u][i % 4u] - top); }
                 if (cfg.top_p < 1.0) {
                     var acc = 0.0;
                     for (var i = 0u; i < keep; i++) {
-                        acc += cand_v[i] / sum;
+                        acc += exp(cand_v[i / 4u][i % 4u] - top) / sum;
                         if (acc >= cfg.top_p) {
                             keep = i + 1u;
                             break;
@@ -206,24 +196,25 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 if (cfg.min_p > 0.0) {
                     let p_floor = cfg.min_p / sum;
                     var k = 1u;
-                    while (k < keep && cand_v[k] / sum >= p_floor) { k += 1u; }
+                    while (k < keep && exp(cand_v[k / 4u][k % 4u] - top) / sum >= p_floor) { k += 1u; }
                     keep = k;
                 }
                 var weight_total = 0.0;
-                for (var i = 0u; i < keep; i++) { weight_total += cand_w[i]; }
+                for (var i = 0u; i < keep; i++) { weight_total += exp((cand_v[i / 4u][i % 4u] - top) / cfg.temp); }
                 var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
-                var pick = cand_i[max(keep, 1u) - 1u];
+                let last = max(keep, 1u) - 1u;
+                var pick = cand_i[last / 4u][last % 4u];
                 for (var i = 0u; i < keep; i++) {
-                    let w = cand_w[i];
+                    let w = exp((cand_v[i / 4u][i % 4u] - top) / cfg.temp);
                     if (r < w) {
-                        pick = cand_i[i];
+                        pick = cand_i[i / 4u][i % 4u];
                         break;
                     }
                     r -= w;
                 }
                 picked = pick;
             }
-            if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0]) + min_key; }
+            if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0].x) + min_key; }
         }
         if (lane.lid == 0u && PHASES == 3u) { picked = count + min_key; }
     } else if (lane.lid == 0u) {

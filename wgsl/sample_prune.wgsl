@@ -11,15 +11,30 @@
 // sample_one.wgsl or sample_columns.wgsl). Header constants: WG, SLICE (a multiple of WG),
 // CAP, HIST, BAN, PHASES (as sample.wgsl).
 
-const PER: u32 = SLICE / WG;
+// Logits per invocation, held in registers (common/sample_common.wgsl's HELD).
+const HELD: u32 = SLICE / WG;
+
+// The search for a floor under the top_k largest of the values the workgroup holds (HELD
+// per invocation, NaN where none), mx their largest: a distance below mx within which at
+// least top_k of them lie. Each round
+// counts the values within four distances (one batched reduction; no atomics, which crowd
+// when values bunch up) and narrows the interval where the count crosses top_k. While no
+// finite distance holds top_k yet, the distances grow geometrically (the last one unbounded:
+// all of them); once one does, they split [near, far] evenly (split evenly from an unbounded
+// far, they stayed astronomically large), until far holds at most twice top_k or six rounds
+// have passed. `found` false: no finite distance was found to hold top_k (then far is
+// unbounded). Uniform control flow.
+struct Floor {
+    far: f32,
+    found: bool,
+}
 
 var<workgroup> sums: array<f32, 4u * LANE_GROUPS_MAX>;
 
-// How many of this invocation's values lie within each distance d[j] below mx (mx - v <=
-// d[j]), added up over the workgroup with one batched reduction. Uniform control flow.
-fn count_within(v: array<f32, PER>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u32> {
+// How many of the values lie within each distance d[j] below mx (mx - v <= d[j]).
+fn count_within(v: array<f32, HELD>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u32> {
     var c = vec4<u32>(0u);
-    for (var j = 0u; j < PER; j++) {
+    for (var j = 0u; j < HELD; j++) {
         if (usable(v[j])) { c += vec4<u32>(vec4<f32>(mx - v[j]) <= d); }
     }
     for (var j = 0u; j < 4u; j++) {
@@ -36,6 +51,40 @@ fn count_within(v: array<f32, PER>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u
     }
     workgroupBarrier();
     return out;
+}
+
+fn search_floor(v: array<f32, HELD>, mx: f32, top_k: u32, lane: Lane) -> Floor {
+    let unbounded = 3.4028235e38;
+    var near = 0.0;          // a distance holding fewer than top_k
+    var far = unbounded;     // a distance holding at least top_k
+    var found = false;
+    var done = false;
+    for (var round = 0u; round < 6u && !done; round++) {
+        var d: vec4<f32>;
+        if (far == unbounded) {
+            let b = max(near, 0.125);
+            d = vec4<f32>(4.0 * b, 16.0 * b, 64.0 * b, unbounded);
+        } else {
+            for (var j = 0u; j < 4u; j++) { d[j] = near + (far - near) * f32(j + 1u) / 5.0; }
+        }
+        let c = count_within(v, mx, d, lane);
+        var j = 0u;
+        while (j < 4u && c[j] < top_k) { j++; }
+        if (j == 4u && far == unbounded) {
+            // Fewer than top_k values in all: they bound nothing.
+            done = true;
+        } else if (j == 4u) {
+            near = d[3];
+        } else if (d[j] == unbounded) {
+            near = d[2];
+        } else {
+            far = d[j];
+            found = true;
+            if (j > 0u) { near = d[j - 1u]; }
+            done = c[j] <= 2u * top_k;
+        }
+    }
+    return Floor(far, found);
 }
 
 @compute @workgroup_size(WG)
@@ -89,11 +138,11 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 
     // The slice in registers (NaN where there is no logit: NaN logits never count), and its
     // largest value with its lowest index.
-    var v: array<f32, PER>;
+    var v: array<f32, HELD>;
     var best = -3.4028235e38;
     var best_i = 0xffffffffu;
     let nan = bitcast<f32>(0x7fc00000u);
-    for (var j = 0u; j < PER; j++) {
+    for (var j = 0u; j < HELD; j++) {
         let i = lo + j * WG + lane.lid;
         v[j] = nan;
         if (i < hi_i) { v[j] = logits[base + i]; }
@@ -105,44 +154,18 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let mx = wg_max(best, lane);
     let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
 
-    // The floor: a distance below mx within which at least top_k values lie, searched as the
-    // second pass once did over the whole row. While no finite distance holds top_k yet, the
-    // distances grow geometrically (the last one unbounded: all of them); once one does, they
-    // split [near, far] evenly, until the far end holds at most twice top_k.
-    let unbounded = 3.4028235e38;
-    var near = 0.0;          // a distance holding fewer than top_k
-    var far = unbounded;     // a distance holding at least top_k
+    // The floor: the smallest value within a distance below mx that holds at least top_k.
+    var far = 3.4028235e38;
     var has_floor = false;
-    var done = cfg.greedy != 0u || PHASES < 2u;
-    for (var round = 0u; round < 6u && !done; round++) {
-        var d: vec4<f32>;
-        if (far == unbounded) {
-            let b = max(near, 0.125);
-            d = vec4<f32>(4.0 * b, 16.0 * b, 64.0 * b, unbounded);
-        } else {
-            for (var j = 0u; j < 4u; j++) { d[j] = near + (far - near) * f32(j + 1u) / 5.0; }
-        }
-        let c = count_within(v, mx, d, lane);
-        var j = 0u;
-        while (j < 4u && c[j] < cfg.top_k) { j++; }
-        if (j == 4u && far == unbounded) {
-            // Fewer than top_k in the slice: it bounds nothing.
-            done = true;
-        } else if (j == 4u) {
-            near = d[3];
-        } else if (d[j] == unbounded) {
-            near = d[2];
-        } else {
-            far = d[j];
-            has_floor = true;
-            if (j > 0u) { near = d[j - 1u]; }
-            done = c[j] <= 2u * cfg.top_k;
-        }
+    if (cfg.greedy == 0u && PHASES >= 2u) {
+        let f = search_floor(v, mx, cfg.top_k, lane);
+        far = f.far;
+        has_floor = f.found;
     }
     // The smallest value within `far`: at least top_k values reach it (counted by the same
     // comparison, so rounding cannot drop one).
     var low = 3.4028235e38;
-    for (var j = 0u; j < PER; j++) {
+    for (var j = 0u; j < HELD; j++) {
         if (usable(v[j]) && mx - v[j] <= far) { low = min(low, v[j]); }
     }
     let fl = -wg_max(-low, lane);
