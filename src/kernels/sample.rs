@@ -9,13 +9,13 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::sample::{SamplerConfig, BAN_CAP, HISTORY_CAP};
 
-/// Invocations per sampling workgroup.
+/// Invocations per workgroup of the second pass (sample.wgsl).
 pub const SAMPLE_WG: u32 = 256;
 
-/// Invocations per sampling workgroup where `Caps::wide_workgroups`: one workgroup reads
-/// the whole vocabulary several times (the maximum, the top-k threshold's counts, the
-/// candidates), so the pick's time is those passes' latency; four times the invocations
-/// take a quarter of the iterations each.
+/// Invocations per workgroup of the second pass where `Caps::wide_workgroups`: one
+/// workgroup reads the whole row to gather the candidates (and, where more than the cap
+/// reach the floor, four more times for the exact radix select), so the pick's time is
+/// those reads' latency; four times the invocations take a quarter of the iterations each.
 pub const SAMPLE_WG_WIDE: u32 = 1024;
 
 /// Logits per workgroup of the first pass (sample_prune.wgsl), held in registers, eight per
