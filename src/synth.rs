@@ -267,6 +267,34 @@ fn random_matrix(format: WeightFormat, rows: usize, k: usize, seed: u64) -> Resu
     Ok(out)
 }
 
+/// Makes every row of a `random_matrix` its own: each row's quants (or the low mantissa bits of
+/// float weights) XORed with a pattern of its index, block headers (the scales) untouched so
+/// every block stays valid and finite. For the matrix that makes the logits: with the slab
+/// repeated, each logit had about n_vocab / 16 exact copies (2,000 for TinyLlama), which no
+/// trained model's logits have and which sent the GPU sampler to its slowest path.
+fn distinct_rows(format: WeightFormat, data: &mut [u8], rows: usize) {
+    let row_bytes = data.len() / rows.max(1);
+    let block = format.block_bytes();
+    // The quants' bytes in a block (GGUF layout).
+    let quants = match format {
+        WeightFormat::Q4K => 16..144,
+        WeightFormat::Q5K => 48..176,
+        WeightFormat::Q6K => 0..128,
+        WeightFormat::Q8_0 => 2..34,
+        // Floats: the lowest byte of each value (mantissa bits only).
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => 0..1,
+    };
+    let mask = if format.is_quantized() { 0xff } else { 0x0f };
+    for (r, row) in data.chunks_mut(row_bytes).enumerate() {
+        let h = (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for (i, b) in row.chunks_mut(block).enumerate() {
+            for (j, x) in b[quants.clone()].iter_mut().enumerate() {
+                *x ^= (h >> (8 * ((i + j) % 8))) as u8 & mask;
+            }
+        }
+    }
+}
+
 fn norm_weights(n: usize) -> Vec<u8> {
     bytemuck::cast_slice(&vec![1.0f32; n]).to_vec()
 }
@@ -338,7 +366,12 @@ fn build_impl(preset: &Preset, ft: FileType, fill: bool) -> Result<(GgufWriter, 
         total += bytes as u64;
         largest = largest.max(bytes as u64);
         if fill {
-            w.tensor(name, fmt, vec![k as u64, rows as u64], random_matrix(fmt, rows, k, seed)?);
+            let mut data = random_matrix(fmt, rows, k, seed)?;
+            // The matrix that makes the logits (the embeddings where they are tied).
+            if name == "output.weight" || (name == "token_embd.weight" && p.tied) {
+                distinct_rows(fmt, &mut data, rows);
+            }
+            w.tensor(name, fmt, vec![k as u64, rows as u64], data);
         } else {
             w.tensor_zeros(name, fmt, vec![k as u64, rows as u64], bytes as u64);
         }
@@ -391,6 +424,22 @@ mod tests {
         assert_eq!(tensor_format(FileType::Q4KM, "output.weight", None, 22), WeightFormat::Q6K);
         assert_eq!(tensor_format(FileType::Q4KM, "token_embd.weight", None, 22), WeightFormat::Q4K);
         assert_eq!(tensor_format(FileType::Q4KM, "blk.3.attn_q.weight", Some(3), 22), WeightFormat::Q4K);
+    }
+
+    #[test]
+    fn logit_rows_are_distinct_and_finite() {
+        let (rows, k) = (64, 512);
+        for format in WeightFormat::ALL {
+            let mut data = random_matrix(format, rows, k, 3).unwrap();
+            distinct_rows(format, &mut data, rows);
+            let mut values = vec![0f32; rows * k];
+            crate::quant::dequantize(format, &data, rows * k, &mut values).unwrap();
+            assert!(values.iter().all(|v| v.is_finite()), "{format:?}");
+            let mut seen: Vec<&[f32]> = values.chunks(k).collect();
+            seen.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            seen.dedup();
+            assert_eq!(seen.len(), rows, "{format:?}: rows repeat");
+        }
     }
 
     #[test]
