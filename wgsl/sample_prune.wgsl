@@ -11,7 +11,7 @@
 // sample_one.wgsl or sample_columns.wgsl). Header constants: WG, SLICE (a multiple of WG),
 // CAP, HIST, BAN, PHASES (as sample.wgsl).
 
-// Logits per invocation, held in registers (common/sample_common.wgsl's HELD).
+// Logits per invocation, held in registers.
 const HELD: u32 = SLICE / WG;
 
 // The search for a floor under the top_k largest of the values the workgroup holds (HELD
