@@ -238,8 +238,8 @@ fn chat_turns_reuse_the_cache() {
 }
 
 /// The qwen2 (Q/K/V biases, tied embeddings, NeoX RoPE) and qwen3 (per-head Q/K norms, head
-/// dim 128 != n_embd / n_head) code paths, on synthetic models: finite logits, and prefill
-/// equal to token-by-token decoding.
+/// dim 128 != n_embd / n_head) code paths, on synthetic models: finite logits, prefill
+/// equal to token-by-token decoding, and chained greedy decoding equal to single steps.
 #[test]
 fn qwen_architectures_run_consistently() {
     let g = &gpus()[0];
@@ -263,6 +263,24 @@ fn qwen_architectures_run_consistently() {
         let (max, ..) = compare(&la, &lb, 1024);
         let scale = la.iter().fold(0f32, |m, x| m.max(x.abs()));
         assert!(max <= 1e-3 * scale.max(1.0), "{preset}: prefill vs one by one: max |Δ| {max} (scale {scale})");
+        // Decoding chained on the GPU, four steps to a command buffer where the model allows
+        // it, leaves the cache that one step at a time leaves (each step at its own position:
+        // the separate Q/K/V path's RoPE once took the last recorded step's): the next
+        // token's logits agree.
+        let mut c = model.session(opts(true, 64, false)).unwrap();
+        c.set_steps_per_submit(4);
+        let first = c.forward(&ids, Output::Argmax).unwrap()[0] as u32;
+        let chained = c.generate_greedy_chained(first, 12, &mut |_| true).unwrap();
+        let mut d = model.session(opts(true, 64, false)).unwrap();
+        d.forward(&ids, Output::Argmax).unwrap();
+        for &t in std::iter::once(&first).chain(&chained[..11]) {
+            d.forward(&[t], Output::Argmax).unwrap();
+        }
+        let next = 17;
+        let (lc, ld) = (c.forward(&[next], Output::LastLogits).unwrap(), d.forward(&[next], Output::LastLogits).unwrap());
+        let (max, ..) = compare(&lc, &ld, 1024);
+        let scale = ld.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(max <= 1e-3 * scale.max(1.0), "{preset}: chained vs one step at a time: max |Δ| {max} (scale {scale})");
         std::fs::remove_file(&path).ok();
     }
 }

@@ -405,11 +405,16 @@ impl Session {
             usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        // Separate Q/K/V projections (Qwen3's head norms) rotate Q and write K/V with kernels
+        // whose position is a uniform written when the step is recorded: steps recorded into
+        // one command buffer would all see the last one's. Those models chain one step per
+        // submit (each submit's writes land before it runs).
+        let chain_max = if layers.iter().all(|l| matches!(l.qkv, QkvOps::Stacked { .. })) { super::CHAIN_MAX } else { 1 };
         let steps_per_submit = std::env::var("KILN_STEPS_PER_SUBMIT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(super::STEPS_PER_SUBMIT)
-            .clamp(1, super::CHAIN_MAX);
+            .clamp(1, chain_max);
         let scorer = super::score::Scorer::new(&ctx, &logits, &opts)?;
         // The GPU sampler's state per sequence: draws made, tokens appended and the penalties'
         // history. The session's own sampler (slot 0) takes its configuration from its
@@ -463,6 +468,7 @@ impl Session {
             chain_stage,
             step_states,
             steps_per_submit,
+            chain_max,
             step_picks,
             last_step_slots: Vec::new(),
             steps_in_flight: Default::default(),
