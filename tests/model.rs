@@ -262,7 +262,10 @@ fn qwen_architectures_run_consistently() {
         }
         let (max, ..) = compare(&la, &lb, 1024);
         let scale = la.iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(max <= 1e-3 * scale.max(1.0), "{preset}: prefill vs one by one: max |Δ| {max} (scale {scale})");
+        // On matrix cores the prefill GEMMs round activations to f16 (one step by itself runs
+        // on the GEMV in f32): 3e-3 of the logits' size there (H200: 1.2e-3 on tiny-qwen3).
+        let rel = if g.ctx.caps.coopmat { 3e-3 } else { 1e-3 };
+        assert!(max <= rel * scale.max(1.0), "{preset}: prefill vs one by one: max |Δ| {max} (scale {scale})");
         // Decoding chained on the GPU, four steps to a command buffer where the model allows
         // it, leaves the cache that one step at a time leaves (each step at its own position:
         // the separate Q/K/V path's RoPE once took the last recorded step's): the next
