@@ -183,9 +183,10 @@ pub struct Session {
     step_states: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
-    /// The most steps one command buffer may hold (1 where a step's kernels take their
-    /// position from a uniform written at record time: separate Q/K/V projections).
-    chain_max: usize,
+    /// The separate-Q/K/V path's RoPE parameters (Q, K/V), shared by its layers, and each
+    /// chained step's own, copied into them before the step (`record_steps`).
+    rope_uniforms: [wgpu::Buffer; 2],
+    rope_steps: wgpu::Buffer,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
     /// apart from `out_id` (which a prompt's step in between overwrites) for the next step
     /// to feed back; the slots of its columns, in order; and the steps in flight (their
@@ -352,7 +353,7 @@ impl Session {
     /// Decode steps `generate_chained` records per command buffer (1 ..= `CHAIN_MAX`): more
     /// spreads the host's submit cost over more tokens, fewer hands tokens out sooner.
     pub fn set_steps_per_submit(&mut self, n: usize) {
-        self.steps_per_submit = n.clamp(1, self.chain_max);
+        self.steps_per_submit = n.clamp(1, CHAIN_MAX);
     }
 
     pub fn skip_stage(&mut self, stage: Option<crate::profile::Stage>) {
