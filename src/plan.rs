@@ -56,10 +56,7 @@ impl GemmTile {
         }
     }
     pub fn is_coop(self) -> bool {
-        matches!(
-            self,
-            GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128
-        )
+        matches!(self, GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128)
     }
     /// The cooperative-matrix tiles.
     pub const COOP: [GemmTile; 4] = [GemmTile::Coop16, GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128];

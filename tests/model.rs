@@ -280,7 +280,8 @@ fn qwen_architectures_run_consistently() {
             d.forward(&[t], Output::Argmax).unwrap();
         }
         let next = 17;
-        let (lc, ld) = (c.forward(&[next], Output::LastLogits).unwrap(), d.forward(&[next], Output::LastLogits).unwrap());
+        let (lc, ld) =
+            (c.forward(&[next], Output::LastLogits).unwrap(), d.forward(&[next], Output::LastLogits).unwrap());
         let (max, ..) = compare(&lc, &ld, 1024);
         let scale = ld.iter().fold(0f32, |m, x| m.max(x.abs()));
         assert!(max <= 1e-3 * scale.max(1.0), "{preset}: chained vs one step at a time: max |Δ| {max} (scale {scale})");

@@ -144,14 +144,22 @@ impl Session {
                     }
                     if fused {
                         rec.stage(Stage::AttnNormQkv, || {
-                            StageWork::combine(vec![q_fused.work(ctx, m, batched), k_fused.work(ctx, m, batched), v_fused.work(ctx, m, batched)])
+                            StageWork::combine(vec![
+                                q_fused.work(ctx, m, batched),
+                                k_fused.work(ctx, m, batched),
+                                v_fused.work(ctx, m, batched),
+                            ])
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m, false)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::Qkv, || {
-                            StageWork::combine(vec![q.work(ctx, m, batched), k.work(ctx, m, batched), v.work(ctx, m, batched)])
+                            StageWork::combine(vec![
+                                q.work(ctx, m, batched),
+                                k.work(ctx, m, batched),
+                                v.work(ctx, m, batched),
+                            ])
                         });
                         BoundMatmul::record_group(ctx, rec.pass(), &[q, k, v], m, batched)?;
                     }
@@ -300,7 +308,9 @@ impl Session {
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
-                        rec.stage(Stage::FfnGateUp, || StageWork::combine(vec![gate.work(ctx, m, batched), up.work(ctx, m, batched)]));
+                        rec.stage(Stage::FfnGateUp, || {
+                            StageWork::combine(vec![gate.work(ctx, m, batched), up.work(ctx, m, batched)])
+                        });
                         BoundMatmul::record_group(ctx, rec.pass(), &[gate, up], m, batched)?;
                         rec.stage(Stage::FfnAct, || {
                             StageWork::other("silu_mul", format!("{m}x{}", c.n_ff), 3.0 * f(m * sf), 0.0)
