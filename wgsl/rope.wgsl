@@ -1,10 +1,12 @@
 // Rotary position embedding over [n_tokens, n_heads, head_dim] rows; token t sits at
-// position pos0 + t. Modes: adjacent pairs (2i, 2i+1) ("norm", Llama) or halves
+// position pos0 + t of its sequence, whose cache rows start at kv_base: both from the step
+// state (common/step_one.wgsl), which chained decode steps each copy their own into. Modes: adjacent pairs (2i, 2i+1) ("norm", Llama) or halves
 // (i, i + n_rot/2) ("neox", Qwen). theta_i = pos * freq_scale * base^(-2i / n_rot).
 // Entry `main` rotates `x` where it lies (one invocation per rotated pair, Q). Entry
 // `to_cache` writes the result into KV cache row pos0 + t as f32 or f16 (K); with ROPE false
 // it is a plain copy (V). Entry `kv_write` does K and V in one dispatch.
-// Header constants: WG, ROPE, NEOX.
+// Header constants: WG, ROPE, NEOX. The parameters' pos0 and dst_offset are the CPU
+// reference's; the kernels read the step's.
 
 struct Params {
     n_tokens: u32,
@@ -22,8 +24,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kv_dst: array<KvWord>;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> kv_dst: array<KvWord>;
 
 fn theta(pos: u32, i: u32) -> f32 {
     return f32(pos) * p.freq_scale * pow(p.freq_base, -2.0 * f32(i) / f32(p.n_rot));
@@ -37,7 +40,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (t >= p.n_tokens) { return; }
     let h = (idx / half_d) % p.n_heads;
     let i = idx % half_d;
-    let pos = p.pos0 + t;
+    let pos = step.pos0 + t;
     let src = t * p.src_stride + h * p.head_dim;
     {
         // Pair i of the rotation.
@@ -96,17 +99,17 @@ fn to_cache(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     if (t >= p.n_tokens) { return; }
     let h = (idx / half_d) % p.n_heads;
     let e = 2u * (idx % half_d);   // elements e, e+1: whole words of a packed f16 cache
-    let pos = p.pos0 + t;
+    let pos = step.pos0 + t;
     let o = rotated_pair(t * p.src_stride + h * p.head_dim, e, pos);
-    let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+    let dst = (step.kv_base + pos) * p.dst_stride + h * p.head_dim + e;
     let w = kv_pair_words(o.x, o.y);
     for (var u = 0u; u < 2u / KV_PER_WORD; u++) { kv_dst[dst / KV_PER_WORD + u] = w[u]; }
 }
 
 // K and V rows into their caches in one dispatch: the first half of the invocations rotate
 // K (x) into kv_dst, the second half copy V (v_src) into v_dst.
-@group(0) @binding(3) var<storage, read> v_src: array<f32>;
-@group(0) @binding(4) var<storage, read_write> v_dst: array<KvWord>;
+@group(0) @binding(4) var<storage, read> v_src: array<f32>;
+@group(0) @binding(5) var<storage, read_write> v_dst: array<KvWord>;
 
 @compute @workgroup_size(WG)
 fn kv_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -119,9 +122,9 @@ fn kv_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let t = j / (p.n_heads * half_d);
     let h = (j / half_d) % p.n_heads;
     let e = 2u * (j % half_d);
-    let pos = p.pos0 + t;
+    let pos = step.pos0 + t;
     let src = t * p.src_stride + h * p.head_dim;
-    let dst = p.dst_offset + pos * p.dst_stride + h * p.head_dim + e;
+    let dst = (step.kv_base + pos) * p.dst_stride + h * p.head_dim + e;
     if (is_v) {
         let w = kv_pair_words(v_src[src + e], v_src[src + e + 1u]);
         for (var u = 0u; u < 2u / KV_PER_WORD; u++) { v_dst[dst / KV_PER_WORD + u] = w[u]; }

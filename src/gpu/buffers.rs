@@ -401,22 +401,6 @@ impl Bound {
         Ok(Bound { label, bind_group, params, last: Default::default() })
     }
 
-    /// As `new`, with a parameter buffer shared by several bindings that always take the
-    /// same parameters (one buffer for a step to rewrite, or for chained steps to copy into).
-    pub fn shared(
-        ctx: &GpuContext,
-        key: &crate::kernels::KernelKey,
-        label: &'static str,
-        params: &wgpu::Buffer,
-        buffers: &[&wgpu::Buffer],
-    ) -> crate::Result<Bound> {
-        let pipeline = ctx.pipeline(key)?;
-        let mut all: Vec<&wgpu::Buffer> = vec![params];
-        all.extend_from_slice(buffers);
-        let bind_group = bind(ctx, &pipeline, label, &all);
-        Ok(Bound { label, bind_group, params: params.clone(), last: Default::default() })
-    }
-
     /// Writes the parameters for the next submit, unless they are what the buffer holds.
     pub fn set<P: bytemuck::Pod>(&self, ctx: &GpuContext, params: &P) {
         let bytes = bytemuck::bytes_of(params);

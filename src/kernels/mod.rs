@@ -309,9 +309,10 @@ impl KernelKey {
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
-            KernelKey::Rope { to_cache: None, .. } => &[Uniform, ReadWrite],
-            KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, ReadWrite, ReadWrite],
-            KernelKey::KvWrite { .. } => &[Uniform, ReadWrite, ReadWrite, Read, ReadWrite],
+            // The step state (position, cache region), then the rows.
+            KernelKey::Rope { to_cache: None, .. } => &[Uniform, Read, ReadWrite],
+            KernelKey::Rope { to_cache: Some(_), .. } => &[Uniform, Read, ReadWrite, ReadWrite],
+            KernelKey::KvWrite { .. } => &[Uniform, Read, ReadWrite, ReadWrite, Read, ReadWrite],
         }
     }
 
@@ -508,6 +509,7 @@ impl KernelKey {
                     .const_bool("NEOX", neox)
                     .const_bool("ROPE", rope)
                     .include(kv.file())
+                    .include("common/step_one.wgsl")
                     .include("rope.wgsl")
                     .build()
             }
@@ -517,6 +519,7 @@ impl KernelKey {
                 .const_bool("NEOX", neox)
                 .const_bool("ROPE", true)
                 .include(kv.file())
+                .include("common/step_one.wgsl")
                 .include("rope.wgsl")
                 .build(),
             KernelKey::RmsNorm { subgroups } => {

@@ -34,6 +34,9 @@ pub struct RopeParams {
 }
 
 fn check(p: &RopeParams) -> Result<()> {
+    if p.dst_stride != 0 && p.dst_offset % p.dst_stride != 0 {
+        return Err(KilnError::invalid("rope", "the cache offset must be a whole number of rows"));
+    }
     if p.head_dim % 2 != 0 || p.n_rot % 2 != 0 || p.n_rot > p.head_dim {
         return Err(KilnError::invalid(
             "rope",
@@ -41,6 +44,15 @@ fn check(p: &RopeParams) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The step state the kernels take the position and cache region from, as `p` gives them
+/// (one-off dispatches: tests, tools).
+fn step_of(ctx: &GpuContext, p: &RopeParams) -> Result<wgpu::Buffer> {
+    let kv_base = if p.dst_stride == 0 { 0 } else { p.dst_offset / p.dst_stride };
+    let state =
+        crate::kernels::matmul::StepState { n_tokens: p.n_tokens, pos0: p.pos0, kv_len: p.pos0 + p.n_tokens, kv_base };
+    ctx.upload(bytemuck::bytes_of(&state), "rope step")
 }
 
 fn threads(p: &RopeParams) -> u32 {
@@ -59,7 +71,7 @@ pub fn prepare_in_place(
     let key = KernelKey::Rope { neox: mode == RopeMode::Neox, to_cache: None, rope: true };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, stage);
-    let bg = bind(ctx, &pipeline, stage, &[&ub, x]);
+    let bg = bind(ctx, &pipeline, stage, &[&ub, &step_of(ctx, &p)?, x]);
     Ok(Dispatch {
         label: stage,
         pipeline,
@@ -83,7 +95,7 @@ pub fn prepare_to_cache(
     let key = KernelKey::Rope { neox: mode == Some(RopeMode::Neox), to_cache: Some(kv), rope: mode.is_some() };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, stage);
-    let bg = bind(ctx, &pipeline, stage, &[&ub, src, cache]);
+    let bg = bind(ctx, &pipeline, stage, &[&ub, &step_of(ctx, &p)?, src, cache]);
     Ok(Dispatch {
         label: stage,
         pipeline,
@@ -131,7 +143,7 @@ pub fn prepare_kv_write(
     let key = KernelKey::KvWrite { neox: mode == RopeMode::Neox, kv };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, "kv_write");
-    let bg = bind(ctx, &pipeline, "kv_write", &[&ub, k_src, k_cache, v_src, v_cache]);
+    let bg = bind(ctx, &pipeline, "kv_write", &[&ub, &step_of(ctx, &p)?, k_src, k_cache, v_src, v_cache]);
     Ok(Dispatch { label: "kv_write", pipeline, bind_group: bg, workgroups: kv_write_grid(&p), params: Some(ub) })
 }
 

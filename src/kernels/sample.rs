@@ -51,8 +51,8 @@ pub fn sample_wg(caps: &crate::gpu::Caps) -> u32 {
 
 /// The sampler's phases to run: all of them (5), unless `KILN_SAMPLE_PHASES` asks for fewer
 /// to time a prefix of them (`cargo bench --bench kernels -- sample`): 1 penalties and the
-/// maximum, 2 the slices' floors under the top-k, 3 gathering the candidates, 4 sorting them,
-/// 5 the draw. A cut-short kernel picks the maximum.
+/// maximum, 2 the slices' floors under the top-k, 3 gathering the candidates, 4 ranking
+/// them, 5 the draw. A cut-short kernel picks the maximum.
 pub fn phases() -> u32 {
     std::env::var("KILN_SAMPLE_PHASES").ok().and_then(|v| v.parse().ok()).unwrap_or(5).clamp(1, 5)
 }

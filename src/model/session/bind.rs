@@ -164,16 +164,6 @@ impl Session {
         // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
         let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;
-        // The separate-Q/K/V path's RoPE parameters (Q, then K/V), one buffer each for all
-        // layers: a step writes them, and chained steps copy each its own into them.
-        let rope_uniforms = [0, 1].map(|i| {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(["rope q", "rope kv"][i]),
-                size: std::mem::size_of::<RopeParams>() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
@@ -244,19 +234,19 @@ impl Session {
                         v_fused,
                         q_norm: head_norm(q_norm, &qb, &qn)?,
                         k_norm: head_norm(k_norm, &kb, &kn)?,
-                        rope_q: Bound::shared(
+                        // Their position and cache region come from the step state, which
+                        // chained steps each copy their own into.
+                        rope_q: Bound::new::<RopeParams>(
                             &ctx,
                             &KernelKey::Rope { neox: rope_neox, to_cache: None, rope: true },
                             "rope",
-                            &rope_uniforms[0],
-                            &[q_src],
+                            &[&step_state, q_src],
                         )?,
-                        kv_write: Bound::shared(
+                        kv_write: Bound::new::<RopeParams>(
                             &ctx,
                             &KernelKey::KvWrite { neox: rope_neox, kv },
                             "kv_write",
-                            &rope_uniforms[1],
-                            &[k_src, &kc, &vb, &vc],
+                            &[&step_state, k_src, &kc, &vb, &vc],
                         )?,
                     };
                     (ops, q_src)
@@ -417,15 +407,6 @@ impl Session {
             usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        // Each chained step's RoPE parameters for the separate-Q/K/V path (Q, K/V), copied into
-        // `rope_uniforms` before the step: its kernels take the position from a uniform, which
-        // a queue write would set once for all the steps of a command buffer.
-        let rope_steps = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("chained steps' rope parameters"),
-            size: (2 * super::CHAIN_MAX * std::mem::size_of::<RopeParams>()) as u64,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         let steps_per_submit = std::env::var("KILN_STEPS_PER_SUBMIT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
@@ -484,8 +465,6 @@ impl Session {
             chain_stage,
             step_states,
             steps_per_submit,
-            rope_uniforms,
-            rope_steps,
             step_picks,
             last_step_slots: Vec::new(),
             steps_in_flight: Default::default(),

@@ -183,10 +183,6 @@ pub struct Session {
     step_states: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
-    /// The separate-Q/K/V path's RoPE parameters (Q, K/V), shared by its layers, and each
-    /// chained step's own, copied into them before the step (`record_steps`).
-    rope_uniforms: [wgpu::Buffer; 2],
-    rope_steps: wgpu::Buffer,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
     /// apart from `out_id` (which a prompt's step in between overwrites) for the next step
     /// to feed back; the slots of its columns, in order; and the steps in flight (their

@@ -356,27 +356,8 @@ impl Session {
             (0..n as u32).map(|j| StepState { n_tokens: 1, pos0: pos + j, kv_len: pos + j + 1, kv_base: 0 }).collect();
         ctx.queue.write_buffer(&self.step_states, 0, bytemuck::cast_slice(&states));
         let size = std::mem::size_of::<StepState>() as u64;
-        // The separate-Q/K/V path's RoPE parameters of each step (Q, then K/V), as the step
-        // writes them (which, for all the steps of one command buffer, would land once).
-        let separate = self.layers.iter().any(|l| matches!(l.qkv, super::QkvOps::Separate { .. }));
-        let rope_size = std::mem::size_of::<crate::kernels::rope::RopeParams>() as u64;
-        if separate {
-            let c = &self.cfg;
-            let params: Vec<crate::kernels::rope::RopeParams> = (0..n as u32)
-                .flat_map(|j| {
-                    let step = StepShape::sequence(1, pos + j, 0);
-                    [self.rope_params(&step, c.n_head, c.q_dim()), self.rope_params(&step, c.n_kv_head, c.kv_dim())]
-                })
-                .collect();
-            ctx.queue.write_buffer(&self.rope_steps, 0, bytemuck::cast_slice(&params));
-        }
         for j in 0..n {
             enc.copy_buffer_to_buffer(&self.step_states, j as u64 * size, &self.step_state, 0, size);
-            if separate {
-                for (i, dst) in self.rope_uniforms.iter().enumerate() {
-                    enc.copy_buffer_to_buffer(&self.rope_steps, (2 * j + i) as u64 * rope_size, dst, 0, rope_size);
-                }
-            }
             let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1, true)));
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
