@@ -84,6 +84,12 @@ fn benches(c: &mut Criterion) {
             let y = ctx.storage((16 * n * 4) as u64, "y").unwrap();
             g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
             for m in [1u32, 2, 4, 8, 16] {
+                if std::env::var("KILN_BENCH_BATCHED_M")
+                    .map(|v| !v.split(',').any(|x| x == m.to_string()))
+                    .unwrap_or(false)
+                {
+                    continue;
+                }
                 let mut mm = Matmul::dense(&w, &x, &y, m);
                 if norm {
                     mm.norm = Some((&nw, 1e-5));
@@ -91,17 +97,30 @@ fn benches(c: &mut Criterion) {
                 let planned = plan_matmul(m, n as u32, k as u32, format, &ctx.caps);
                 let mut plans: Vec<(String, Vec<kiln::gpu::Dispatch>)> = Vec::new();
                 for (wg, rows) in [(128, 2), (128, 4), (64, 4), (256, 2)] {
-                    let plan = MatmulKernel::Gemv { ncols: m.min(8), shape: GemvShape { wg, rows }, q8: false };
+                    let plan = MatmulKernel::Gemv { ncols: m.min(8), shape: GemvShape::new(wg, rows), q8: false };
                     plans.push((format!("{plan}"), matmul::prepare_with(&ctx, &mm, plan, "b").unwrap()));
                 }
                 if ctx.caps.int8_dot {
-                    let widths: &[u32] = if m > 4 { &[4, 8] } else { &[4] };
+                    let widths: &[u32] = &[4];
                     for &ncols in widths {
                         for (wg, rows) in [(128, 2), (64, 4)] {
                             let plan =
-                                MatmulKernel::Gemv { ncols: m.min(ncols), shape: GemvShape { wg, rows }, q8: true };
+                                MatmulKernel::Gemv { ncols: m.min(ncols), shape: GemvShape::new(wg, rows), q8: true };
                             plans.push((format!("{plan}"), matmul::prepare_with(&ctx, &mm, plan, "b").unwrap()));
                         }
+                    }
+                    // The grouped shapes (each group of invocations its own rows): the planner's
+                    // and its neighbours, over 8 columns a workgroup (fewer below 8).
+                    let shapes: &[(u32, u32, u32)] = if m > 4 {
+                        &[(128, 2, 4), (128, 2, 8), (256, 2, 8), (64, 2, 4), (64, 2, 2), (128, 4, 4)]
+                    } else {
+                        &[(128, 2, 4), (64, 2, 2), (128, 2, 2), (256, 2, 4), (128, 4, 4), (64, 4, 2)]
+                    };
+                    for &(wg, rows, groups) in shapes {
+                        let shape = GemvShape::grouped(wg, rows, groups);
+                        let ncols = m.min(kiln::plan::GEMV_Q8_WIDE_COLS);
+                        let plan = MatmulKernel::Gemv { ncols, shape, q8: true };
+                        plans.push((format!("{plan}"), matmul::prepare_with(&ctx, &mm, plan, "b").unwrap()));
                     }
                 }
                 // The cooperative GEMM (without the norm, which it does not fuse: "-norm") at
@@ -153,7 +172,7 @@ fn benches(c: &mut Criterion) {
         let shapes =
             custom.clone().unwrap_or(vec![(2048, 2048), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)]);
         let formats = if custom.is_some() {
-            vec![WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0]
+            vec![WeightFormat::Q4K, WeightFormat::Q6K]
         } else {
             vec![WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16]
         };
@@ -169,8 +188,9 @@ fn benches(c: &mut Criterion) {
                         continue;
                     }
                     plans.extend(
-                        [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)]
-                            .map(|(wg, rows)| (1, MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows }, q8 })),
+                        [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)].map(|(wg, rows)| {
+                            (1, MatmulKernel::Gemv { ncols: 1, shape: GemvShape::new(wg, rows), q8 })
+                        }),
                     );
                 }
                 if custom.is_some() {
@@ -178,7 +198,12 @@ fn benches(c: &mut Criterion) {
                     plans = vec![(1, plan_matmul(1, n as u32, k as u32, format, &ncaps))];
                     if format.is_quantized() {
                         for (wg, rows) in [(32, 4), (64, 4), (128, 2), (256, 2)] {
-                            let shape = GemvShape { wg, rows };
+                            let shape = GemvShape::new(wg, rows);
+                            plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
+                        }
+                        // The grouped shapes (each group of invocations its own rows).
+                        for (wg, rows, groups) in [(128, 2, 4), (128, 4, 4), (256, 4, 4), (64, 2, 2), (128, 2, 2), (256, 2, 8), (256, 2, 4)] {
+                            let shape = GemvShape::grouped(wg, rows, groups);
                             plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
                         }
                     }
@@ -229,7 +254,7 @@ fn benches(c: &mut Criterion) {
                 .filter(|&q8| !q8 || format.is_quantized())
                 .flat_map(|q8| {
                     [(32, 4), (64, 4), (128, 4), (128, 2), (256, 2), (64, 2), (32, 8), (64, 8), (256, 4)]
-                        .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg, rows }, q8 })
+                        .map(|(wg, rows)| MatmulKernel::Gemv { ncols: 1, shape: GemvShape::new(wg, rows), q8 })
                 })
                 .collect();
         }

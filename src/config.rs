@@ -172,6 +172,37 @@ pub fn gemv_q8_min_cols_from_env() -> Option<u32> {
     })
 }
 
+/// `KILN_GEMV_Q8_WIDE=off|<wg>x<rows>x<groups>`: the int8 GEMV's shape past 4 columns
+/// (`plan::gemv_q8_wide_shape`; a knob for measurements): `off` for groups of 4 columns on
+/// the ungrouped shapes. `None` where unset or unreadable.
+pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
+    static SHAPE: std::sync::OnceLock<Option<Option<crate::plan::GemvShape>>> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let v = std::env::var("KILN_GEMV_Q8_WIDE").ok()?;
+        match v.trim() {
+            "off" => return Some(None),
+            "auto" => return None,
+            _ => {}
+        }
+        let n: Vec<u32> = v.trim().split('x').filter_map(|d| d.parse().ok()).collect();
+        match n[..] {
+            [wg, rows, groups] if groups >= 1 && wg % groups == 0 && rows >= 1 => {
+                Some(Some(crate::plan::GemvShape::grouped(wg, rows, groups)))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// `KILN_GEMV_Q8_WIDE_MIN_COLS=<n>`: columns from which the int8 GEMV takes its grouped shape
+/// (`plan::gemv_q8_wide_min_cols`; a knob for measurements).
+pub fn gemv_q8_wide_min_cols_from_env() -> Option<u32> {
+    static COLS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *COLS.get_or_init(|| {
+        std::env::var("KILN_GEMV_Q8_WIDE_MIN_COLS").ok().and_then(|v| v.trim().parse().ok()).filter(|&c| c >= 1)
+    })
+}
+
 /// `KILN_PREFILL_BUDGET=<tokens>`: prompt tokens `kiln serve` prefills per engine tick
 /// (`server::engine::PREFILL_BUDGET`; a knob for measurements).
 pub fn prefill_budget_from_env() -> Option<usize> {

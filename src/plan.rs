@@ -81,11 +81,29 @@ impl GemmTile {
     }
 }
 
-/// GEMV launch shape: invocations per workgroup and rows per workgroup.
+/// GEMV launch shape: invocations per workgroup, and rows per group of invocations. `groups`
+/// 1: the whole workgroup strides along K over its `rows` rows; more (the int8 GEMV over many
+/// columns): `groups` groups of `wg / groups` invocations, each its own `rows` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemvShape {
     pub wg: u32,
     pub rows: u32,
+    pub groups: u32,
+}
+
+impl GemvShape {
+    pub const fn new(wg: u32, rows: u32) -> GemvShape {
+        GemvShape { wg, rows, groups: 1 }
+    }
+
+    pub const fn grouped(wg: u32, rows: u32, groups: u32) -> GemvShape {
+        GemvShape { wg, rows, groups }
+    }
+
+    /// Weight rows one workgroup produces.
+    pub fn rows_per_workgroup(&self) -> u32 {
+        self.rows * self.groups
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,7 +120,11 @@ impl std::fmt::Display for MatmulKernel {
         match self {
             MatmulKernel::Gemv { ncols, shape, q8 } => {
                 let name = if *q8 { "gemv_q8" } else { "gemv" };
-                write!(f, "{name}[cols={ncols},wg={},rows={}]", shape.wg, shape.rows)
+                write!(f, "{name}[cols={ncols},wg={},rows={}", shape.wg, shape.rows)?;
+                if shape.groups > 1 {
+                    write!(f, "x{}", shape.groups)?;
+                }
+                write!(f, "]")
             }
             MatmulKernel::Gemm { tile } if tile.is_coop() => {
                 let (bm, bn, bk, ..) = tile.dims();
@@ -136,6 +158,44 @@ pub const GEMV_GROUP_COLS: u32 = 8;
 /// (8 was slower on an H200: TinyLlama pp16 1,638 against 1,958 tok/s, Llama-7B pp20 567
 /// against 941; run 14).
 pub const GEMV_Q8_GROUP_COLS: u32 = 4;
+
+/// Columns one workgroup of the int8 GEMV takes in its grouped shape (`GEMV_Q8_WIDE`), which
+/// holds one column's x at a time and so can take more of them; more come in groups (grid z).
+/// 16 was no faster on Q4_K and slower on Q6_K, whose larger unit headers leave less room
+/// (H100, run 98: Q6_K 32000 x 2048 at 16 columns 137 µs in two groups of 8, 290 in one of 16).
+pub const GEMV_Q8_WIDE_COLS: u32 = 8;
+
+/// The int8 GEMV's shape from `GEMV_Q8_WIDE_MIN_COLS` columns (batched decode steps of 3 or
+/// more sequences, short prompts): 4 groups of 32 invocations, each its own 2 rows, each invocation
+/// a 32nd of their units, 8 columns' sums in registers. The ungrouped shapes spread every
+/// row over the whole workgroup: each invocation had one or two units of a 2048-wide row, so
+/// the kernel waited on one load per invocation and reduced 16 sums over 64 invocations, and
+/// 4 columns a workgroup read every weight 4 times at 16 columns. On an H200 at 16 columns
+/// (`KILN_BENCH_BATCHED=1 cargo bench --bench kernels`, run 99 in profiling/results), µs:
+/// TinyLlama's 11264 x 2048 gate/up 66.9 -> 34.3, 2048 x 2048 19.9 -> 12.5, Q/K/V 24.9 -> 16.7,
+/// the Q6_K LM head 174 -> 118, the Q6_K 2048 x 5632 down projection 28.1 -> 28.2; the model
+/// (`kiln bench -n 128 --parallel 8,16`) 2,896 -> 3,536 tok/s at 8 sequences, 3,942 -> 6,025 at
+/// 16. Groups of 8 (2 x 8 rows a workgroup) made half the workgroups, too few for
+/// 2048-row matrices (x16 4,992); 256 invocations in 8 groups 5,691.
+pub const GEMV_Q8_WIDE: GemvShape = GemvShape::grouped(128, 2, 4);
+
+/// The grouped shape the int8 GEMV takes from `gemv_q8_wide_min_cols` columns (`GEMV_Q8_WIDE`),
+/// or `KILN_GEMV_Q8_WIDE` where set (`off`: groups of 4 columns on the ungrouped shapes).
+pub fn gemv_q8_wide_shape() -> Option<GemvShape> {
+    crate::config::gemv_q8_wide_from_env().unwrap_or(Some(GEMV_Q8_WIDE))
+}
+
+/// Columns from which the int8 GEMV takes its grouped shape (`GEMV_Q8_WIDE`; below them, the
+/// ungrouped shapes): on an H200 (run 101, `KILN_GEMV_Q8_WIDE_MIN_COLS=1/2/3/5 kiln bench -p 4
+/// -n 128 --parallel 2,3,4`), from 3 columns TinyLlama Q4_K_M x3 1,329 -> 1,741 tok/s, x4
+/// 1,701 -> 2,128, pp4 336 -> 1,449; x2 the same either way (1,363 / 1,367); one column
+/// slower on it (tg128 912 -> 797).
+pub const GEMV_Q8_WIDE_MIN_COLS: u32 = 3;
+
+/// `GEMV_Q8_WIDE_MIN_COLS`, or `KILN_GEMV_Q8_WIDE_MIN_COLS` where set (a knob for measurements).
+pub fn gemv_q8_wide_min_cols() -> u32 {
+    crate::config::gemv_q8_wide_min_cols_from_env().unwrap_or(GEMV_Q8_WIDE_MIN_COLS)
+}
 
 /// Columns one workgroup of the float (`q8` false) or int8 GEMV holds; more come in groups.
 pub fn gemv_group_cols(q8: bool) -> u32 {
@@ -206,15 +266,15 @@ pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
     if gemv_takes(m, caps) {
         let shape = if caps.cpu_adapter {
-            GemvShape { wg: 64, rows: 4 }
+            GemvShape::new(64, 4)
         } else if n <= 512 {
             // K/V projections of GQA models: 256 invocations on 2 rows, the most parallel reduction.
-            GemvShape { wg: 256, rows: 2 }
+            GemvShape::new(256, 2)
         } else if n >= 16384 {
             // The LM head: enough rows to fill the GPU either way; 4 rows per workgroup reuse x best.
-            GemvShape { wg: 128, rows: 4 }
+            GemvShape::new(128, 4)
         } else {
-            GemvShape { wg: 128, rows: 2 }
+            GemvShape::new(128, 2)
         };
         // Quants decoded to floats cost more instructions than their bytes take to read;
         // integer dot products over int8 activations take fewer.
@@ -230,10 +290,16 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices
         // and for several columns, 128 on 2 for more workgroups below 8192 rows.
         let shape = match (q8, n >= 8192 || many_cols) {
-            (true, true) => GemvShape { wg: 64, rows: 4 },
-            (true, false) => GemvShape { wg: 128, rows: 2 },
+            (true, true) => GemvShape::new(64, 4),
+            (true, false) => GemvShape::new(128, 2),
             (false, _) => shape,
         };
+        // From 3 columns, the grouped shape, up to 8 columns a workgroup.
+        if q8 && m >= gemv_q8_wide_min_cols() {
+            if let Some(shape) = gemv_q8_wide_shape() {
+                return MatmulKernel::Gemv { ncols: m.min(GEMV_Q8_WIDE_COLS), shape, q8 };
+            }
+        }
         return MatmulKernel::Gemv { ncols: m.clamp(1, gemv_group_cols(q8)), shape, q8 };
     }
     plan_gemm(m, n, k, format, caps)
@@ -394,12 +460,21 @@ mod tests {
         assert!(q8(1, 4096, 4096, WeightFormat::Q8_0));
         assert!(!q8(1, 5632, 2048, WeightFormat::Q8_0), "Q8_0 switches later");
         assert!(!q8(1, 65536, 8192, WeightFormat::F16), "float weights");
-        // Past 4 columns the int8 GEMV runs in groups of 4 (grid z), up to the GEMV's columns.
+        // From 3 columns the int8 GEMV takes its grouped shape, up to 8 columns a workgroup
+        // (grid z for more), up to the GEMV's columns.
         let wide = Caps { gemv_max_cols: 32, ..c };
         assert!(matches!(
-            plan_matmul(11, 65536, 8192, WeightFormat::Q4K, &wide),
-            MatmulKernel::Gemv { q8: true, ncols: GEMV_Q8_GROUP_COLS, .. }
+            plan_matmul(2, 65536, 8192, WeightFormat::Q4K, &wide),
+            MatmulKernel::Gemv { q8: true, ncols: 2, shape: GemvShape { groups: 1, .. } }
         ));
+        assert_eq!(
+            plan_matmul(4, 65536, 8192, WeightFormat::Q4K, &wide),
+            MatmulKernel::Gemv { q8: true, ncols: 4, shape: GEMV_Q8_WIDE }
+        );
+        assert_eq!(
+            plan_matmul(11, 65536, 8192, WeightFormat::Q4K, &wide),
+            MatmulKernel::Gemv { q8: true, ncols: GEMV_Q8_WIDE_COLS, shape: GEMV_Q8_WIDE }
+        );
         assert!(matches!(plan_matmul(32, 4096, 4096, WeightFormat::Q4K, &wide), MatmulKernel::Gemv { q8: true, .. }));
         assert!(matches!(plan_matmul(33, 4096, 4096, WeightFormat::Q4K, &wide), MatmulKernel::Gemm { .. }));
         let shape = |n, k| match plan(1, n, k, WeightFormat::Q4K) {

@@ -12,7 +12,7 @@ use kiln::doctor::data::{k_for, k_for_coop, q8_exact_x, MatmulCase};
 use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
-use kiln::plan::{GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS};
+use kiln::plan::{GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS, GEMV_Q8_WIDE};
 use kiln::quant::WeightFormat;
 
 const TOL: f32 = 2e-5;
@@ -60,12 +60,12 @@ fn gemv_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL {
             for (m, shape) in [
-                (1, GemvShape { wg: 64, rows: 4 }),
-                (2, GemvShape { wg: 32, rows: 4 }),
-                (3, GemvShape { wg: 256, rows: 2 }),
-                (8, GemvShape { wg: 128, rows: 2 }),
+                (1, GemvShape::new(64, 4)),
+                (2, GemvShape::new(32, 4)),
+                (3, GemvShape::new(256, 2)),
+                (8, GemvShape::new(128, 2)),
                 // Three groups of 8 columns (workgroup_id.z), the last ragged.
-                (19, GemvShape { wg: 64, rows: 4 }),
+                (19, GemvShape::new(64, 4)),
             ] {
                 let k = k_for(format, 3, 171);
                 let n = 37;
@@ -213,7 +213,7 @@ fn split_tensors_match_unsplit_results() {
         let w = WeightTensor::upload(&ctx, "w", format, n, k, &c.weights).unwrap();
         assert!(w.chunks.len() > 1, "{} should be split, got {} chunk", format.name(), w.chunks.len());
         for kernel in [
-            MatmulKernel::Gemv { ncols: 1, shape: GemvShape { wg: 64, rows: 4 }, q8: false },
+            MatmulKernel::Gemv { ncols: 1, shape: GemvShape::new(64, 4), q8: false },
             MatmulKernel::Gemm { tile: GemmTile::T32 },
         ] {
             let m = if matches!(kernel, MatmulKernel::Gemm { .. }) { 20 } else { 1 };
@@ -227,7 +227,7 @@ fn split_tensors_match_unsplit_results() {
 /// groups of a workgroup's columns where m has more).
 fn gemv(m: usize, q8: bool) -> MatmulKernel {
     let group = if q8 { GEMV_Q8_GROUP_COLS } else { GEMV_GROUP_COLS };
-    MatmulKernel::Gemv { ncols: (m as u32).min(group), shape: GemvShape { wg: 64, rows: 4 }, q8 }
+    MatmulKernel::Gemv { ncols: (m as u32).min(group), shape: GemvShape::new(64, 4), q8 }
 }
 
 /// GEMV with the RMSNorm of x fused in front equals RMSNorm then GEMV.
@@ -270,21 +270,31 @@ fn gemv_with_fused_swiglu() {
 fn gemv_q8_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL.into_iter().filter(|f| f.is_quantized()) {
-            for (m, shape) in [
-                (1, GemvShape { wg: 64, rows: 4 }),
-                (2, GemvShape { wg: 32, rows: 4 }),
-                (3, GemvShape { wg: 64, rows: 2 }),
-                (4, GemvShape { wg: 64, rows: 4 }),
+            for (m, ncols, shape) in [
+                (1, 1, GemvShape::new(64, 4)),
+                (2, 2, GemvShape::new(32, 4)),
+                (3, 3, GemvShape::new(64, 2)),
+                (4, 4, GemvShape::new(64, 4)),
                 // Three groups of 4 columns (workgroup_id.z), the last ragged.
-                (11, GemvShape { wg: 128, rows: 2 }),
+                (11, GEMV_Q8_GROUP_COLS, GemvShape::new(128, 2)),
+                // Grouped shapes (groups of invocations each their own rows): the planner's
+                // (4 groups of 32 invocations, 2 rows each) over two groups of 8 columns, the
+                // last ragged; 8 groups of 8 over 8 columns. 37 rows leave the last workgroup's
+                // groups partly or wholly past the matrix.
+                (11, 8, GEMV_Q8_WIDE),
+                (8, 8, GemvShape::grouped(64, 2, 8)),
             ] {
-                // Several x tiles for the 32-invocation shape, a ragged last one.
+                // Several x tiles for the 32-invocation shape, a ragged last one; for the
+                // grouped shapes, units that do not divide among a group's invocations.
                 let k = if format == WeightFormat::Q8_0 { 32 * 75 } else { 256 * 11 };
                 let n = 37;
-                let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_Q8_GROUP_COLS), shape, q8: true };
+                let kernel = MatmulKernel::Gemv { ncols, shape, q8: true };
                 let x = q8_exact_x(m as usize, k, 11 + m as u64);
                 let what = format!("[{}] gemv_q8 {} n={n} k={k} m={m}", g.name, format.name());
-                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m == 4, Some(x)));
+                assert_exact(
+                    &what,
+                    run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3 || m == 8, m == 4 || m == 11, Some(x)),
+                );
 
                 // Normal activations: within the bound of x's rounding.
                 let c = case(format, n, k, m as usize, 5 + m as u64);
@@ -345,7 +355,7 @@ fn fused_epilogues_match_reference() {
             // 4-row GEMV workgroups and a 4x4 and 8x8 GEMM register tile.
             let gemv = |m: u32, wg: u32, rows: u32, q8: bool| MatmulKernel::Gemv {
                 ncols: m,
-                shape: GemvShape { wg, rows },
+                shape: GemvShape::new(wg, rows),
                 q8,
             };
             let mut kernels: Vec<(&str, usize, MatmulKernel)> = vec![
@@ -358,6 +368,8 @@ fn fused_epilogues_match_reference() {
             if int8 && format != WeightFormat::F32 {
                 kernels.push(("gemv_q8 m=2", 2, gemv(2, 128, 2, true)));
                 kernels.push(("gemv_q8 groups of 4, m=6", 6, gemv(4, 128, 2, true)));
+                let grouped = MatmulKernel::Gemv { ncols: 8, shape: GEMV_Q8_WIDE, q8: true };
+                kernels.push(("gemv_q8 row groups, m=10", 10, grouped));
             }
             if g.ctx.caps.coopmat && format != WeightFormat::F32 {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
@@ -405,7 +417,7 @@ fn fused_epilogues_match_reference() {
 fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
     let (k, format) = (256, WeightFormat::Q4K);
     for g in gpus() {
-        let gemv = |m: u32, q8: bool| MatmulKernel::Gemv { ncols: m, shape: GemvShape { wg: 64, rows: 4 }, q8 };
+        let gemv = |m: u32, q8: bool| MatmulKernel::Gemv { ncols: m, shape: GemvShape::new(64, 4), q8 };
         let shapes = qkv_shapes(g.ctx.caps.f16);
         let default = *shapes.last().unwrap();
         let mut runs: Vec<(MatmulKernel, bool, _)> = shapes.iter().map(|&s| (gemv(8, false), true, s)).collect();
@@ -413,6 +425,8 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
         runs.push((gemv(3, false), false, default));
         if g.ctx.caps.int8_dot {
             runs.push((gemv(3, true), true, default));
+            let grouped = MatmulKernel::Gemv { ncols: 8, shape: GEMV_Q8_WIDE, q8: true };
+            runs.push((grouped, true, default));
         }
         for (kernel, batched, mut s) in runs {
             let (m, q8) = match kernel {

@@ -292,8 +292,8 @@ fn qwen_architectures_run_consistently() {
 /// Decode through the int8-activation GEMV (forced for every quantized GEMV: the test
 /// models are far below the size where the planner picks it), in steps of 1 token, of 1
 /// to 4 tokens (the Q/K/V and gate/up groups share one quantized input; the multi-column
-/// kernels run) and of 13 to 31 (groups of 4 columns). The logits differ from the float GEMV's (the path ran), and rounding
-/// activations to int8 moves them by about 0.9% RMS of their size on these models: each
+/// kernels run) and of 13 to 31 (the grouped shape, 8 columns a workgroup). The logits
+/// differ from the float GEMV's (the path ran), and rounding activations to int8 moves them by about 0.9% RMS of their size on these models: each
 /// run is held to 1.5% RMS, 6% at most, and argmax equal on 97% of rows, a row whose two
 /// top reference logits are closer than the RMS bound counting as equal: such near-ties (a
 /// few hundredths of a logit on these 64 rows) flip with the attention kernel's last bits
@@ -333,7 +333,8 @@ fn int8_gemv_decode_matches_reference() {
             logits
         };
         let float = decode(&native.ctx, &[1]);
-        // Steps past 4 columns run the int8 GEMV in groups of 4 (workgroup_id.z).
+        // Steps past 4 columns run the int8 GEMV's grouped shape, 8 columns a workgroup
+        // (workgroup_id.z past 8).
         for steps in [&[1usize][..], &[1, 3, 4, 2], &[20, 13, 31]] {
             let got = decode(&ctx, steps);
             let (vs_float, ..) = compare(&got, &float, 512);

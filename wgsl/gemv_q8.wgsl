@@ -14,7 +14,18 @@
 // Per 32 values of x: quants 0-15, quants 16-31, then (d, sum of x~ 0-15, sum of x~ 16-31, 0).
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
 
-var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
+// ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES,
+// each group its own ROWS rows, each invocation a K_LANES-th of their units; for many
+// columns (batched decode steps, short prompts), where every invocation holds the partial sums
+// of all NCOLS columns and a whole-workgroup reduction per output would cost more than the dot
+// products (see `main_grouped`). ROW_GROUPS 1: every invocation along K of the same rows.
+const K_LANES: u32 = WG / ROW_GROUPS;
+const GROUP_OUTS: u32 = ROW_GROUPS * ROWS * NCOLS;
+const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else 0
+// The reduction's workgroup memory: one slot per lane group and output (write_rows), or, grouped,
+// one per lane of a group and output, padded by one per lane so the lanes' stores spread
+// over banks (write_group_rows).
+var<workgroup> partial: array<f32, (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_MAX + GROUPED * K_LANES * (GROUP_OUTS + 1u)>;
 
 // Values 16 half .. 16 half + 15 of quantized x row m.
 fn x_half(m: u32, half: u32) -> XHalf {
@@ -26,6 +37,10 @@ fn x_half(m: u32, half: u32) -> XHalf {
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     col0 = wid.z * NCOLS;
+    if (ROW_GROUPS > 1u) {
+        main_grouped(lane, (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS);
+        return;
+    }
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
@@ -52,4 +67,62 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
     write_rows(acc, row0, lane);
+}
+
+// ROW_GROUPS > 1: group g = lid / K_LANES takes rows row0 + g ROWS ..; its lanes stride over
+// the rows' units. Per unit the ROWS rows' headers are unpacked once and held, and each
+// column's x slice is loaded in turn (NCOLS slices held at once would not fit in registers
+// at 8 or 16 columns). Rows past the chunk read its last row; their sums are not stored.
+fn main_grouped(lane: Lane, row0: u32) {
+    let g = lane.lid / K_LANES;
+    let rows0 = row0 + g * ROWS;
+    var acc: array<f32, ROWS * NCOLS>;
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
+    let n_units = dot_unit_count(p.k);
+    for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
+        var h: array<DotHeader, ROWS>;
+        for (var r = 0u; r < ROWS; r++) { h[r] = dot_header(min(rows0 + r, p.n_rows - 1u), u, p.k); }
+        let ha = dot_unit_half(u, 0u);
+        let hb = dot_unit_half(u, 1u);
+        for (var m = 0u; m < NCOLS; m++) {
+            let xm = min(col0 + m, p.n_cols - 1u);
+            let xa = x_half(xm, ha);
+            let xb = x_half(xm, hb);
+            for (var r = 0u; r < ROWS; r++) {
+                acc[r * NCOLS + m] += dot_part(h[r], 0u, xa) + dot_part(h[r], 1u, xb);
+            }
+        }
+    }
+    write_group_rows(acc, row0, lane);
+}
+
+// Adds up the K_LANES lanes' sums of each of the workgroup's ROW_GROUPS x ROWS rows and NCOLS
+// columns through workgroup memory (one barrier) and writes them as write_rows does.
+// Output o = row * NCOLS + m (row within the workgroup); lane j of a group stores its sums at
+// j (GROUP_OUTS + 1) + o, so the readers (one output each) read consecutive words.
+fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
+    let g = lane.lid / K_LANES;
+    let base = (lane.lid % K_LANES) * (GROUP_OUTS + 1u) + g * ROWS * NCOLS;
+    for (var i = 0u; i < ROWS * NCOLS; i++) { partial[base + i] = acc[i]; }
+    workgroupBarrier();
+    if (EPI != EPI_PLAIN) {
+        // Pairs of rows (ROWS is even, row0 too) through the epilogue.
+        for (var i = lane.lid; i < GROUP_OUTS / 2u; i += WG) {
+            let r = 2u * (i / NCOLS);
+            let m = i % NCOLS;
+            var t0 = 0.0;
+            var t1 = 0.0;
+            for (var j = 0u; j < K_LANES; j++) {
+                t0 += partial[j * (GROUP_OUTS + 1u) + r * NCOLS + m];
+                t1 += partial[j * (GROUP_OUTS + 1u) + (r + 1u) * NCOLS + m];
+            }
+            if (col0 + m < p.n_cols && row0 + r < p.n_rows) { store_pair(col0 + m, row0 + r, t0, t1); }
+        }
+        return;
+    }
+    for (var o = lane.lid; o < GROUP_OUTS; o += WG) {
+        var total = 0.0;
+        for (var j = 0u; j < K_LANES; j++) { total += partial[j * (GROUP_OUTS + 1u) + o]; }
+        store_sum(col0 + o % NCOLS, row0 + o / NCOLS, total);
+    }
 }

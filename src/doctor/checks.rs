@@ -162,8 +162,10 @@ fn no_int8_reason(caps: &Caps) -> String {
 /// two groups and a ragged third (workgroup_id.z), as prompts past one group run it.
 fn gemv_cols(kernel: MatmulKernel) -> usize {
     match kernel {
-        MatmulKernel::Gemv { ncols, q8, .. } => {
-            if ncols == crate::plan::gemv_group_cols(q8) {
+        MatmulKernel::Gemv { ncols, q8, shape } => {
+            if ncols == crate::plan::gemv_group_cols(q8)
+                || (shape.groups > 1 && ncols == crate::plan::GEMV_Q8_WIDE_COLS)
+            {
                 2 * ncols as usize + 1
             } else {
                 ncols as usize

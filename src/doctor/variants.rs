@@ -106,9 +106,8 @@ mod tests {
     fn cpu_adapters_run_one_gemv_shape_per_width_and_small_tiles() {
         let cpu = Caps { cpu_adapter: true, int8_dot: true, ..gpu() };
         let got = planned_matmuls(WeightFormat::Q4K, &cpu);
-        let mut want: Vec<MatmulKernel> = (1..=8)
-            .map(|ncols| MatmulKernel::Gemv { ncols, shape: GemvShape { wg: 64, rows: 4 }, q8: false })
-            .collect();
+        let mut want: Vec<MatmulKernel> =
+            (1..=8).map(|ncols| MatmulKernel::Gemv { ncols, shape: GemvShape::new(64, 4), q8: false }).collect();
         want.push(MatmulKernel::Gemm { tile: GemmTile::T32 });
         assert_eq!(got, want);
     }
@@ -137,9 +136,12 @@ mod tests {
 
         let full = planned_matmuls(WeightFormat::Q6K, &Caps { int8_dot: true, coopmat: true, ..gpu() });
         let q8 = full.iter().filter(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })).count();
-        // Widths 1-3 at two launch shapes (by rows); from GEMV_Q8_MIN_COLS columns one shape.
-        assert_eq!(q8, 7, "widths 1-3 at two launch shapes, 4 at one");
-        assert!(full.contains(&MatmulKernel::Gemv { ncols: 4, shape: GemvShape { wg: 64, rows: 4 }, q8: true }));
+        // Widths 1-2 at two launch shapes (by rows); from GEMV_Q8_WIDE_MIN_COLS columns the
+        // grouped shape, widths 3-8.
+        assert_eq!(q8, 10, "widths 1-2 at two launch shapes, 3-8 on the grouped shape");
+        assert!(full.contains(&MatmulKernel::Gemv { ncols: 2, shape: GemvShape::new(64, 4), q8: true }));
+        let wide = crate::plan::GEMV_Q8_WIDE;
+        assert!(full.contains(&MatmulKernel::Gemv { ncols: crate::plan::GEMV_Q8_WIDE_COLS, shape: wide, q8: true }));
         assert!(full.contains(&MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
         // Float weights never take the int8 GEMV; F16 ones take matrix cores, F32 never.
         let f16 = planned_matmuls(WeightFormat::F16, &Caps { int8_dot: true, coopmat: true, ..gpu() });

@@ -179,10 +179,20 @@ pub fn launch(
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
         MatmulKernel::Gemv { ncols, shape, q8 } => {
-            // The planner's groups (`gemv_group_cols`) or up to the float GEMV's for either body.
-            let group = crate::plan::GEMV_GROUP_COLS;
+            // The planner's groups (`gemv_group_cols`) or up to the float GEMV's for either body;
+            // the int8 GEMV's grouped shapes up to `GEMV_Q8_WIDE_COLS`.
+            let group = if shape.groups > 1 { crate::plan::GEMV_Q8_WIDE_COLS } else { crate::plan::GEMV_GROUP_COLS };
             if q8 && !format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {format}")));
+            }
+            if shape.groups > 1 && (!q8 || shape.groups > shape.wg || shape.wg % shape.groups != 0) {
+                return Err(KilnError::invalid(
+                    "matmul",
+                    format!(
+                        "GEMV row groups ({} of {} invocations) need the int8 GEMV and a divisor of its workgroup",
+                        shape.groups, shape.wg
+                    ),
+                ));
             }
             if ncols == 0 || ncols > group {
                 return Err(KilnError::invalid("matmul", format!("GEMV workgroups of {ncols} columns (1 to {group})")));
@@ -198,6 +208,7 @@ pub fn launch(
                 format,
                 ncols: ncols as u8,
                 rows: shape.rows as u8,
+                groups: shape.groups as u8,
                 wg: shape.wg as u16,
                 subgroups: ctx.caps.subgroups,
                 norm: norm && !q8,
@@ -205,8 +216,8 @@ pub fn launch(
                 q8,
                 epi,
             };
-            // One workgroup per ROWS rows and group of ncols columns (grid z).
-            let [gx, gy, _] = grid(rows.div_ceil(shape.rows));
+            // One workgroup per ROWS x ROW_GROUPS rows and group of ncols columns (grid z).
+            let [gx, gy, _] = grid(rows.div_ceil(shape.rows_per_workgroup()));
             Ok((key, [gx, gy, m.div_ceil(ncols).max(1)]))
         }
         MatmulKernel::Gemm { tile } => {

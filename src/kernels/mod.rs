@@ -143,6 +143,8 @@ pub enum KernelKey {
         format: WeightFormat,
         ncols: u8,
         rows: u8,
+        /// Groups of invocations, each its own `rows` rows (`plan::GemvShape::groups`).
+        groups: u8,
         wg: u16,
         subgroups: bool,
         /// RMSNorm of x fused in front (decode).
@@ -333,11 +335,17 @@ impl KernelKey {
         let label = format!("{self:?}");
         let c = Composer::new(label);
         match *self {
-            KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8, epi } => {
+            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi } => {
                 if q8 && (!format.is_quantized() || norm || glu) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
                         format!("the int8-activation GEMV needs a quantized format and no fused input, not {format}"),
+                    ));
+                }
+                if groups == 0 || (groups > 1 && !q8) || wg % groups as u16 != 0 {
+                    return Err(crate::error::KilnError::invalid(
+                        "kernel",
+                        format!("GEMV row groups: {groups} of {wg} invocations (the int8 GEMV only, a divisor of its workgroup)"),
                     ));
                 }
                 let c = c
@@ -345,6 +353,7 @@ impl KernelKey {
                     .const_u32("WG", wg as u32)
                     .const_u32("ROWS", rows as u32)
                     .const_u32("NCOLS", ncols as u32)
+                    .const_u32("ROW_GROUPS", groups as u32)
                     .const_bool("NORM", norm)
                     .const_bool("GLU", glu)
                     .include("common/quant.wgsl")
@@ -616,13 +625,25 @@ impl KernelKey {
                     for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
                         for (norm, glu) in [(false, false), (true, false), (false, true)] {
                             let epi = Epi::Plain;
-                            v.push(KernelKey::Gemv { format, ncols, rows, wg, subgroups, norm, glu, q8: false, epi });
+                            v.push(KernelKey::Gemv {
+                                format,
+                                ncols,
+                                rows,
+                                groups: 1,
+                                wg,
+                                subgroups,
+                                norm,
+                                glu,
+                                q8: false,
+                                epi,
+                            });
                         }
                         for &epi in fused_epis.iter().chain(&batched_epis) {
                             v.push(KernelKey::Gemv {
                                 format,
                                 ncols,
                                 rows,
+                                groups: 1,
                                 wg,
                                 subgroups,
                                 norm: true,
@@ -638,6 +659,7 @@ impl KernelKey {
                                     format,
                                     ncols,
                                     rows,
+                                    groups: 1,
                                     wg,
                                     subgroups,
                                     norm: false,
@@ -646,6 +668,25 @@ impl KernelKey {
                                     epi,
                                 });
                             }
+                        }
+                    }
+                    // The int8 GEMV's grouped shape over many columns.
+                    if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS {
+                        let shape = crate::plan::GEMV_Q8_WIDE;
+                        let epis = fused_epis.iter().chain(&batched_epis).copied();
+                        for epi in std::iter::once(Epi::Plain).chain(epis) {
+                            v.push(KernelKey::Gemv {
+                                format,
+                                ncols,
+                                rows: shape.rows as u8,
+                                groups: shape.groups as u8,
+                                wg: shape.wg as u16,
+                                subgroups,
+                                norm: false,
+                                glu: false,
+                                q8: true,
+                                epi,
+                            });
                         }
                     }
                 }

@@ -30,18 +30,20 @@ fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
         return;
     }
     for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
-        let r = i / NCOLS;
-        let m = i % NCOLS;
-        let row = row0 + r;
-        if (row < p.n_rows && col0 + m < p.n_cols) {
-            var total = 0.0;
-            for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
-            let n = p.row_offset + row;
-            let o = (col0 + m) * p.y_stride + n;
-            var v = total;
-            if (p.has_bias != 0u) { v += bias[n]; }
-            if (p.accumulate != 0u) { v += y[o]; }
-            y[o] = v;
-        }
+        var total = 0.0;
+        for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
+        store_sum(col0 + i % NCOLS, row0 + i / NCOLS, total);
+    }
+}
+
+// Y[col, row] of a plain epilogue (+ bias, + the value already there), where both are in range.
+fn store_sum(col: u32, row: u32, total: f32) {
+    if (row < p.n_rows && col < p.n_cols) {
+        let n = p.row_offset + row;
+        let o = col * p.y_stride + n;
+        var v = total;
+        if (p.has_bias != 0u) { v += bias[n]; }
+        if (p.accumulate != 0u) { v += y[o]; }
+        y[o] = v;
     }
 }
