@@ -202,7 +202,9 @@ fn benches(c: &mut Criterion) {
                             plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
                         }
                         // The grouped shapes (each group of invocations its own rows).
-                        for (wg, rows, groups) in [(128, 2, 4), (128, 4, 4), (256, 4, 4), (64, 2, 2), (128, 2, 2), (256, 2, 8), (256, 2, 4)] {
+                        for (wg, rows, groups) in
+                            [(128, 2, 4), (128, 4, 4), (256, 4, 4), (64, 2, 2), (128, 2, 2), (256, 2, 8), (256, 2, 4)]
+                        {
                             let shape = GemvShape::grouped(wg, rows, groups);
                             plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
                         }
