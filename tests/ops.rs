@@ -215,7 +215,7 @@ fn attention_prefill_and_decode() {
 /// Decode attention over the shapes of real models' head groups (head sizes 12 to 256, one
 /// GQA group that divides no larger block) and context lengths around the split size: one
 /// split (the kernel writes the output), two, and many (split and combine), with one query
-/// head per workgroup (the planner's choice up to 6,144 positions) and the largest block of
+/// head per workgroup (the planner's choice up to 2,048 positions) and the largest block of
 /// heads sharing their K and V reads; every block at the longest context. Against the f64
 /// reference. Tolerance 1e-4.
 #[test]

@@ -465,8 +465,8 @@ fn attention_prefill(ck: &mut Checker) -> Result<()> {
 
 /// Decode attention in both of its launch shapes: one query head per workgroup (the
 /// planner's choice up to `attention::DECODE_SHARE_FROM` positions), and each GQA block of 2
-/// to 8 heads sharing their K and V reads (GQA groups of 1 to 8, the block the whole group),
-/// which longer contexts take; in one split and split over the context and combined. Over an
+/// to 8 heads sharing their K and V reads (GQA groups of 1 to 8, the block the whole group;
+/// longer contexts take blocks of up to `attention::DECODE_SHARE_BLOCK`); in one split and split over the context and combined. Over an
 /// f16 cache with every block, an f32 one with the first and last (the cache type is an
 /// include of its own, independent of the block).
 fn attention_decode(ck: &mut Checker) -> Result<()> {

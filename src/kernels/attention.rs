@@ -56,12 +56,14 @@ impl AttnShape {
     }
     /// Query heads one decode workgroup takes at a context of `kv_len`. Up to
     /// `DECODE_SHARE_FROM` positions one head per workgroup: the most workgroups, each with
-    /// the least to do, the K and V rows its GQA group shares read again from cache (H200, run
-    /// 67: with TinyLlama's heads blocks of 1 beat 2, 4 and 8 from 128 to 4,096 positions,
-    /// 3.8 / 6.7 / 7.5 / 10.6 µs at 128, 17.1 / 31.8 / 21.8 / 18.9 at 4,096; run 81, tg128
-    /// after 4,096 positions: blocks of 1 735 tok/s, of 8 720; after 16,384: 523 and 546).
-    /// Past it, each K and V row is read once for the largest divisor of the GQA group the
-    /// kernel's workgroup memory takes. `KILN_DECODE_BLOCK` overrides both.
+    /// the least to do, the K and V rows its GQA group shares read again from cache. Past it,
+    /// each K and V row is read once for a block of the group's heads: the largest divisor of
+    /// the group up to `DECODE_SHARE_BLOCK` that the kernel's workgroup memory takes. H200,
+    /// TinyLlama's heads, one layer back to back (run 104, `cargo bench --bench kernels --
+    /// attention_decode`, blocks of 1 / 2 / 4 / 8, µs): 128 positions 3.5 / 4.5 / 5.5 / 8.3,
+    /// 1,024 8.2 / 8.8 / 9.2 / 12.1, 4,096 14.0 / 14.4 / 12.2 / 13.1, 16,384 38.3 / 36.1 /
+    /// 28.7 / 31.0. (Run 67, before the kernel kept K and V as loaded: blocks of 1 ahead up to
+    /// 4,096, of 8 at 16,384.) `KILN_DECODE_BLOCK` overrides both.
     pub fn decode_block(&self, kv_len: u32) -> u32 {
         if let Some(b) = crate::config::decode_block_from_env().filter(|&b| self.takes_block(b)) {
             return b;
@@ -69,7 +71,7 @@ impl AttnShape {
         if kv_len <= DECODE_SHARE_FROM {
             return 1;
         }
-        self.largest_block()
+        (1..=DECODE_SHARE_BLOCK).rev().find(|&b| self.takes_block(b)).unwrap_or(1)
     }
     /// The largest block of query heads a decode workgroup can take for this shape.
     pub fn largest_block(&self) -> u32 {
@@ -99,9 +101,12 @@ impl AttnShape {
 }
 
 /// Contexts up to which decode attention takes one query head per workgroup
-/// (`AttnShape::decode_block`): between the H200's 4,096 (one head ahead) and 16,384 (blocks
-/// of 8 ahead).
-pub const DECODE_SHARE_FROM: u32 = 6144;
+/// (`AttnShape::decode_block`): between the H200's 1,024 (one head ahead) and 4,096 (blocks
+/// of 4 ahead).
+pub const DECODE_SHARE_FROM: u32 = 2048;
+/// The most query heads a decode workgroup takes past `DECODE_SHARE_FROM` (8, a whole
+/// TinyLlama GQA group, was slower than 4 at 4,096 and 16,384 positions).
+pub const DECODE_SHARE_BLOCK: u32 = 4;
 
 /// The decode kernel's head-dim class for heads of `head_dim` dimensions: the smallest of
 /// `ATTN_DECODE_HEAD_DIMS` that holds them.
