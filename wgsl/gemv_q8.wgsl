@@ -9,7 +9,8 @@
 // vec4s: common/weights_vec4.wgsl), so that one load instruction of a subgroup reads whole
 // cache lines. The format file supplies dot_unit_count, dot_unit_half (which 16 x values
 // part j of a unit multiplies), dot_header and dot_part; parameters:
-// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl.
+// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl (the
+// grouped shape's own: write_group_rows below).
 
 // Per 32 values of x: quants 0-15, quants 16-31, then (d, sum of x~ 0-15, sum of x~ 16-31, 0).
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
@@ -123,6 +124,6 @@ fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
     for (var o = lane.lid; o < GROUP_OUTS; o += WG) {
         var total = 0.0;
         for (var j = 0u; j < K_LANES; j++) { total += partial[j * (GROUP_OUTS + 1u) + o]; }
-        store_sum(col0 + o % NCOLS, row0 + o / NCOLS, total);
+        write_one(col0 + o % NCOLS, row0 + o / NCOLS, total);
     }
 }

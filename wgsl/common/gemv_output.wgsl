@@ -1,7 +1,8 @@
 // The output side of both GEMV bodies (gemv.wgsl, gemv_q8.wgsl): Y, the bias, and the
-// reduction of every lane's partial sums (columns col0 + 0 .. NCOLS - 1); other epilogues than plain go through
-// common/matmul_epilogue.wgsl. Header constants: WG, ROWS, NCOLS, EPI; the including body
-// declares `partial` (workgroup f32s, ROWS * NCOLS * LANE_GROUPS_MAX).
+// reduction of every lane's partial sums (columns col0 + 0 .. NCOLS - 1); the values go out
+// through common/matmul_epilogue.wgsl (write_one, or store_pair for the other epilogues).
+// Header constants: WG, ROWS, NCOLS, EPI; the including body declares `partial` (workgroup
+// f32s, at least ROWS * NCOLS * LANE_GROUPS_MAX).
 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -32,18 +33,6 @@ fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
     for (var i = lane.lid; i < ROWS * NCOLS; i += WG) {
         var total = 0.0;
         for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
-        store_sum(col0 + i % NCOLS, row0 + i / NCOLS, total);
-    }
-}
-
-// Y[col, row] of a plain epilogue (+ bias, + the value already there), where both are in range.
-fn store_sum(col: u32, row: u32, total: f32) {
-    if (row < p.n_rows && col < p.n_cols) {
-        let n = p.row_offset + row;
-        let o = col * p.y_stride + n;
-        var v = total;
-        if (p.has_bias != 0u) { v += bias[n]; }
-        if (p.accumulate != 0u) { v += y[o]; }
-        y[o] = v;
+        write_one(col0 + i % NCOLS, row0 + i / NCOLS, total);
     }
 }
