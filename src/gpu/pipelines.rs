@@ -159,6 +159,7 @@ impl GpuContext {
         if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
             return Err(KilnError::Shader { label: src.label, message: innermost_cause(&err) });
         }
+        tracing::debug!("pipeline compiled: {}", src.label);
         let pipeline = Arc::new(pipeline);
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(*key, pipeline.clone());

@@ -172,8 +172,11 @@ impl Session {
 
     /// Builds the pipelines this session's steps use before the first step needs them, by
     /// recording (never submitting) prompt steps at the sizes the planner treats differently
-    /// (each GEMV width up to 8 tokens, 16 in column groups, 40 on the small GEMM tile, a
-    /// full batch), a chained decode step, and batched steps of every width up to one GEMV
+    /// (each GEMV width up to 8 tokens, then every multiple of 16 up to the full batch: the
+    /// GEMV's column groups, and the GEMM tiles, 16, 64 or 128 tokens tall, split along K or
+    /// not by how many of them a matmul makes, which changes only where a multiple of 16
+    /// tokens is passed; a split GEMM's epilogue and an unsplit one's are different
+    /// pipelines), a chained decode step, and batched steps of every width up to one GEMV
     /// workgroup's and the widest, at a short context and the longest (decode attention's
     /// variants differ by length): a prompt's first token, or a server's first step of
     /// three sequences, then costs its computation, not shader compilation. With
@@ -188,7 +191,11 @@ impl Session {
         let room = self.opts.n_ctx - self.pos[0];
         let mut enc =
             ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("never submitted") });
-        let mut sizes: Vec<u32> = (2..=8).chain([16, 40, self.opts.ubatch]).collect();
+        // A server's 128-token prompt took the 64x64 cooperative tile unsplit (its SwiGLU
+        // epilogue), which none of the sizes 2-8, 16, 40 and the ubatch recorded here took: its
+        // first request compiled it (H200, run 111: 220 ms to its first token).
+        let mut sizes: Vec<u32> =
+            (2..=8).chain((16..=self.opts.ubatch).step_by(16)).chain([self.opts.ubatch]).collect();
         sizes.retain(|&m| m <= room.min(self.opts.ubatch));
         sizes.sort_unstable();
         sizes.dedup();
