@@ -178,11 +178,23 @@ pub const GEMV_Q8_WIDE_COLS: u32 = 8;
 /// 16. Groups of 8 (2 x 8 rows a workgroup) made half the workgroups, too few for
 /// 2048-row matrices (x16 4,992); 256 invocations in 8 groups 5,691.
 pub const GEMV_Q8_WIDE: GemvShape = GemvShape::grouped(128, 2, 4);
+/// The same where `GEMV_Q8_WIDE` would make fewer than `GEMV_Q8_WIDE_MIN_WORKGROUPS`
+/// workgroups (matrices of few rows at up to 8 columns): 2 groups of 64 invocations, 4 rows a
+/// workgroup, so twice the workgroups. H200 (run 113, µs, `GEMV_Q8_WIDE` -> this): at 8
+/// columns TinyLlama's 2048 x 2048 11.3 -> 10.0, Q/K/V 15.0 -> 13.7, the Q6_K 2048 x 5632 down
+/// projection 24.5 -> 18.1; at 16 columns (two groups of 8 on grid z) it loses (28.2 -> 31.1),
+/// as it does for Llama-7B's 4096-row matrices at 8 (pp8 930 -> 847 tok/s).
+pub const GEMV_Q8_WIDE_FEW_ROWS: GemvShape = GemvShape::grouped(128, 2, 2);
+/// Workgroups below which the grouped int8 GEMV takes `GEMV_Q8_WIDE_FEW_ROWS`: about four per
+/// SM of an H200 (132).
+pub const GEMV_Q8_WIDE_MIN_WORKGROUPS: u32 = 512;
 
 /// The grouped shape the int8 GEMV takes from `gemv_q8_wide_min_cols` columns (`GEMV_Q8_WIDE`),
 /// or `KILN_GEMV_Q8_WIDE` where set (`off`: groups of 4 columns on the ungrouped shapes).
-pub fn gemv_q8_wide_shape() -> Option<GemvShape> {
-    crate::config::gemv_q8_wide_from_env().unwrap_or(Some(GEMV_Q8_WIDE))
+pub fn gemv_q8_wide_shape(m: u32, n: u32) -> Option<GemvShape> {
+    let workgroups = n.div_ceil(GEMV_Q8_WIDE.rows_per_workgroup()) * m.div_ceil(GEMV_Q8_WIDE_COLS);
+    let planned = if workgroups < GEMV_Q8_WIDE_MIN_WORKGROUPS { GEMV_Q8_WIDE_FEW_ROWS } else { GEMV_Q8_WIDE };
+    crate::config::gemv_q8_wide_from_env().unwrap_or(Some(planned))
 }
 
 /// Columns from which the int8 GEMV takes its grouped shape (`GEMV_Q8_WIDE`; below them, the
@@ -296,7 +308,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         };
         // From 3 columns, the grouped shape, up to 8 columns a workgroup.
         if q8 && m >= gemv_q8_wide_min_cols() {
-            if let Some(shape) = gemv_q8_wide_shape() {
+            if let Some(shape) = gemv_q8_wide_shape(m, n) {
                 return MatmulKernel::Gemv { ncols: m.min(GEMV_Q8_WIDE_COLS), shape, q8 };
             }
         }
@@ -471,6 +483,14 @@ mod tests {
             plan_matmul(4, 65536, 8192, WeightFormat::Q4K, &wide),
             MatmulKernel::Gemv { q8: true, ncols: 4, shape: GEMV_Q8_WIDE }
         );
+        // Matrices of few rows at up to 8 columns: twice the workgroups.
+        let shape_of = |m, n| match plan_matmul(m, n, 2048, WeightFormat::Q4K, &wide) {
+            MatmulKernel::Gemv { shape, q8: true, .. } => shape,
+            k => panic!("{k}"),
+        };
+        assert_eq!(shape_of(8, 2048), GEMV_Q8_WIDE_FEW_ROWS);
+        assert_eq!(shape_of(16, 2048), GEMV_Q8_WIDE);
+        assert_eq!(shape_of(8, 11264), GEMV_Q8_WIDE);
         assert_eq!(
             plan_matmul(11, 65536, 8192, WeightFormat::Q4K, &wide),
             MatmulKernel::Gemv { q8: true, ncols: GEMV_Q8_WIDE_COLS, shape: GEMV_Q8_WIDE }

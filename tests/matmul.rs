@@ -12,7 +12,9 @@ use kiln::doctor::data::{k_for, k_for_coop, q8_exact_x, MatmulCase};
 use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
-use kiln::plan::{GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS, GEMV_Q8_WIDE};
+use kiln::plan::{
+    GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS, GEMV_Q8_WIDE, GEMV_Q8_WIDE_FEW_ROWS,
+};
 use kiln::quant::WeightFormat;
 
 const TOL: f32 = 2e-5;
@@ -283,6 +285,8 @@ fn gemv_q8_every_format() {
                 // groups partly or wholly past the matrix.
                 (11, 8, GEMV_Q8_WIDE),
                 (8, 8, GemvShape::grouped(64, 2, 8)),
+                // The planner's shape for matrices of few rows (2 groups of 64), 5 columns.
+                (5, 5, GEMV_Q8_WIDE_FEW_ROWS),
             ] {
                 // Several x tiles for the 32-invocation shape, a ragged last one; for the
                 // grouped shapes, units that do not divide among a group's invocations.

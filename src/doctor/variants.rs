@@ -137,8 +137,8 @@ mod tests {
         let full = planned_matmuls(WeightFormat::Q6K, &Caps { int8_dot: true, coopmat: true, ..gpu() });
         let q8 = full.iter().filter(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })).count();
         // Widths 1-2 at two launch shapes (by rows); from GEMV_Q8_WIDE_MIN_COLS columns the
-        // grouped shape, widths 3-8.
-        assert_eq!(q8, 10, "widths 1-2 at two launch shapes, 3-8 on the grouped shape");
+        // grouped shapes (two: by how many workgroups a matrix makes), widths 3-8.
+        assert_eq!(q8, 16, "widths 1-2 at two launch shapes, 3-8 on two grouped shapes");
         assert!(full.contains(&MatmulKernel::Gemv { ncols: 2, shape: GemvShape::new(64, 4), q8: true }));
         let wide = crate::plan::GEMV_Q8_WIDE;
         assert!(full.contains(&MatmulKernel::Gemv { ncols: crate::plan::GEMV_Q8_WIDE_COLS, shape: wide, q8: true }));

@@ -671,8 +671,11 @@ impl KernelKey {
                         }
                     }
                     // The int8 GEMV's grouped shape over many columns.
-                    if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS {
-                        let shape = crate::plan::GEMV_Q8_WIDE;
+                    let wide = [crate::plan::GEMV_Q8_WIDE, crate::plan::GEMV_Q8_WIDE_FEW_ROWS];
+                    for shape in wide
+                        .into_iter()
+                        .filter(|_| format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS)
+                    {
                         let epis = fused_epis.iter().chain(&batched_epis).copied();
                         for epi in std::iter::once(Epi::Plain).chain(epis) {
                             v.push(KernelKey::Gemv {
