@@ -112,7 +112,7 @@ fn benches(c: &mut Criterion) {
                     // The grouped shapes (each group of invocations its own rows): the planner's
                     // and its neighbours, over 8 columns a workgroup (fewer below 8).
                     let shapes: &[(u32, u32, u32)] = if m > 4 {
-                        &[(128, 2, 4), (128, 2, 8), (256, 2, 8), (64, 2, 4), (64, 2, 2), (128, 4, 4)]
+                        &[(128, 2, 4), (128, 2, 2), (128, 2, 1), (256, 2, 4), (64, 2, 2)]
                     } else {
                         &[(128, 2, 4), (64, 2, 2), (128, 2, 2), (256, 2, 4), (128, 4, 4), (64, 4, 2)]
                     };
