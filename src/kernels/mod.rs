@@ -16,7 +16,7 @@ pub mod sample;
 use crate::error::Result;
 use crate::gpu::shader::{Composer, ShaderSource};
 use crate::gpu::Caps;
-use crate::plan::GemmTile;
+use crate::plan::{GemmTile, GemvShape};
 use crate::quant::WeightFormat;
 
 /// How the KV cache stores values, and how a kernel reads them.
@@ -622,76 +622,39 @@ impl KernelKey {
         for format in WeightFormat::ALL {
             for subgroups in [false, true] {
                 for ncols in 1..=crate::plan::GEMV_GROUP_COLS as u8 {
-                    for (wg, rows) in [(32u16, 4u8), (64, 4), (128, 4), (256, 2), (128, 2)] {
-                        for (norm, glu) in [(false, false), (true, false), (false, true)] {
-                            let epi = Epi::Plain;
-                            v.push(KernelKey::Gemv {
-                                format,
-                                ncols,
-                                rows,
-                                groups: 1,
-                                wg,
-                                subgroups,
-                                norm,
-                                glu,
-                                q8: false,
-                                epi,
-                            });
+                    // (launch shape, int8, fused input (RMSNorm, SwiGLU), epilogue)
+                    let mut kinds: Vec<(GemvShape, bool, (bool, bool), Epi)> = Vec::new();
+                    let q8_epis = || std::iter::once(Epi::Plain).chain(fused_epis.iter().chain(&batched_epis).copied());
+                    for (wg, rows) in [(32, 4), (64, 4), (128, 4), (256, 2), (128, 2)] {
+                        let shape = GemvShape::new(wg, rows);
+                        for input in [(false, false), (true, false), (false, true)] {
+                            kinds.push((shape, false, input, Epi::Plain));
                         }
                         for &epi in fused_epis.iter().chain(&batched_epis) {
-                            v.push(KernelKey::Gemv {
-                                format,
-                                ncols,
-                                rows,
-                                groups: 1,
-                                wg,
-                                subgroups,
-                                norm: true,
-                                glu: false,
-                                q8: false,
-                                epi,
-                            });
+                            kinds.push((shape, false, (true, false), epi));
                         }
                         if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_GROUP_COLS {
-                            let epis = fused_epis.iter().chain(&batched_epis).copied();
-                            for epi in std::iter::once(Epi::Plain).chain(epis) {
-                                v.push(KernelKey::Gemv {
-                                    format,
-                                    ncols,
-                                    rows,
-                                    groups: 1,
-                                    wg,
-                                    subgroups,
-                                    norm: false,
-                                    glu: false,
-                                    q8: true,
-                                    epi,
-                                });
-                            }
+                            kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
                     }
-                    // The int8 GEMV's grouped shape over many columns.
-                    let wide = [crate::plan::GEMV_Q8_WIDE, crate::plan::GEMV_Q8_WIDE_FEW_ROWS];
-                    for shape in wide
-                        .into_iter()
-                        .filter(|_| format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS)
-                    {
-                        let epis = fused_epis.iter().chain(&batched_epis).copied();
-                        for epi in std::iter::once(Epi::Plain).chain(epis) {
-                            v.push(KernelKey::Gemv {
-                                format,
-                                ncols,
-                                rows: shape.rows as u8,
-                                groups: shape.groups as u8,
-                                wg: shape.wg as u16,
-                                subgroups,
-                                norm: false,
-                                glu: false,
-                                q8: true,
-                                epi,
-                            });
+                    // The int8 GEMV's grouped shapes over several columns.
+                    if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS {
+                        for shape in [crate::plan::GEMV_Q8_WIDE, crate::plan::GEMV_Q8_WIDE_FEW_ROWS] {
+                            kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
                     }
+                    v.extend(kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| KernelKey::Gemv {
+                        format,
+                        ncols,
+                        rows: shape.rows as u8,
+                        groups: shape.groups as u8,
+                        wg: shape.wg as u16,
+                        subgroups,
+                        norm,
+                        glu,
+                        q8,
+                        epi,
+                    }));
                 }
             }
             for tile in GemmTile::ALL.into_iter().chain(GemmTile::COOP) {
