@@ -1,7 +1,8 @@
-// Rotary position embedding over [n_tokens, n_heads, head_dim] rows; token t sits at
-// position pos0 + t of its sequence, whose cache rows start at kv_base: both from the step
-// state (common/step_one.wgsl), which chained decode steps each copy their own into. Modes: adjacent pairs (2i, 2i+1) ("norm", Llama) or halves
-// (i, i + n_rot/2) ("neox", Qwen). theta_i = pos * freq_scale * base^(-2i / n_rot).
+// Rotary position embedding over [n_tokens, n_heads, head_dim] rows; token t sits at position
+// pos0 + t of its sequence, whose cache rows start at kv_base: both from the step state
+// (common/step_one.wgsl), which chained decode steps each copy their own into. Modes: adjacent
+// pairs (2i, 2i+1) ("norm", Llama) or halves (i, i + n_rot/2) ("neox", Qwen). theta_i = pos *
+// freq_scale * base^(-2i / n_rot).
 // Entry `main` rotates `x` where it lies (one invocation per rotated pair, Q). Entry
 // `to_cache` writes the result into KV cache row pos0 + t as f32 or f16 (K); with ROPE false
 // it is a plain copy (V). Entry `kv_write` does K and V in one dispatch.

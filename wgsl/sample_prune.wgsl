@@ -14,16 +14,15 @@
 // Logits per invocation, held in registers.
 const HELD: u32 = SLICE / WG;
 
-// The search for a floor under the top_k largest of the values the workgroup holds (HELD
-// per invocation, NaN where none), mx their largest: a distance below mx within which at
-// least top_k of them lie. Each round counts the values within four distances (one batched
-// reduction; no atomics, which crowd when values bunch up) and narrows the interval where
-// the count crosses top_k. While no
-// finite distance holds top_k yet, the distances grow geometrically (the last one unbounded:
-// all of them); once one does, they split [near, far] evenly (split evenly from an unbounded
-// far, they stayed astronomically large), until far holds at most twice top_k or six rounds
-// have passed. `found` false: no finite distance was found to hold top_k (then far is
-// unbounded). Uniform control flow.
+// The search for a floor under the top_k largest of the values the workgroup holds (HELD per
+// invocation, NaN where none), mx their largest: a distance below mx within which at least
+// top_k of them lie. Each round counts the values within four distances (one batched reduction;
+// no atomics, which crowd when values bunch up) and narrows the interval where the count
+// crosses top_k. While no finite distance holds top_k yet, the distances grow geometrically
+// (the last one unbounded: all of them); once one does, they split [near, far] evenly (split
+// evenly from an unbounded far, they stayed astronomically large), until far holds at most
+// twice top_k or six rounds have passed. `found` false: no finite distance was found to hold
+// top_k (then far is unbounded). Uniform control flow.
 struct Floor {
     far: f32,
     found: bool,

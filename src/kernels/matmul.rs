@@ -185,15 +185,6 @@ pub fn launch(
             if q8 && !format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {format}")));
             }
-            if shape.groups > 1 && (!q8 || shape.groups > shape.wg || shape.wg % shape.groups != 0) {
-                return Err(KilnError::invalid(
-                    "matmul",
-                    format!(
-                        "GEMV row groups ({} of {} invocations) need the int8 GEMV and a divisor of its workgroup",
-                        shape.groups, shape.wg
-                    ),
-                ));
-            }
             if ncols == 0 || ncols > group {
                 return Err(KilnError::invalid("matmul", format!("GEMV workgroups of {ncols} columns (1 to {group})")));
             }

@@ -30,4 +30,3 @@ const STATE_WORDS: u32 = 4u + HIST + BAN;
 
 // NaN logits never count.
 fn usable(v: f32) -> bool { return v == v; }
-

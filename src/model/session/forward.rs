@@ -49,17 +49,20 @@ impl StepShape {
 }
 
 impl Session {
-    pub(super) fn rope_params(&self, s: &StepShape, n_heads: u32, src_stride: u32) -> RopeParams {
+    /// RoPE's and the K/V write's parameters for a step of m tokens. The kernels take the
+    /// position and the cache region from the step state, so `pos0` and `dst_offset` stay 0
+    /// here: the uniform is the same from step to step and is not written again.
+    pub(super) fn rope_params(&self, m: u32, n_heads: u32, src_stride: u32) -> RopeParams {
         let c = &self.cfg;
         RopeParams {
-            n_tokens: s.m,
+            n_tokens: m,
             n_heads,
             head_dim: c.head_dim,
             n_rot: c.n_rot,
-            pos0: s.pos0,
+            pos0: 0,
             src_stride,
             dst_stride: c.kv_dim(),
-            dst_offset: s.kv_base * c.kv_dim(),
+            dst_offset: 0,
             freq_base: c.rope_base,
             freq_scale: c.rope_freq_scale,
             _pad: [0; 2],
@@ -172,7 +175,7 @@ impl Session {
                     rec.stage(Stage::Rope, || {
                         StageWork::other("rope", format!("{m}x{}", c.q_dim()), 2.0 * f(m * c.q_dim()), 0.0)
                     });
-                    rope_q.set(ctx, &self.rope_params(step, c.n_head, c.q_dim()));
+                    rope_q.set(ctx, &self.rope_params(m, c.n_head, c.q_dim()));
                     rope_q.record_with(
                         rec.pass(),
                         &*pipe(&KernelKey::Rope { neox, to_cache: None, rope: true })?,
@@ -187,7 +190,7 @@ impl Session {
                             0.0,
                         )
                     });
-                    let kvp = self.rope_params(step, c.n_kv_head, c.kv_dim());
+                    let kvp = self.rope_params(m, c.n_kv_head, c.kv_dim());
                     kv_write.set(ctx, &kvp);
                     kv_write.record_with(
                         rec.pass(),
