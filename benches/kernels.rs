@@ -132,13 +132,13 @@ fn benches(c: &mut Criterion) {
                     let plan = kiln::plan::plan_gemm(m, n as u32, k as u32, format, &ctx.caps);
                     if let MatmulKernel::Gemm { tile } = plan {
                         let splits = kiln::plan::gemm_splits(m, n as u32, k as u32, tile, &ctx.caps);
-                        let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b").unwrap();
+                        let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b", false).unwrap();
                         plans.push((format!("{plan}/split{splits}{tag} (planned gemm)"), ds));
                     }
                     for tile in [GemmTile::Coop16, GemmTile::Coop64] {
                         let plan = MatmulKernel::Gemm { tile };
                         for splits in [1u32, 2, 4, 8] {
-                            let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b").unwrap();
+                            let ds = matmul::prepare_split(&ctx, &plain, plan, splits, "b", false).unwrap();
                             plans.push((format!("{plan}/split{splits}{tag}"), ds));
                         }
                     }
@@ -319,7 +319,7 @@ fn benches(c: &mut Criterion) {
                     // The sweep: also split along K, 2 and 4 ways.
                     if sweep {
                         for splits in [2u32, 4] {
-                            let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "gemm").unwrap();
+                            let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "gemm", false).unwrap();
                             g.bench_function(format!("{}/{plan}/split{splits}", format.name()), |b| {
                                 b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
                             });

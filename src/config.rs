@@ -219,6 +219,13 @@ pub fn flash_coop_disabled() -> bool {
     *OFF.get_or_init(|| std::env::var("KILN_FLASH_COOP").as_deref() == Ok("0"))
 }
 
+/// `KILN_PREFILL_TOGETHER=0`: a server prefills each prompt's chunk in a step of its own
+/// instead of several prompts in one step (comparisons). Read once.
+pub fn prefill_together_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("KILN_PREFILL_TOGETHER").as_deref() == Ok("0"))
+}
+
 /// How prefill computes attention (`KILN_PREFILL_ATTENTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrefillAttention {

@@ -415,8 +415,10 @@ fn fused_epilogues_match_reference() {
 /// at that position into Y and K, V into that slot's region, for every cache kind and
 /// rotation of `qkv_shapes` at 8 columns (the GEMV's most), the default at 3 (and through the
 /// int8 GEMV where the adapter has it); and the single-sequence epilogue writing into a
-/// region that does not start at row 0. Q4_K weights (the epilogue does not depend on the
-/// format; every pipeline costs a compilation on lavapipe).
+/// region that does not start at row 0. The same on the GEMMs (several prompts prefilled
+/// together: 20 rows, each its own position), split along K or not, on the float tiles and
+/// on cooperative matrices where the adapter has them. Q4_K weights (the epilogue does not
+/// depend on the format; every pipeline costs a compilation on lavapipe).
 #[test]
 fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
     let (k, format) = (256, WeightFormat::Q4K);
@@ -424,26 +426,42 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
         let gemv = |m: u32, q8: bool| MatmulKernel::Gemv { ncols: m, shape: GemvShape::new(64, 4), q8 };
         let shapes = qkv_shapes(g.ctx.caps.f16);
         let default = *shapes.last().unwrap();
-        let mut runs: Vec<(MatmulKernel, bool, _)> = shapes.iter().map(|&s| (gemv(8, false), true, s)).collect();
-        runs.push((gemv(3, false), true, default));
-        runs.push((gemv(3, false), false, default));
+        // (kernel, batched, shape, columns, K ranges)
+        let mut runs: Vec<(MatmulKernel, bool, _, usize, u32)> =
+            shapes.iter().map(|&s| (gemv(8, false), true, s, 8, 1)).collect();
+        runs.push((gemv(3, false), true, default, 3, 1));
+        runs.push((gemv(3, false), false, default, 3, 1));
         if g.ctx.caps.int8_dot {
-            runs.push((gemv(3, true), true, default));
+            runs.push((gemv(3, true), true, default, 3, 1));
             let grouped = MatmulKernel::Gemv { ncols: 8, shape: GEMV_Q8_WIDE, q8: true };
-            runs.push((grouped, true, default));
+            runs.push((grouped, true, default, 8, 1));
         }
-        for (kernel, batched, mut s) in runs {
-            let (m, q8) = match kernel {
-                MatmulKernel::Gemv { ncols, q8, .. } => (ncols as usize, q8),
-                MatmulKernel::Gemm { .. } => unreachable!(),
+        let mut tiles = vec![GemmTile::T32];
+        if g.ctx.caps.coopmat {
+            tiles.extend([GemmTile::Coop64, GemmTile::Coop128]);
+        }
+        for tile in tiles {
+            for splits in [1, 2] {
+                runs.push((MatmulKernel::Gemm { tile }, true, default, 20, splits));
+            }
+        }
+        for (kernel, batched, mut s, m, splits) in runs {
+            let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
+            let coop = matches!(kernel, MatmulKernel::Gemm { tile } if tile.is_coop());
+            let tol = if q8 {
+                Q8_EPILOGUE_TOL
+            } else if coop {
+                COOP_EPILOGUE_TOL
+            } else {
+                TOL * 4.0
             };
-            let tol = if q8 { Q8_EPILOGUE_TOL } else { TOL * 4.0 };
             s.kv_base = 7;
             s.batched = batched;
             let c = case(format, s.rows(), k, m, (m * 31 + s.rows()) as u64);
-            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits: 1 };
+            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits };
             for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
-                let what = format!("[{}] {format} {kernel} batched={batched} {:?} {}", g.name, s.kv, o.what);
+                let what =
+                    format!("[{}] {format} {kernel} splits={splits} batched={batched} {:?} {}", g.name, s.kv, o.what);
                 assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
             }
         }

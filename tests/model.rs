@@ -428,6 +428,90 @@ fn batched_decode_step_matches_each_sequence_alone() {
     }
 }
 
+/// Prompts of several sequences prefilled in one step (`prefill_slots`, the server's way):
+/// each sequence's pick equals its greedy token alone, and its cache holds what its own
+/// session's does, which the logits of a batched decode step after them check (1e-4 of the
+/// largest logit): chunks of different lengths, one appended to a prompt already in its
+/// region, one that picks nothing (a prompt's first chunk), its rest with another's next
+/// step. A mix with too few tokens for the GEMM runs chunk by chunk, with the same results.
+#[test]
+fn prompts_prefilled_together_match_each_sequence_alone() {
+    use kiln::model::session::PromptChunk;
+    let g = &gpus()[0];
+    let model = load(&g.ctx, "stories260K/stories260K.gguf");
+    let v = model.cfg.n_vocab as usize;
+    let text: Vec<u32> = greedy_tokens().iter().map(|&t| t % v as u32).collect();
+    let one = SessionOptions { n_ctx: 64, ubatch: 32, f16_kv: true, all_logits: false, n_seq: 1 };
+    let greedy = kiln::sample::Sampler::new(kiln::sample::SamplerConfig { temperature: 0.0, ..Default::default() });
+    let mut shared = model.session(SessionOptions { n_seq: 4, ..one }).unwrap();
+    assert!(shared.can_prefill_together(), "stories260K has the stacked Q/K/V and flash attention");
+    for slot in 0..4 {
+        shared.set_slot_sampling(slot, &greedy, &[]).unwrap();
+    }
+    // Each slot's whole prompt, from its own place in the text.
+    let prompts: Vec<&[u32]> = vec![&text[0..11], &text[3..8], &text[10..23], &text[20..29]];
+    // Slot 1 holds the first 3 tokens of its prompt already.
+    shared.forward_slot(1, &prompts[1][..3], Output::Argmax).unwrap();
+    let steps = [
+        vec![
+            PromptChunk { slot: 0, tokens: prompts[0], pick: true },
+            PromptChunk { slot: 1, tokens: &prompts[1][3..], pick: true },
+            PromptChunk { slot: 2, tokens: &prompts[2][..6], pick: false },
+        ],
+        // Slot 2's rest (7 tokens) beside slot 3's whole prompt (9).
+        vec![
+            PromptChunk { slot: 2, tokens: &prompts[2][6..], pick: true },
+            PromptChunk { slot: 3, tokens: prompts[3], pick: true },
+        ],
+    ];
+    let mut picks = vec![None; 4];
+    for step in &steps {
+        let got = shared.prefill_slots(step).unwrap();
+        assert_eq!(got.len(), step.len());
+        for (c, p) in step.iter().zip(got) {
+            assert_eq!(p.is_some(), c.pick, "slot {}: a pick exactly for the last chunk", c.slot);
+            if p.is_some() {
+                picks[c.slot] = p;
+            }
+        }
+    }
+    let mut alone = Vec::new();
+    for (slot, p) in prompts.iter().enumerate() {
+        assert_eq!(shared.slot_position(slot).unwrap(), p.len() as u32);
+        let mut plain = model.session(one).unwrap();
+        let want = plain.forward(p, Output::LastLogits).unwrap();
+        assert_eq!(picks[slot], Some(argmax(&want) as u32), "slot {slot}: the pick after its prompt");
+        alone.push(plain);
+    }
+    // The caches: a batched step over all four, against each session alone.
+    let batch: Vec<(usize, u32)> = (0..4).map(|s| (s, picks[s].unwrap())).collect();
+    let got = shared.decode_slots_logits(&batch).unwrap();
+    for (i, &(s, t)) in batch.iter().enumerate() {
+        let want = alone[i].forward(&[t], Output::LastLogits).unwrap();
+        common::assert_close(&format!("slot {s} after its prompt"), &got[i * v..(i + 1) * v], &want, 1e-4);
+    }
+    // Too few tokens for the GEMM: chunk by chunk, the same picks.
+    let mut small = model.session(SessionOptions { n_seq: 2, ..one }).unwrap();
+    for slot in 0..2 {
+        small.set_slot_sampling(slot, &greedy, &[]).unwrap();
+    }
+    let few = [
+        PromptChunk { slot: 1, tokens: &text[0..2], pick: true },
+        PromptChunk { slot: 0, tokens: &text[3..6], pick: true },
+    ];
+    let got = small.prefill_slots(&few).unwrap();
+    for c in &few {
+        let want = model.session(one).unwrap().forward(c.tokens, Output::Argmax).unwrap()[0] as u32;
+        assert_eq!(got[few.iter().position(|d| d.slot == c.slot).unwrap()], Some(want), "slot {}", c.slot);
+    }
+    // The same slot twice in one step is refused.
+    let twice = [
+        PromptChunk { slot: 0, tokens: &text[0..9], pick: true },
+        PromptChunk { slot: 0, tokens: &text[9..18], pick: true },
+    ];
+    assert!(small.prefill_slots(&twice).is_err());
+}
+
 /// Pipelined batched steps (`submit_slots`: the next step submitted before the last one is
 /// read, each column fed the pick the step before made for its slot on the GPU) give the
 /// tokens that steps run one by one give, also when the columns change between steps (a

@@ -304,6 +304,68 @@ fn flash_attention_against_reference() {
     }
 }
 
+/// Flash attention over several sequences' prompt chunks in one dispatch (a server's
+/// prompts prefilled together): each chunk's queries sit one after another in Q and attend
+/// causally over their own region of one shared cache, from their own position, as the f64
+/// reference for that sequence alone says. Chunks of different lengths (so the grid's
+/// surplus workgroups for the shorter ones must leave), regions in another order than the
+/// chunks, one at position 0 and others appended to a cache.
+#[test]
+fn flash_attention_over_chunks_of_several_sequences() {
+    use flash_attention::Chunk;
+    // (heads, KV heads, head dim), then (queries, first position, region) per chunk.
+    let cases: [((u32, u32, u32), &[(u32, u32, u32)]); 3] = [
+        ((8, 2, 64), &[(70, 0, 2), (9, 30, 0), (33, 5, 1)]),
+        ((4, 4, 32), &[(1, 3, 1), (17, 0, 0)]),
+        ((32, 4, 64), &[(20, 11, 1), (65, 0, 3), (3, 60, 0), (40, 2, 2)]),
+    ];
+    for g in gpus() {
+        for (i, &((nh, nkv, hd), chunks)) in cases.iter().enumerate() {
+            let n_ctx = 140;
+            let regions = chunks.iter().map(|c| c.2).max().unwrap() + 1;
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
+            for f16_cache in [false, true] {
+                let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
+                let mut r = rng(2000 + i as u64);
+                let kvn = (regions * n_ctx * nkv * hd) as usize;
+                let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+                let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+                let k_cache = g.ctx.upload(&kb, "k").unwrap();
+                let v_cache = g.ctx.upload(&vb, "v").unwrap();
+                let m: u32 = chunks.iter().map(|c| c.0).sum();
+                let row = (nh * hd) as usize;
+                let q = randn(&mut r, m as usize * row, 1.0);
+                let qb = g.ctx.upload_f32(&q, "q").unwrap();
+                let out = g.ctx.storage((m as usize * row * 4) as u64, "out").unwrap();
+                let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m: 0, pos0: 0 };
+                let table: Vec<Chunk> =
+                    chunks.iter().map(|c| Chunk { m: c.0, pos0: c.1, kv_base: c.2 * n_ctx }).collect();
+                let (d, _chunks) = flash_attention::prepare_segments(&g.ctx, kv, &shape, &fa, &table).unwrap();
+                kiln::gpu::run_dispatches(&g.ctx, &[&d]).unwrap();
+                let got = g.ctx.read_f32(&out, m as usize * row).unwrap();
+                let tol = if flash_attention::takes_coop(kv, &shape, &g.ctx.caps) { 5e-3 } else { 1e-4 };
+                let region = (n_ctx * nkv * hd) as usize;
+                let mut row0 = 0usize;
+                for (j, &(cm, pos0, reg)) in chunks.iter().enumerate() {
+                    let cm = cm as usize;
+                    let at = reg as usize * region;
+                    let want = attention::reference(
+                        &shape,
+                        &q[row0 * row..(row0 + cm) * row],
+                        &k_vals[at..at + region],
+                        &v_vals[at..at + region],
+                        cm,
+                        pos0 as usize,
+                    );
+                    let what = format!("[{}] flash chunks case {i} chunk {j} {kv:?}", g.name);
+                    assert_close(&what, &got[row0 * row..(row0 + cm) * row], &want, tol);
+                    row0 += cm;
+                }
+            }
+        }
+    }
+}
+
 /// K rotated and V copied into their caches by the single combined dispatch.
 #[test]
 fn kv_write_rotates_k_and_copies_v() {

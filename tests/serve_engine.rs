@@ -179,7 +179,7 @@ fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode() {
 fn a_long_prompt_is_prefilled_in_chunks_while_other_streams_decode_with(pipelined: bool) {
     let tok = tokenizer();
     let metrics = Metrics::default();
-    let mut slots = Scripted::with(2, 1024, pipelined);
+    let mut slots = Scripted::with(2, 4 * PREFILL_BUDGET as u32, pipelined);
     // Two whole budgets and a ragged rest.
     let long_len = 2 * PREFILL_BUDGET + 44;
     let (long, mut long_rx) = job(prompt(long_len, 1), Some(4), &[]);

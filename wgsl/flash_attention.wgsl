@@ -18,6 +18,10 @@
 // dimensions per Q/K chunk), D (the head-dim class: head_dim rounded up, sizes the output
 // registers), KC (keys per V chunk), A_LEN, B_LEN (workgroup array sizes). Workgroup memory:
 // (A_LEN + B_LEN + BM) floats, 12.5 KiB, under WebGPU's 16 KiB minimum.
+//
+// The chunk's queries, positions and cache region come from `segment(wid.z, lid)`:
+// common/flash_one.wgsl (one sequence: the uniform's m, pos0, kv_off, n_tiles) or
+// common/flash_segments.wgsl (several sequences' chunks side by side, a table).
 
 struct Params {
     m: u32,          // query tokens of the step
@@ -63,16 +67,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let g = p.group;
     let kvh = wid.y;
     // The last tiles see the most keys: dispatched first, they do not trail at the end.
-    let r0 = (p.n_tiles - 1u - wid.x) * BM;
-    let rows = p.m * g;
-    let n_keys = p.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
-    let kv_base = p.kv_off + kvh * hd;
+    // The chunk of one sequence this workgroup's rows belong to (`segment`, wid.z); grids
+    // span the longest chunk, so a shorter one's surplus workgroups leave at once.
+    let seg = segment(wid.z, lid);
+    if (wid.x >= seg.n_tiles) { return; }
+    let r0 = (seg.n_tiles - 1u - wid.x) * BM;
+    let rows = seg.m * g;
+    let n_keys = seg.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
+    let kv_base = seg.kv_off + kvh * hd;
     let tr = lid / CT;
     let tc = lid % CT;
 
     // Row lid's state (lid < BM): the last key it sees (rows past the step's end see what
     // its last token sees, and are never written), its running max (base 2) and sum.
-    let my_last = p.pos0 + min((r0 + lid) / g, p.m - 1u);
+    let my_last = seg.pos0 + min((r0 + lid) / g, seg.m - 1u);
     var run_max = -3.0e38;
     var run_sum = 0.0;
     var o: array<f32, TR * TD>;
@@ -86,7 +94,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 let rr = r0 + r;
                 var v = 0.0;
                 if (rr < rows && d0 + d < hd) {
-                    v = q[(rr / g) * p.q_stride + (kvh * g + rr % g) * hd + d0 + d] * p.scale;
+                    v = q[(seg.row0 + rr / g) * p.q_stride + (kvh * g + rr % g) * hd + d0 + d] * p.scale;
                 }
                 tile_a[d * AS + r] = v;
             }
@@ -165,7 +173,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let r = tr + a * RT;
         let rr = r0 + r;
         if (rr < rows) {
-            let base = (rr / g) * p.q_stride + (kvh * g + rr % g) * hd;
+            let base = (seg.row0 + rr / g) * p.q_stride + (kvh * g + rr % g) * hd;
             let inv = row_scale[r];
             for (var t = 0u; t < TD; t++) {
                 let d = tc + t * CT;

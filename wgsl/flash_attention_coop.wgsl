@@ -17,7 +17,7 @@
 //   accumulator cannot be scaled per row, so O lives in plain registers).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), SS (the larger
-// of BK and D).
+// of BK and D). The chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
 
 struct Params {
     m: u32,
@@ -87,10 +87,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let g = p.group;
     let kvh = wid.y;
     // The last tiles see the most keys: dispatched first.
-    let r0 = (p.n_tiles - 1u - wid.x) * BM;
-    let rows = p.m * g;
-    let n_keys = p.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
-    let kv_base = p.kv_off + kvh * D;
+    // The chunk of one sequence this workgroup's rows belong to (`segment`, wid.z); grids
+    // span the longest chunk, so a shorter one's surplus workgroups leave at once.
+    let seg = segment(wid.z, lid);
+    if (wid.x >= seg.n_tiles) { return; }
+    let r0 = (seg.n_tiles - 1u - wid.x) * BM;
+    let rows = seg.m * g;
+    let n_keys = seg.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
+    let kv_base = seg.kv_off + kvh * D;
     let sg = lid / 32u;
     let lane = lid % 32u;
 
@@ -101,7 +105,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let rr = r0 + r;
         var v = vec4<f32>(0.0);
         if (rr < rows) {
-            v = q[((rr / g) * p.q_stride + (kvh * g + rr % g) * D) / 4u + d4] * p.scale;
+            v = q[((seg.row0 + rr / g) * p.q_stride + (kvh * g + rr % g) * D) / 4u + d4] * p.scale;
         }
         put4(r * LDS + d4 * 4u, vec4<f16>(v), 0u);
     }
@@ -110,7 +114,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // sum (both lanes hold them), keys (l % 2) * 32 .. + 32 of each tile for the softmax, and
     // dimensions (l % 2) * 8 .. + 8 of each 16-dimension chunk of the output (4 chunks).
     let orow = lane / 2u;
-    let my_last = p.pos0 + min((r0 + sg * 16u + orow) / g, p.m - 1u);
+    let my_last = seg.pos0 + min((r0 + sg * 16u + orow) / g, seg.m - 1u);
     let khalf = (lane % 2u) * 32u;
     var run_max = -3.0e38;
     var run_sum = 0.0;
@@ -239,7 +243,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let rr = r0 + sg * 16u + orow;
     if (rr < rows) {
         let inv = 1.0 / run_sum;
-        let base = ((rr / g) * p.q_stride + (kvh * g + rr % g) * D + ocol) / 4u;
+        let base = ((seg.row0 + rr / g) * p.q_stride + (kvh * g + rr % g) * D + ocol) / 4u;
         out[base] = o0 * inv;
         out[base + 1u] = o1 * inv;
         out[base + 4u] = o2 * inv;

@@ -206,7 +206,7 @@ fn dispatch(ctx: &GpuContext, mm: &Matmul, run: &Run) -> Result<()> {
 
 fn dispatch_columns(ctx: &GpuContext, mm: &Matmul, run: &Run, batched: bool) -> Result<()> {
     let ds = if run.splits > 1 {
-        matmul::prepare_split(ctx, mm, run.kernel, run.splits, "doctor")?
+        matmul::prepare_split(ctx, mm, run.kernel, run.splits, "doctor", batched)?
     } else {
         matmul::prepare_columns(ctx, mm, run.kernel, "doctor", batched)?
     };

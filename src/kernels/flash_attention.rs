@@ -103,10 +103,11 @@ pub fn key(kv: KvKind, shape: &AttnShape) -> Result<KernelKey> {
     let head_dim = head_dim_class(shape.head_dim).ok_or_else(|| {
         KilnError::invalid("attention", format!("head dim {} has no flash-attention variant", shape.head_dim))
     })?;
-    Ok(KernelKey::AttnFlash { kv, head_dim })
+    Ok(KernelKey::AttnFlash { kv, head_dim, segments: false })
 }
 
 /// One flash attention: its parameters, pipeline key and grid.
+#[derive(Debug, Clone, Copy)]
 pub struct FlashLaunch {
     pub params: FlashParams,
     pub key: KernelKey,
@@ -127,7 +128,7 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
     }
     let rows = tile_rows(kv, shape, caps);
     let key = if takes_coop(kv, shape, caps) {
-        KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16 }
+        KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16, segments: false }
     } else {
         key(kv, shape)?
     };
@@ -145,6 +146,73 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
         _pad: [0; 3],
     };
     Ok(FlashLaunch { params, key, grid: [n_tiles, shape.n_kv_head, 1] })
+}
+
+/// Mirrors `Segment` in common/flash_segments.wgsl: one sequence's chunk of a step that
+/// prefills several sequences' prompts side by side.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+pub struct FlashSegment {
+    /// Query tokens of the chunk.
+    pub m: u32,
+    /// Position of its first token in its sequence.
+    pub pos0: u32,
+    /// The cache element of its sequence's row 0.
+    pub kv_off: u32,
+    /// Its first row of Q and of the output.
+    pub row0: u32,
+    /// Row tiles of the chunk per KV head.
+    pub n_tiles: u32,
+    pub _pad: [u32; 3],
+}
+
+/// A chunk of one sequence in a step of several: `m` tokens at positions `pos0..` of the
+/// region whose first cache row is `kv_base`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub m: u32,
+    pub pos0: u32,
+    pub kv_base: u32,
+}
+
+/// The launch over several sequences' chunks, laid one after another in Q (a workgroup per
+/// row tile of a chunk, KV head and chunk: grid z), with the table of chunks it reads at
+/// binding 5. Each chunk attends causally over its own region, as `launch` for it alone.
+pub fn launch_segments(
+    kv: KvKind,
+    shape: &AttnShape,
+    chunks: &[Chunk],
+    caps: &crate::gpu::Caps,
+) -> Result<(FlashLaunch, Vec<FlashSegment>)> {
+    let Some(first) = chunks.first() else {
+        return Err(KilnError::invalid("attention", "a step of several chunks needs at least one"));
+    };
+    let mut row0 = 0;
+    let mut table = Vec::with_capacity(chunks.len());
+    for c in chunks {
+        // Each chunk's own checks (its positions within the context).
+        let one = launch(kv, shape, c.m, c.pos0, caps)?;
+        table.push(FlashSegment {
+            m: c.m,
+            pos0: c.pos0,
+            kv_off: c.kv_base * shape.kv_stride(),
+            row0,
+            n_tiles: one.params.n_tiles,
+            _pad: [0; 3],
+        });
+        row0 += c.m;
+    }
+    let mut l = launch(kv, shape, first.m, first.pos0, caps)?;
+    l.key = match l.key {
+        KernelKey::AttnFlash { kv, head_dim, .. } => KernelKey::AttnFlash { kv, head_dim, segments: true },
+        KernelKey::AttnFlashCoop { head_dim, .. } => KernelKey::AttnFlashCoop { head_dim, segments: true },
+        k => k,
+    };
+    let most = table.iter().map(|t| t.n_tiles).max().unwrap_or(1);
+    // The table says each chunk's tokens, positions and region; the uniform the rest.
+    l.params = FlashParams { m: 0, pos0: 0, n_tiles: 0, kv_off: 0, ..l.params };
+    l.grid = [most, shape.n_kv_head, chunks.len() as u32];
+    Ok((l, table))
 }
 
 /// Query rows per workgroup of the variant `launch` picks.
@@ -186,8 +254,27 @@ pub fn prepare(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &FlashArgs) -
     let l = launch(kv, shape, a.m, a.pos0, &ctx.caps)?;
     let pipeline = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.flash");
-    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out]);
+    // The chunks' table is not read by the one-sequence variant.
+    let unused = ctx.storage(std::mem::size_of::<FlashSegment>() as u64, "unused")?;
+    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &unused]);
     Ok(Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: l.grid, params: Some(ub) })
+}
+
+/// One dispatch over several sequences' `chunks`, their queries one after another in `a.q`
+/// (`a.m` and `a.pos0` unused), each over its own region of the cache (tests).
+pub fn prepare_segments(
+    ctx: &GpuContext,
+    kv: KvKind,
+    shape: &AttnShape,
+    a: &FlashArgs,
+    chunks: &[Chunk],
+) -> Result<(Dispatch, wgpu::Buffer)> {
+    let (l, table) = launch_segments(kv, shape, chunks, &ctx.caps)?;
+    let pipeline = ctx.pipeline(&l.key)?;
+    let ub = ctx.uniform(&l.params, "attention.flash");
+    let segments = ctx.upload(bytemuck::cast_slice(&table), "attention.flash chunks")?;
+    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &segments]);
+    Ok((Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: l.grid, params: Some(ub) }, segments))
 }
 
 #[cfg(test)]

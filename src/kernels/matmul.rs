@@ -125,19 +125,23 @@ pub struct StepColumn {
     pub slot: u32,
 }
 
-/// Bytes of a step buffer: the `StepState` and a table of up to `plan::GEMV_MAX_COLS` columns.
-pub const STEP_BYTES: u64 =
-    (std::mem::size_of::<StepState>() + crate::plan::GEMV_MAX_COLS as usize * std::mem::size_of::<StepColumn>()) as u64;
+/// Bytes of a step buffer for steps of up to `rows` tokens: the `StepState` and a table of
+/// as many columns (at least `plan::GEMV_MAX_COLS`, a batched decode step's).
+pub fn step_bytes(rows: u32) -> u64 {
+    let cols = rows.max(crate::plan::GEMV_MAX_COLS) as usize;
+    (std::mem::size_of::<StepState>() + cols * std::mem::size_of::<StepColumn>()) as u64
+}
 
-/// The step buffer's bytes (`STEP_BYTES`: the shader's table has its full size) for a
-/// batched step over `cols` (at most `plan::GEMV_MAX_COLS`; the rest of the table is zeros).
+/// The step buffer's bytes for a batched step over `cols` (one per token of the step: a
+/// batched decode step's columns, or the rows of several prompt chunks); the kernels read
+/// only the step's columns.
 pub fn step_table(cols: &[StepColumn]) -> Vec<u8> {
     let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
     let head = StepState { n_tokens: cols.len() as u32, pos0: 0, kv_len, kv_base: 0 };
     let mut bytes = bytemuck::bytes_of(&head).to_vec();
-    let n = cols.len().min(crate::plan::GEMV_MAX_COLS as usize);
-    bytes.extend_from_slice(bytemuck::cast_slice(&cols[..n]));
-    bytes.resize(STEP_BYTES as usize, 0);
+    bytes.extend_from_slice(bytemuck::cast_slice(cols));
+    // A binding of the table holds at least one column.
+    bytes.resize(bytes.len().max(step_bytes(1) as usize), 0);
     bytes
 }
 
@@ -212,9 +216,6 @@ pub fn launch(
             Ok((key, [gx, gy, m.div_ceil(ncols).max(1)]))
         }
         MatmulKernel::Gemm { tile } => {
-            if matches!(epi, Epi::Qkv { batched: true, .. }) {
-                return Err(KilnError::invalid("matmul", "a batched decode step runs on the GEMV"));
-            }
             if norm || glu {
                 return Err(KilnError::invalid("matmul", "a fused RMSNorm or SwiGLU needs the GEMV kernel"));
             }
@@ -743,10 +744,35 @@ impl BoundMatmul {
         m: u32,
         batched: bool,
     ) -> Result<()> {
+        Self::record_group_as(ctx, pass, group, m, batched, batched)
+    }
+
+    /// As `record_group`, over the rows of several sequences' prompt chunks side by side: the
+    /// kernels a step of m tokens of one sequence takes, the Q/K/V epilogue reading each
+    /// row's position and cache region from the step's table.
+    pub fn record_group_rows(
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &[&BoundMatmul],
+        m: u32,
+    ) -> Result<()> {
+        Self::record_group_as(ctx, pass, group, m, false, true)
+    }
+
+    /// `record_group` with the planner's choice (`plan_batched`: a batched decode step's) and
+    /// the epilogue variant (`table`: each column's position from the step's table) apart.
+    fn record_group_as(
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &[&BoundMatmul],
+        m: u32,
+        plan_batched: bool,
+        table: bool,
+    ) -> Result<()> {
         let mut prepared = Prepared::default();
         for b in group {
-            let kernel = b.plan_step(ctx, m, batched);
-            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, batched)? {
+            let kernel = b.plan_step(ctx, m, plan_batched);
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table)? {
                 bound.record_with(pass, &pipeline, grid);
             }
             match kernel {
@@ -895,19 +921,21 @@ fn one_off(
 }
 
 /// One-off dispatches for `mm` on `kernel` (a GEMM) split into `splits` K ranges (fewer where
-/// K has fewer steps), the partial sums in a scratch buffer of their own (tests of split-K).
+/// K has fewer steps), the partial sums in a scratch buffer of their own (tests of split-K);
+/// `batched`: the Q/K/V epilogue reads each column's position from the step's table.
 pub fn prepare_split(
     ctx: &GpuContext,
     mm: &Matmul,
     kernel: MatmulKernel,
     splits: u32,
     stage: &'static str,
+    batched: bool,
 ) -> Result<Vec<Dispatch>> {
     let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
     let halves = own_halves(ctx, mm)?;
     let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch))?;
     bm.forced_splits = Some(splits);
-    one_off(ctx, &bm, mm.m, kernel, false, stage)
+    one_off(ctx, &bm, mm.m, kernel, batched, stage)
 }
 
 /// The cooperative GEMM's input conversion alone: m rows of k floats of `x` (x_stride apart)

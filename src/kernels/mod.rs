@@ -82,13 +82,23 @@ fn epilogue(c: Composer, epi: Epi) -> Composer {
 }
 
 /// What a kernel that reads the step buffer takes a column's position and cache region from:
-/// one sequence's tokens (common/step_one.wgsl), or a batched decode step's table of columns
-/// (common/step_columns.wgsl, up to `plan::GEMV_MAX_COLS`).
+/// one sequence's tokens (common/step_one.wgsl), or a batched step's table of columns
+/// (common/step_columns.wgsl).
 fn step_file(c: Composer, batched: bool) -> Composer {
     if batched {
-        c.const_u32("MAX_COLS", crate::plan::GEMV_MAX_COLS).include("common/step_columns.wgsl")
+        c.include("common/step_columns.wgsl")
     } else {
         c.include("common/step_one.wgsl")
+    }
+}
+
+/// Where flash attention takes its chunk of rows from: the uniform (one sequence), or a table
+/// of several sequences' chunks.
+fn flash_segment_file(segments: bool) -> &'static str {
+    if segments {
+        "common/flash_segments.wgsl"
+    } else {
+        "common/flash_one.wgsl"
     }
 }
 
@@ -187,14 +197,18 @@ pub enum KernelKey {
     },
     /// Prefill attention in one dispatch (flash_attention.wgsl), for heads of up to
     /// `head_dim` dimensions (a class of `flash_attention::FLASH_HEAD_DIMS`).
+    /// `segments`: the rows are several sequences' prompt chunks, each workgroup's from the
+    /// table at binding 5 (common/flash_segments.wgsl), else one sequence's.
     AttnFlash {
         kv: KvKind,
         head_dim: u16,
+        segments: bool,
     },
     /// The same on cooperative matrices (flash_attention_coop.wgsl): heads of 64 or 128
     /// dimensions over an f16 cache read as f16 (`KvKind::F16Native`).
     AttnFlashCoop {
         head_dim: u16,
+        segments: bool,
     },
     AttnDecode {
         kv: KvKind,
@@ -307,7 +321,11 @@ impl KernelKey {
                 &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read, ReadWrite]
             }
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
-            KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => &[Uniform, Read, Read, Read, ReadWrite],
+            // The chunks' table last (unused by the one-sequence variants, so that both share
+            // the bind group).
+            KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => {
+                &[Uniform, Read, Read, Read, ReadWrite, Read]
+            }
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
@@ -473,7 +491,7 @@ impl KernelKey {
             KernelKey::Softmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("softmax.wgsl").build()
             }
-            KernelKey::AttnFlashCoop { head_dim } => {
+            KernelKey::AttnFlashCoop { head_dim, segments } => {
                 let d = head_dim as u32;
                 let nsg = flash_attention::coop_rows(d) / 16;
                 c.enable_f16(true)
@@ -484,13 +502,15 @@ impl KernelKey {
                     .const_u32("BK", 64)
                     .const_u32("D", d)
                     .const_u32("SS", d.max(64))
+                    .include(flash_segment_file(segments))
                     .include("flash_attention_coop.wgsl")
                     .build()
             }
-            KernelKey::AttnFlash { kv, head_dim } => flash_attention::shader_consts(head_dim as u32)
+            KernelKey::AttnFlash { kv, head_dim, segments } => flash_attention::shader_consts(head_dim as u32)
                 .into_iter()
                 .fold(c.enable_f16(kv.needs_f16()), |c, (name, v)| c.const_u32(name, v))
                 .include(kv.file())
+                .include(flash_segment_file(segments))
                 .include("flash_attention.wgsl")
                 .build(),
             KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched } => step_file(
@@ -608,7 +628,8 @@ impl KernelKey {
         let mut v = Vec::new();
         // The epilogues the planner pairs with a fused input (RMSNorm, or int8 blocks): the
         // fused Q/K/V and gate/up projections.
-        // The batched Q/K/V epilogue only runs on the GEMVs of a batched decode step.
+        // The batched Q/K/V epilogue: each column its own sequence's token (batched decode
+        // steps, several prompts prefilled together).
         let mut fused_epis = vec![Epi::SwiGlu];
         let mut batched_epis = Vec::new();
         for kv in KvKind::ALL {
@@ -657,20 +678,24 @@ impl KernelKey {
                     }));
                 }
             }
+            // The batched Q/K/V epilogue on the GEMMs: several sequences' prompts prefilled together.
             for tile in GemmTile::ALL.into_iter().chain(GemmTile::COOP) {
-                for epi in [Epi::Plain, Epi::Partial].into_iter().chain(fused_epis.iter().copied()) {
+                for epi in [Epi::Plain, Epi::Partial].into_iter().chain(fused_epis.iter().chain(&batched_epis).copied())
+                {
                     v.push(KernelKey::Gemm { format, tile, epi });
                 }
             }
             v.push(KernelKey::Embed { format });
         }
-        for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().copied()) {
+        for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().chain(&batched_epis).copied()) {
             v.push(KernelKey::GemmReduce { epi });
         }
         for kv in KvKind::ALL {
             v.push(KernelKey::AttnGemm { kv });
             for head_dim in flash_attention::FLASH_HEAD_DIMS {
-                v.push(KernelKey::AttnFlash { kv, head_dim });
+                for segments in [false, true] {
+                    v.push(KernelKey::AttnFlash { kv, head_dim, segments });
+                }
             }
             for subgroups in [false, true] {
                 for head_dim in ATTN_DECODE_HEAD_DIMS {
@@ -695,7 +720,9 @@ impl KernelKey {
         }
         v.push(KernelKey::ToHalf);
         for head_dim in flash_attention::COOP_HEAD_DIMS {
-            v.push(KernelKey::AttnFlashCoop { head_dim });
+            for segments in [false, true] {
+                v.push(KernelKey::AttnFlashCoop { head_dim, segments });
+            }
         }
         for subgroups in [false, true] {
             v.push(KernelKey::AttnCombine { subgroups, batched: false });

@@ -40,7 +40,8 @@ pub struct SessionSizes {
     pub scores: u64,
     /// Decode attention's partial results per context split, for each column of a batched step.
     pub partials: u64,
-    /// The last position's hidden state: [pad4(n_embd)] f32.
+    /// The last position's hidden state, or each sequence's of a step that prefills several:
+    /// [batch columns, pad4(n_embd)] f32.
     pub x_last: u64,
     /// Logits: [ubatch with all logits, else the batch columns, n_vocab] f32 (and a readback
     /// buffer of the same size).
@@ -97,7 +98,7 @@ impl SessionSizes {
                 PrefillAttention::Gemm => f(cfg.n_head as u64 * b * opts.n_ctx as u64),
             },
             partials: f(cols * shape.decode_scratch_len() as u64),
-            x_last: f(pad4(cfg.n_embd) as u64),
+            x_last: f(cols * pad4(cfg.n_embd) as u64),
             logits: f(logit_rows * cfg.n_vocab as u64),
             kv_layer: n_seq * opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
             sampler_states: n_seq * f(crate::kernels::sample::STATE_WORDS as u64),

@@ -2,7 +2,7 @@
 //! `Event`s back. Each tick it drops requests whose client went away, admits waiting requests
 //! into free slots (the slot whose cache shares the longest prefix with the prompt), prefills
 //! at most `PREFILL_BUDGET` prompt tokens (so a long prompt never stalls the other streams for
-//! long), then runs one decode step for every generating slot (the slots batch it: one pass
+//! long; several prompts' chunks in one step, the weights read once for all), then runs one decode step for every generating slot (the slots batch it: one pass
 //! over the weights for all of them) and sends each its text. Where the slots pipeline their
 //! steps, a tick submits the next step before it reads the last one's picks: a sequence in
 //! the step in flight is fed the token that step picks for it, on the GPU, so the GPU never
@@ -24,12 +24,15 @@ use crate::server::slots::{SlotId, Slots};
 use crate::server::stop::StopFilter;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Most prompt tokens prefilled per tick, over all slots. `kiln bench-serve --concurrency
-/// 1,8,16 --input-len 128 --output-len 256` on an H200 (run 58,
-/// profiling/results/h200-serve-2026-11-24-run58-*), budgets 128 / 256 / 384: time to first
-/// token p99 at 8 streams 85-87 / 71 / 68 ms (p50 24 / 35 / 42), at 16 streams 217-227 / 192 /
-/// 174 (p50 26 / 44 / 54), inter-token p99 at 16 streams 15 / 24 / 32 ms; throughput within 1%.
-pub const PREFILL_BUDGET: usize = 256;
+/// Most prompt tokens prefilled per tick, over all slots (in one step where the slots can).
+/// `kiln bench-serve --concurrency 1,8,16 --input-len 128 --output-len 256` on an H200 (run 58,
+/// profiling/results/h200-serve-2026-11-24-run58-*, each prompt a step of its own), budgets 128
+/// / 256 / 384: time to first token p99 at 8 streams 85-87 / 71 / 68 ms, at 16 streams 217-227
+/// / 192 / 174, inter-token p99 at 16 streams 15 / 24 / 32 ms; throughput within 1%. With the
+/// tick's prompts in one step (run 115, profiling/results/h200-serve-prefill-together-*), 256 /
+/// 512: 8 streams 3,277-3,331 / 3,316 tok/s, 16 streams 4,793-4,868 / 4,889, time to first token
+/// p99 at 16 streams 122-133 / 97 ms, inter-token p99 14-15 / 16 ms.
+pub const PREFILL_BUDGET: usize = 512;
 
 /// The budget in force: `KILN_PREFILL_BUDGET` or `PREFILL_BUDGET`.
 pub fn prefill_budget() -> usize {
@@ -339,16 +342,17 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         self.running.push(running);
     }
 
-    /// Feeds prompt chunks, oldest request first, up to the tick's budget; returns the
-    /// tokens generated (the first of each prompt whose last chunk went in).
+    /// Feeds prompt chunks, oldest request first, up to the tick's budget, all in one step
+    /// where the slots can (`Slots::prefill_many`: the weights read once for every prompt);
+    /// returns the tokens generated (the first of each prompt whose last chunk went in).
     fn prefill(&mut self) -> u64 {
         // The budget holds even with no stream generating yet: prefilling a burst of prompts
         // all at once made them finish together and come back as another burst (16 streams
         // on an H200: time to first token p50 33 -> 117 ms, run 42).
         let mut budget = prefill_budget();
-        let mut generated = 0;
-        let n_ctx = self.slots.n_ctx() as usize;
-        for r in self.running.iter_mut() {
+        // (index in `running`, tokens of its prompt fed this tick)
+        let mut taken: Vec<(usize, usize)> = Vec::new();
+        for (i, r) in self.running.iter().enumerate() {
             if budget == 0 {
                 break;
             }
@@ -356,13 +360,28 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 continue;
             }
             let n = (r.job.prompt.len() - r.fed).min(budget);
-            let chunk = &r.job.prompt[r.fed..r.fed + n];
-            let last = r.fed + n == r.job.prompt.len();
-            match self.slots.prefill(r.slot, chunk, last) {
+            taken.push((i, n));
+            budget -= n;
+        }
+        if taken.is_empty() {
+            return 0;
+        }
+        let chunks: Vec<(SlotId, &[u32], bool)> = taken
+            .iter()
+            .map(|&(i, n)| {
+                let r = &self.running[i];
+                (r.slot, &r.job.prompt[r.fed..r.fed + n], r.fed + n == r.job.prompt.len())
+            })
+            .collect();
+        let results = self.slots.prefill_many(&chunks);
+        let mut generated = 0;
+        let n_ctx = self.slots.n_ctx() as usize;
+        for (&(i, n), result) in taken.iter().zip(results) {
+            let r = &mut self.running[i];
+            match result {
                 Ok(picked) => {
-                    self.cached[r.slot].extend_from_slice(chunk);
+                    self.cached[r.slot].extend_from_slice(&r.job.prompt[r.fed..r.fed + n]);
                     r.fed += n;
-                    budget -= n;
                     if let Some(token) = picked {
                         let ttft = r.job.received.elapsed().as_secs_f64();
                         self.metrics.time_to_first_token.observe(ttft);

@@ -7,7 +7,7 @@
 use crate::engine::Model;
 use crate::error::{KilnError, Result};
 use crate::gpu::kv_storage_size;
-use crate::model::session::Feed;
+use crate::model::session::{Feed, PromptChunk};
 use crate::model::{Output, Session, SessionOptions, SessionSizes};
 use crate::sample::Sampler;
 use crate::server::metrics::BatchCounts;
@@ -28,6 +28,12 @@ pub trait Slots {
     /// Appends a chunk of the prompt to `slot`'s cache; for the last chunk, returns the token
     /// sampled after it.
     fn prefill(&mut self, slot: SlotId, tokens: &[u32], last: bool) -> Result<Option<u32>>;
+    /// Appends a chunk of the prompt to each of several slots' caches (distinct slots), as
+    /// `prefill` for each: one step for all of them where the slots can. Returns each chunk's
+    /// result in order (a step that fails fails all of its chunks).
+    fn prefill_many(&mut self, chunks: &[(SlotId, &[u32], bool)]) -> Vec<Result<Option<u32>>> {
+        chunks.iter().map(|&(slot, tokens, last)| self.prefill(slot, tokens, last)).collect()
+    }
     /// One decode step: feeds each slot its token and returns the token sampled next, in the
     /// order of `batch`. One slot's failure does not fail the others.
     fn decode_step(&mut self, batch: &[(SlotId, u32)]) -> Vec<Result<u32>>;
@@ -80,8 +86,9 @@ impl BatchedSlots {
     }
 
     /// Builds every pipeline the engine uses before the first request (see
-    /// `SessionSlots::warm_up`): prompt chunks of the planner's kinds on slot 0, then decode
-    /// steps of one slot and of as many as one step carries; then every slot is emptied.
+    /// `SessionSlots::warm_up`): prompt chunks of the planner's kinds on slot 0, two prompts
+    /// prefilled together, then decode steps of one slot and of as many as one step carries;
+    /// then every slot is emptied.
     pub fn warm_up(&mut self) -> Result<()> {
         let s = &mut self.session;
         s.build_pipelines()?;
@@ -97,6 +104,18 @@ impl BatchedSlots {
         for n in [s.opts.ubatch.min(16), 4] {
             if s.slot_position(0)? + n + 2 <= n_ctx {
                 s.forward_slot(0, &ids(n), Output::Argmax)?;
+            }
+        }
+        // Two prompts prefilled together (what a burst of requests starts with).
+        if s.can_prefill_together() && s.sequences() > 1 {
+            let n = s.opts.ubatch.min(16) / 2 + 1;
+            if s.slot_position(0)? + n + 2 <= n_ctx && n + 2 <= n_ctx {
+                let tokens = ids(n);
+                let chunks = [
+                    PromptChunk { slot: 0, tokens: &tokens, pick: false },
+                    PromptChunk { slot: 1, tokens: &tokens, pick: false },
+                ];
+                s.prefill_slots(&chunks)?;
             }
         }
         // A sampled pick of the last slot the table sampler serves, decode steps of one
@@ -134,6 +153,21 @@ impl Slots for BatchedSlots {
             // A pick is needed to end the step; greedy leaves the sampler's state alone.
             self.session.forward_slot(slot, tokens, Output::Argmax)?;
             Ok(None)
+        }
+    }
+
+    fn prefill_many(&mut self, chunks: &[(SlotId, &[u32], bool)]) -> Vec<Result<Option<u32>>> {
+        let prompts: Vec<PromptChunk> =
+            chunks.iter().map(|&(slot, tokens, pick)| PromptChunk { slot, tokens, pick }).collect();
+        match self.session.prefill_slots(&prompts) {
+            Ok(picks) => picks.into_iter().map(Ok).collect(),
+            // One step (or the first of several that failed): every chunk's cache is unknown.
+            Err(e) => {
+                let message = e.to_string();
+                (0..chunks.len())
+                    .map(|_| Err(KilnError::Gpu { context: "prefilling".into(), message: message.clone() }))
+                    .collect()
+            }
         }
     }
 

@@ -1,7 +1,8 @@
-// A batched decode step: column gm is the next token of its own sequence (a server slot),
-// at its own position, with its own KV-cache region and sampler state. The host writes the
-// table once per step, after the header that single-sequence kernels read (the same buffer).
-// The including file declares `step: Step`. Header constant MAX_COLS.
+// A batched step: column gm is a token of its own sequence (a server slot), at its own
+// position, with its own KV-cache region and sampler state: the next token of each sequence
+// (a batched decode step), or the rows of several sequences' prompt chunks side by side. The
+// host writes the table once per step, after the header that single-sequence kernels read
+// (the same buffer). The including file declares `step: Step`.
 
 struct Column {
     pos: u32,       // the token's position in its sequence
@@ -15,7 +16,7 @@ struct Step {
     pos0: u32,
     kv_len: u32,
     kv_base: u32,
-    cols: array<Column, MAX_COLS>,
+    cols: array<Column>,   // as long as the step's tokens (the buffer holds them)
 }
 
 const BATCHED: bool = true;

@@ -160,7 +160,13 @@ impl Session {
             "rope shape",
         );
         // The step buffer: the step's `StepState`, then a batched step's table of columns.
-        let step_state = st(crate::kernels::matmul::STEP_BYTES, "step state")?;
+        let step_state = st(crate::kernels::matmul::step_bytes(b), "step state")?;
+        // Prompts of several sequences prefilled in one step (slots.rs, `prefill_slots`): flash
+        // attention's table of their chunks, and the columns the sampler reads for the rows
+        // that go through the head (copied over the step's table once the layers have read it).
+        let chunk_bytes = std::mem::size_of::<flash_attention::FlashSegment>() as u64;
+        let chunks = st(sizes::batch_columns(opts.n_seq) as u64 * chunk_bytes, "prefill chunks")?;
+        let head_cols = st(crate::kernels::matmul::step_bytes(1), "head columns")?;
         // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
         let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;
@@ -314,7 +320,7 @@ impl Session {
                         &ctx,
                         &flash_attention::key(kv, &shape)?,
                         "attention",
-                        &[q_src, &kc, &vc, &attn],
+                        &[q_src, &kc, &vc, &attn, &chunks],
                     )?),
                     Some(scores) => PrefillAttnOps::Gemm {
                         qk: Bound::new::<AttnGemmParams>(
@@ -481,6 +487,8 @@ impl Session {
             sample_state,
             sample_configs,
             step_state,
+            chunks,
+            head_cols,
             _rope_shape: rope_shape,
             _unused: unused,
             _buffers: keep,

@@ -35,12 +35,16 @@ pub(super) struct StepShape {
     /// The sampler takes each row's slot from the step's table (a batched step, or a
     /// sequence other than slot 0); else the session's own sampler (slot 0).
     pub table_sampler: bool,
+    /// Several sequences' prompt chunks side by side (slots.rs, `prefill_slots`): the Q/K/V
+    /// epilogue takes each row's position and region from the step's table, and flash
+    /// attention, launched so, each chunk's from its table of chunks.
+    pub together: Option<flash_attention::FlashLaunch>,
 }
 
 impl StepShape {
     /// `m` tokens of one sequence from position `pos0` of the region at row `kv_base`.
     pub fn sequence(m: u32, pos0: u32, kv_base: u32) -> StepShape {
-        StepShape { m, pos0, kv_base, batched: None, table_sampler: false }
+        StepShape { m, pos0, kv_base, batched: None, table_sampler: false, together: None }
     }
     /// Positions the step's attention sees (the longest column's, batched).
     pub fn kv_len(&self) -> u32 {
@@ -119,7 +123,9 @@ impl Session {
         // Where the sequence's region starts, in cache elements (one sequence's prefill).
         let kv_off = step.kv_base * self.shape.kv_stride();
         // Few tokens: GEMV with the RMSNorm fused in; more: a norm dispatch, then GEMM.
-        let fused = crate::plan::gemv_takes(m, &ctx.caps) && (batched || m <= self.prefill_gemv_cols);
+        let fused = crate::plan::gemv_takes(m, &ctx.caps)
+            && (batched || m <= self.prefill_gemv_cols)
+            && step.together.is_none();
         let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m, batched)).collect());
         for l in &self.layers {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
@@ -134,15 +140,20 @@ impl Session {
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
                         rec.stage(Stage::Qkv, || group_work(prefill));
                         // The parts read one input: rounded to f16 (or quantized) once.
-                        BoundMatmul::record_group(ctx, rec.pass(), &prefill.iter().collect::<Vec<_>>(), m, batched)?;
+                        let parts = prefill.iter().collect::<Vec<_>>();
+                        if step.together.is_some() {
+                            BoundMatmul::record_group_rows(ctx, rec.pass(), &parts, m)?;
+                        } else {
+                            BoundMatmul::record_group(ctx, rec.pass(), &parts, m, batched)?;
+                        }
                     }
                 }
                 QkvOps::Separate { q, k, v, q_fused, k_fused, v_fused, q_norm, k_norm, rope_q, kv_write } => {
-                    if batched {
+                    if batched || step.together.is_some() {
                         // Their RoPE and cache write take one sequence's positions.
                         return Err(crate::error::KilnError::invalid(
                             "batched step",
-                            "separate Q/K/V projections have no batched decode step",
+                            "separate Q/K/V projections take one sequence's tokens a step",
                         ));
                     }
                     if fused {
@@ -228,6 +239,15 @@ impl Session {
                         flops,
                     );
                 }
+                if let Some(launch) = &step.together {
+                    // Each chunk over its own region: at most the longest.
+                    return StageWork::other(
+                        "flash_attention chunks",
+                        format!("{} x {}h x {m}x{kv_len}", launch.grid[2], c.n_head),
+                        kv_len as f64 * kv_row * launch.grid[2] as f64 + qo,
+                        4.0 * (m * c.n_head * c.head_dim) as f64 * kv_len as f64,
+                    );
+                }
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(_) => {
                         let rows = flash_attention::tile_rows(self.kv, &self.shape, &ctx.caps);
@@ -262,6 +282,15 @@ impl Session {
                         g2,
                     );
                 }
+            } else if let Some(launch) = &step.together {
+                let PrefillAttnOps::Flash(flash) = &l.attn_prefill else {
+                    return Err(crate::error::KilnError::invalid(
+                        "batched step",
+                        "the materialized prefill attention takes one sequence's tokens a step",
+                    ));
+                };
+                flash.set(ctx, &launch.params);
+                flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
             } else {
                 match &l.attn_prefill {
                     PrefillAttnOps::Flash(flash) => {

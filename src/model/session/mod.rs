@@ -8,7 +8,7 @@ mod forward;
 mod score;
 mod slots;
 mod submit;
-pub use slots::{BatchStats, Feed};
+pub use slots::{BatchStats, Feed, PromptChunk};
 pub use submit::BackToBack;
 
 /// Most decode steps recorded into one command buffer.
@@ -213,6 +213,10 @@ pub struct Session {
     /// step's table of columns (`matmul::StepColumn`); read by the fused QKV epilogue, decode
     /// attention and the table sampler.
     step_state: wgpu::Buffer,
+    /// A step of several sequences' prompt chunks (slots.rs): flash attention's table of the
+    /// chunks, and the sampler's columns for the rows the head takes.
+    chunks: wgpu::Buffer,
+    head_cols: wgpu::Buffer,
     _rope_shape: wgpu::Buffer,
     /// Bound where a matmul part writes nothing (see bind.rs).
     _unused: [wgpu::Buffer; 3],

@@ -8,11 +8,22 @@
 //! the one the single-sequence API (`forward`, chained decoding) works on.
 
 use super::forward::StepShape;
-use super::{Output, Session};
+use super::{Output, PrefillAttnOps, Session};
 use crate::error::{KilnError, Result};
-use crate::kernels::matmul::{step_table, StepColumn};
+use crate::kernels::flash_attention::{self, Chunk};
+use crate::kernels::matmul::{step_table, StepColumn, StepState};
+use crate::model::sizes::pad4;
 use crate::profile::Recorder;
 use crate::sample::Sampler;
+
+/// A chunk of one sequence's prompt for `Session::prefill_slots`.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptChunk<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// The prompt's last chunk: its slot's sampler picks the token after it.
+    pub pick: bool,
+}
 
 /// What a column of a pipelined batched step (`Session::submit_slots`) feeds its sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +103,138 @@ impl Session {
             return Err(KilnError::invalid("slot", "a slot's steps return the last position's output"));
         }
         self.forward_in(slot, tokens, out)
+    }
+
+    /// Whether prompts of several sequences can go through one step (`prefill_slots`): every
+    /// layer has the stacked Q/K/V projection (its epilogue takes each row's position from
+    /// the step's table) and flash attention (it takes each chunk's from its own table).
+    pub fn can_prefill_together(&self) -> bool {
+        self.batch_cols > 1 && self.layers.iter().all(|l| matches!(l.attn_prefill, PrefillAttnOps::Flash(_)))
+    }
+
+    /// Feeds each chunk to its slot's sequence (distinct slots) and returns, for each chunk
+    /// that `pick`s, its slot's sampled next token, in `chunks`' order. Where the session can
+    /// (`can_prefill_together`) and the chunks together fill more than the GEMV's columns and at
+    /// most one step (`ubatch` tokens), they go through the model as one step: the weights
+    /// read once for all of them, each row at its own position in its own region, attention
+    /// per chunk. Else one step per chunk, as `forward_slot`.
+    pub fn prefill_slots(&mut self, chunks: &[PromptChunk]) -> Result<Vec<Option<u32>>> {
+        let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        for (i, c) in chunks.iter().enumerate() {
+            self.check_slot(c.slot)?;
+            if chunks[..i].iter().any(|d| d.slot == c.slot) {
+                return Err(KilnError::invalid("slot", format!("slot {} appears twice in one step", c.slot)));
+            }
+        }
+        let together = chunks.len() > 1
+            && chunks.len() <= self.batch_cols
+            && total > self.prefill_gemv_cols as usize
+            && total <= self.opts.ubatch as usize
+            && self.can_prefill_together()
+            && !crate::config::prefill_together_disabled();
+        if !together {
+            let mut picks = Vec::with_capacity(chunks.len());
+            for c in chunks {
+                // A pick is needed to end the step; greedy leaves the sampler's state alone.
+                let out = if c.pick { Output::Sampled } else { Output::Argmax };
+                let got = self.forward_in(c.slot, c.tokens, out)?;
+                picks.push(c.pick.then(|| got[0] as u32));
+            }
+            return Ok(picks);
+        }
+        let n_ctx = self.opts.n_ctx;
+        let mut cols = Vec::with_capacity(total);
+        let mut ids = Vec::with_capacity(total);
+        let mut attn = Vec::with_capacity(chunks.len());
+        // The head's rows: each picking chunk's last, and the column its sampler reads.
+        let mut heads: Vec<(usize, StepColumn)> = Vec::new();
+        for c in chunks {
+            let pos0 = self.pos[c.slot];
+            if c.tokens.is_empty() {
+                return Err(KilnError::invalid("input", "no tokens to evaluate"));
+            }
+            if let Some(&bad) = c.tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+                return Err(KilnError::invalid(
+                    "input",
+                    format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
+                ));
+            }
+            if pos0 as usize + c.tokens.len() > n_ctx as usize {
+                return Err(KilnError::invalid(
+                    "input",
+                    format!("slot {}'s context is full: {pos0} + {} tokens exceed {n_ctx}", c.slot, c.tokens.len()),
+                ));
+            }
+            let kv_base = c.slot as u32 * n_ctx;
+            for (j, &t) in c.tokens.iter().enumerate() {
+                let pos = pos0 + j as u32;
+                cols.push(StepColumn { pos, kv_len: pos + 1, kv_base, slot: c.slot as u32 });
+                ids.push(t);
+            }
+            attn.push(Chunk { m: c.tokens.len() as u32, pos0, kv_base });
+            if c.pick {
+                heads.push((cols.len() - 1, cols[cols.len() - 1]));
+            }
+        }
+        let t0 = std::time::Instant::now();
+        let ctx = self.ctx.clone();
+        let (launch, table) = flash_attention::launch_segments(self.kv, &self.shape, &attn, &ctx.caps)?;
+        let q = &ctx.queue;
+        q.write_buffer(&self.step_state, 0, &step_table(&cols));
+        q.write_buffer(&self.chunks, 0, bytemuck::cast_slice(&table));
+        q.write_buffer(&self.ids, 0, bytemuck::cast_slice(&ids));
+        let head_cols: Vec<StepColumn> = heads.iter().map(|h| h.1).collect();
+        if !head_cols.is_empty() {
+            q.write_buffer(&self.head_cols, 0, bytemuck::cast_slice(&head_cols));
+        }
+        let m = total as u32;
+        let shape = StepShape { m, pos0: 0, kv_base: 0, batched: None, table_sampler: true, together: Some(launch) };
+        let k = heads.len() as u32;
+        let row_bytes = pad4(self.cfg.n_embd) as u64 * 4;
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("prompts") });
+        {
+            let mut rec = Recorder::new(&mut enc, "prompts", None);
+            let mut recorded = self.record_step(&mut rec, &shape, false);
+            if recorded.is_ok() && k > 0 {
+                // The picking rows' hidden states side by side, and the table the sampler
+                // reads for them in place of the layers' (which have read theirs).
+                let e = rec.encoder();
+                for (i, (row, _)) in heads.iter().enumerate() {
+                    e.copy_buffer_to_buffer(
+                        &self.x,
+                        *row as u64 * row_bytes,
+                        &self.x_last,
+                        i as u64 * row_bytes,
+                        row_bytes,
+                    );
+                }
+                let header = std::mem::size_of::<StepState>() as u64;
+                e.copy_buffer_to_buffer(&self.head_cols, 0, &self.step_state, header, k as u64 * 16);
+                recorded = self.record_head(&mut rec, &self.lm_head_last, k, Output::Sampled, true);
+            }
+            rec.finish();
+            recorded?;
+        }
+        if k > 0 {
+            enc.copy_buffer_to_buffer(&self.out_id, 0, &self.readback, 0, k as u64 * 4);
+        }
+        let t1 = std::time::Instant::now();
+        ctx.queue.submit([enc.finish()]);
+        self.host.steps += 1;
+        self.host.encode += (t1 - t0).as_secs_f64();
+        self.host.submit += t1.elapsed().as_secs_f64();
+        for c in chunks {
+            self.pos[c.slot] += c.tokens.len() as u32;
+        }
+        let mut picks = Vec::new();
+        if k > 0 {
+            let t = std::time::Instant::now();
+            let bytes = self.read(k as u64 * 4)?;
+            self.host.wait += t.elapsed().as_secs_f64();
+            picks = bytemuck::pod_collect_to_vec::<u8, u32>(&bytes);
+        }
+        let mut picks = picks.into_iter();
+        Ok(chunks.iter().map(|c| if c.pick { picks.next() } else { None }).collect())
     }
 
     /// Whether `slot` can take `token` in a decode step: a slot of this session, a token of
@@ -174,7 +317,14 @@ impl Session {
             .collect();
         self.ctx.queue.write_buffer(&self.step_state, 0, &step_table(&cols));
         let longest = cols.iter().map(|c| c.kv_len).max().unwrap_or(1);
-        StepShape { m: cols.len() as u32, pos0: 0, kv_base: 0, batched: Some(longest), table_sampler: true }
+        StepShape {
+            m: cols.len() as u32,
+            pos0: 0,
+            kv_base: 0,
+            batched: Some(longest),
+            table_sampler: true,
+            together: None,
+        }
     }
 
     /// Whether batched steps can be pipelined (`submit_slots`): more than one column a step.

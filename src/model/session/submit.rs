@@ -179,7 +179,8 @@ impl Session {
     /// pipelines), a chained decode step, and batched steps of every width up to one GEMV
     /// workgroup's and the widest, at a short context and the longest (decode attention's
     /// variants differ by length): a prompt's first token, or a server's first step of
-    /// three sequences, then costs its computation, not shader compilation. With
+    /// three sequences, or two prompts prefilled together, then costs its computation, not
+    /// shader compilation. With
     /// a pipeline cache on disk, a second start compiles from it. The CLI calls this after
     /// opening a session. Not on CPU adapters: llvmpipe compiles a shader at its first
     /// dispatch, whatever was built before.
@@ -199,11 +200,29 @@ impl Session {
         sizes.retain(|&m| m <= room.min(self.opts.ubatch));
         sizes.sort_unstable();
         sizes.dedup();
-        for m in sizes {
+        for &m in &sizes {
             let mut rec = Recorder::new(&mut enc, "warm-up", None);
             let r = self.record_forward(&mut rec, &StepShape::sequence(m, self.pos[0], 0), Output::Sampled, false);
             rec.finish();
             r?;
+        }
+        // Two prompts prefilled together at the same sizes (their Q/K/V epilogue and flash
+        // attention differ; the head's rows are a batched step's, built below).
+        if self.can_prefill_together() {
+            for &m in sizes.iter().filter(|&&m| m > self.prefill_gemv_cols) {
+                let half = m / 2;
+                let chunks = [
+                    crate::kernels::flash_attention::Chunk { m: half, pos0: 0, kv_base: 0 },
+                    crate::kernels::flash_attention::Chunk { m: m - half, pos0: 0, kv_base: self.opts.n_ctx },
+                ];
+                let launch =
+                    crate::kernels::flash_attention::launch_segments(self.kv, &self.shape, &chunks, &ctx.caps)?;
+                let shape = StepShape { together: Some(launch.0), table_sampler: true, ..StepShape::sequence(m, 0, 0) };
+                let mut rec = Recorder::new(&mut enc, "warm-up", None);
+                let r = self.record_step(&mut rec, &shape, false);
+                rec.finish();
+                r?;
+            }
         }
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
@@ -212,7 +231,8 @@ impl Session {
         if wide > 1 {
             let widths = (1..=wide.min(crate::plan::GEMV_GROUP_COLS)).chain([wide]);
             for (m, kv_len) in widths.flat_map(|m| [(m, 1), (m, self.opts.n_ctx)]) {
-                let shape = StepShape { m, pos0: 0, kv_base: 0, batched: Some(kv_len), table_sampler: true };
+                let shape =
+                    StepShape { m, pos0: 0, kv_base: 0, batched: Some(kv_len), table_sampler: true, together: None };
                 let mut rec = Recorder::new(&mut enc, "warm-up", None);
                 let r = self.record_forward(&mut rec, &shape, Output::Sampled, false);
                 rec.finish();
