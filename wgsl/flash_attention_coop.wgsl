@@ -15,6 +15,8 @@
 //   dimensions over 4 K steps of 16 keys, twice for 128), stored to its slice; every lane
 //   then updates its 8 outputs per 16 dimensions in registers: O = alpha O + P·V (an
 //   accumulator cannot be scaled per row, so O lives in plain registers).
+// For 64 dimensions the next tile's K and V are loaded into registers while this tile
+// computes (PREFETCH), so the loads' latency hides behind the multiply-adds.
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), SS (the larger
 // of BK and D). The chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
@@ -68,8 +70,35 @@ fn put4(t: u32, h: vec4<f16>, which: u32) {
     }
 }
 
-// Keys j0 .. j0 + BK of K (which_v false) or V into kv, zeros past n_keys. BK x D halves in
-// vec4s: 1024 of them, 8 per invocation.
+// vec4s of a K or V tile each invocation stages (BK x D halves: 8 for 64 dimensions and 4
+// subgroups, 32 for 128 and 2).
+const KV_PER: u32 = BK * D / 4u / WG;
+// Where that is a few registers, the next tile's K and V are loaded while this tile computes
+// (held in registers, written to workgroup memory at the next tile); else each is loaded
+// when it is staged.
+const PREFETCH: bool = KV_PER <= 8u;
+// The registers that hold them (one, unused, without PREFETCH).
+const PF_LEN: u32 = select(1u, KV_PER, PREFETCH);
+
+// This invocation's vec4s of keys j0 .. j0 + BK of K (which_v false) or V, zeros past n_keys.
+fn fetch_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> array<vec4<f16>, PF_LEN> {
+    var r: array<vec4<f16>, PF_LEN>;
+    for (var u = 0u; u < PF_LEN; u++) {
+        let i = lid + u * WG;
+        let c = i / (D / 4u);
+        let d4 = i % (D / 4u);
+        let key = j0 + c;
+        let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + d4;
+        var h: vec4<f16>;
+        if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
+        r[u] = select(vec4<f16>(0.0), h, key < n_keys);
+    }
+    return r;
+}
+
+// Keys j0 .. j0 + BK of K (which_v false) or V into kv, zeros past n_keys, each value stored
+// as it arrives (without PREFETCH: holding a whole tile's share in registers cost Llama-7B's
+// 128-dimension heads 14% of pp512 on an H200, run 118).
 fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
     for (var i = lid; i < BK * D / 4u; i += WG) {
         let c = i / (D / 4u);
@@ -79,6 +108,14 @@ fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
         var h: vec4<f16>;
         if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
         put4(c * LDS + d4 * 4u, select(vec4<f16>(0.0), h, key < n_keys), 1u);
+    }
+}
+
+// Writes what fetch_kv loaded into the tile in kv.
+fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>) {
+    for (var u = 0u; u < PF_LEN; u++) {
+        let i = lid + u * WG;
+        put4((i / (D / 4u)) * LDS + (i % (D / 4u)) * 4u, r[u], 1u);
     }
 }
 
@@ -132,10 +169,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let pslice = sg * 16u * PS;
     let qa = sg * 16u * LDS;
 
+    // The next tile's share of K and V (PREFETCH).
+    var k_next: array<vec4<f16>, PF_LEN>;
+    var v_next: array<vec4<f16>, PF_LEN>;
+    if (PREFETCH) {
+        k_next = fetch_kv(lid, 0u, n_keys, kv_base, false);
+        v_next = fetch_kv(lid, 0u, n_keys, kv_base, true);
+    }
     for (var j0 = 0u; j0 < n_keys; j0 += BK) {
         workgroupBarrier();
-        stage_kv(lid, j0, n_keys, kv_base, false);
+        if (PREFETCH) { put_kv(lid, k_next); } else { stage_kv(lid, j0, n_keys, kv_base, false); }
         workgroupBarrier();
+        // The next tile's K, in flight while this one's scores are taken.
+        if (PREFETCH) { k_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, false); }
         // Scores: 16 rows x 64 keys, over 4 steps of 16 dimensions.
         var s0 = TileC();
         var s1 = TileC();
@@ -176,8 +222,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         run_max = mx;
         run_sum = run_sum * alpha + sum;
         workgroupBarrier();
-        stage_kv(lid, j0, n_keys, kv_base, true);
+        if (PREFETCH) { put_kv(lid, v_next); } else { stage_kv(lid, j0, n_keys, kv_base, true); }
         workgroupBarrier();
+        if (PREFETCH) { v_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, true); }
         // P·V: 16 rows x D dimensions, over 4 steps of 16 keys.
         var v0 = TileC();
         var v1 = TileC();
