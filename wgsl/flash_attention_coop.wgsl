@@ -80,43 +80,34 @@ const PREFETCH: bool = KV_PER <= 8u;
 // The registers that hold them (one, unused, without PREFETCH).
 const PF_LEN: u32 = select(1u, KV_PER, PREFETCH);
 
-// This invocation's vec4s of keys j0 .. j0 + BK of K (which_v false) or V, zeros past n_keys.
+// The i-th vec4 of keys j0 .. j0 + BK of K (which_v false) or V, zeros past n_keys.
+fn load_kv(i: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> vec4<f16> {
+    let key = j0 + i / (D / 4u);
+    let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + i % (D / 4u);
+    var h: vec4<f16>;
+    if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
+    return select(vec4<f16>(0.0), h, key < n_keys);
+}
+
+// Where the i-th vec4 of a tile goes in kv.
+fn tile_at(i: u32) -> u32 { return (i / (D / 4u)) * LDS + (i % (D / 4u)) * 4u; }
+
+// This invocation's share of a tile (PREFETCH), held in registers ...
 fn fetch_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> array<vec4<f16>, PF_LEN> {
     var r: array<vec4<f16>, PF_LEN>;
-    for (var u = 0u; u < PF_LEN; u++) {
-        let i = lid + u * WG;
-        let c = i / (D / 4u);
-        let d4 = i % (D / 4u);
-        let key = j0 + c;
-        let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + d4;
-        var h: vec4<f16>;
-        if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
-        r[u] = select(vec4<f16>(0.0), h, key < n_keys);
-    }
+    for (var u = 0u; u < PF_LEN; u++) { r[u] = load_kv(lid + u * WG, j0, n_keys, kv_base, which_v); }
     return r;
 }
 
-// Keys j0 .. j0 + BK of K (which_v false) or V into kv, zeros past n_keys, each value stored
-// as it arrives (without PREFETCH: holding a whole tile's share in registers cost Llama-7B's
-// 128-dimension heads 14% of pp512 on an H200, run 118).
-fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
-    for (var i = lid; i < BK * D / 4u; i += WG) {
-        let c = i / (D / 4u);
-        let d4 = i % (D / 4u);
-        let key = j0 + c;
-        let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + d4;
-        var h: vec4<f16>;
-        if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
-        put4(c * LDS + d4 * 4u, select(vec4<f16>(0.0), h, key < n_keys), 1u);
-    }
+// ... and written into the tile in kv.
+fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>) {
+    for (var u = 0u; u < PF_LEN; u++) { put4(tile_at(lid + u * WG), r[u], 1u); }
 }
 
-// Writes what fetch_kv loaded into the tile in kv.
-fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>) {
-    for (var u = 0u; u < PF_LEN; u++) {
-        let i = lid + u * WG;
-        put4((i / (D / 4u)) * LDS + (i % (D / 4u)) * 4u, r[u], 1u);
-    }
+// Without PREFETCH, the tile loaded and stored value by value (holding a whole tile's share
+// in registers cost Llama-7B's 128-dimension heads 14% of pp512 on an H200, run 118).
+fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
+    for (var i = lid; i < BK * D / 4u; i += WG) { put4(tile_at(i), load_kv(i, j0, n_keys, kv_base, which_v), 1u); }
 }
 
 @compute @workgroup_size(WG)

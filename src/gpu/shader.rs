@@ -36,6 +36,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/epilogue_qkv.wgsl", include_str!("../../wgsl/common/epilogue_qkv.wgsl")),
     ("common/step_one.wgsl", include_str!("../../wgsl/common/step_one.wgsl")),
     ("common/step_columns.wgsl", include_str!("../../wgsl/common/step_columns.wgsl")),
+    ("common/flash_segment.wgsl", include_str!("../../wgsl/common/flash_segment.wgsl")),
     ("common/flash_one.wgsl", include_str!("../../wgsl/common/flash_one.wgsl")),
     ("common/flash_segments.wgsl", include_str!("../../wgsl/common/flash_segments.wgsl")),
     ("common/sample_common.wgsl", include_str!("../../wgsl/common/sample_common.wgsl")),

@@ -502,6 +502,7 @@ impl KernelKey {
                     .const_u32("BK", 64)
                     .const_u32("D", d)
                     .const_u32("SS", d.max(64))
+                    .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
                     .include("flash_attention_coop.wgsl")
                     .build()
@@ -510,6 +511,7 @@ impl KernelKey {
                 .into_iter()
                 .fold(c.enable_f16(kv.needs_f16()), |c, (name, v)| c.const_u32(name, v))
                 .include(kv.file())
+                .include("common/flash_segment.wgsl")
                 .include(flash_segment_file(segments))
                 .include("flash_attention.wgsl")
                 .build(),

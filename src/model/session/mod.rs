@@ -305,7 +305,9 @@ impl Session {
 
     /// `forward` on sequence `slot` (its region of the cache, its position; a sampled pick
     /// uses its sampler).
-    pub(super) fn forward_in(&mut self, slot: usize, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
+    /// Whether `tokens` can go into `slot`'s sequence: some, each in the vocabulary, and room
+    /// for them in its region.
+    pub(super) fn check_tokens(&self, slot: usize, tokens: &[u32]) -> Result<()> {
         let pos = self.pos[slot];
         if tokens.is_empty() {
             return Err(KilnError::invalid("input", "no tokens to evaluate"));
@@ -322,6 +324,11 @@ impl Session {
                 format!("the context is full: {} + {} tokens exceed {} (raise -c)", pos, tokens.len(), self.opts.n_ctx),
             ));
         }
+        Ok(())
+    }
+
+    pub(super) fn forward_in(&mut self, slot: usize, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
+        self.check_tokens(slot, tokens)?;
         if out == Output::AllLogits && !self.opts.all_logits {
             return Err(KilnError::invalid("session", "all logits were not enabled for this session"));
         }

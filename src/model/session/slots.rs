@@ -149,22 +149,8 @@ impl Session {
         // The head's rows: each picking chunk's last, and the column its sampler reads.
         let mut heads: Vec<(usize, StepColumn)> = Vec::new();
         for c in chunks {
+            self.check_tokens(c.slot, c.tokens)?;
             let pos0 = self.pos[c.slot];
-            if c.tokens.is_empty() {
-                return Err(KilnError::invalid("input", "no tokens to evaluate"));
-            }
-            if let Some(&bad) = c.tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
-                return Err(KilnError::invalid(
-                    "input",
-                    format!("token id {bad} is outside the vocabulary of {}", self.cfg.n_vocab),
-                ));
-            }
-            if pos0 as usize + c.tokens.len() > n_ctx as usize {
-                return Err(KilnError::invalid(
-                    "input",
-                    format!("slot {}'s context is full: {pos0} + {} tokens exceed {n_ctx}", c.slot, c.tokens.len()),
-                ));
-            }
             let kv_base = c.slot as u32 * n_ctx;
             for (j, &t) in c.tokens.iter().enumerate() {
                 let pos = pos0 + j as u32;
