@@ -196,16 +196,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
 
         // Online softmax of row orow, half a tile per lane; masked keys get probability 0.
+        // The lane's 32 scores are read from workgroup memory once, into registers.
         let srow = slice + orow * SS + khalf;
+        var sc: array<f32, 32>;
         var mx = run_max;
         for (var c = 0u; c < 32u; c++) {
-            if (j0 + khalf + c <= my_last) { mx = max(mx, ss[srow + c]); }
+            sc[c] = ss[srow + c];
+            if (j0 + khalf + c <= my_last) { mx = max(mx, sc[c]); }
         }
         mx = max(mx, subgroupShuffleXor(mx, 1u));
         let alpha = exp2(run_max - mx);
         var sum = 0.0;
         for (var c = 0u; c < 32u; c++) {
-            let e = select(0.0, exp2(ss[srow + c] - mx), j0 + khalf + c <= my_last);
+            let e = select(0.0, exp2(sc[c] - mx), j0 + khalf + c <= my_last);
             ps[pslice + orow * PS + khalf + c] = f16(e);
             sum += e;
         }
