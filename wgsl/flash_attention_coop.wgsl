@@ -19,7 +19,8 @@
 // computes (PREFETCH), so the loads' latency hides behind the multiply-adds.
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), SS (the larger
-// of BK and D). The chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
+// of BK and D, plus 4 against bank conflicts). The chunk of rows comes from
+// `segment(wid.z, lid)` as in flash_attention.wgsl.
 
 struct Params {
     m: u32,
