@@ -2,8 +2,9 @@
 //! `Event`s back. Each tick it drops requests whose client went away, admits waiting requests
 //! into free slots (the slot whose cache shares the longest prefix with the prompt), prefills
 //! at most `PREFILL_BUDGET` prompt tokens (so a long prompt never stalls the other streams for
-//! long; several prompts' chunks in one step, the weights read once for all), then runs one decode step for every generating slot (the slots batch it: one pass
-//! over the weights for all of them) and sends each its text. Where the slots pipeline their
+//! long; several prompts' chunks in one step, the weights read once for all), then runs one
+//! decode step for every generating slot (the slots batch it: one pass over the weights for
+//! all of them) and sends each its text. Where the slots pipeline their
 //! steps, a tick submits the next step before it reads the last one's picks: a sequence in
 //! the step in flight is fed the token that step picks for it, on the GPU, so the GPU never
 //! waits while the host records, submits and reads back. A sequence that ends (end of
