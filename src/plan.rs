@@ -403,8 +403,9 @@ pub const SPLIT_K_SCRATCH_FLOATS: u64 = 4 * SPLIT_K_FILL_TILES * 64 * 64;
 
 /// K ranges for a GEMM of `tile` over Y[m, n] = X[m, k] · W[n, k]ᵀ: 1 (no split) on CPU
 /// adapters, for the wide tiles (picked only where tiles are plenty), and wherever the tiles
-/// fill the GPU; else enough ranges for `SPLIT_K_FILL_TILES` workgroups, each of at least
-/// `SPLIT_K_MIN_STEPS` K steps, at most `SPLIT_K_MAX`, within the scratch.
+/// fill the GPU; else the ranges, each of at least `SPLIT_K_MIN_STEPS` K steps, at most
+/// `SPLIT_K_MAX`, within the scratch, whose waves of `SPLIT_K_FILL_TILES` (or, for 128x128
+/// tiles, `COOP_FILL_TILES`) workgroups take the least time.
 /// `KILN_SPLIT_K=N` sets N wherever a GEMM runs on a GPU (1: never split; to compare).
 pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     let (bm, bn, bk, ..) = tile.dims();
@@ -426,7 +427,14 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     if tiles >= fill {
         return 1;
     }
-    (fill.div_ceil(tiles) as u32).min(steps / SPLIT_K_MIN_STEPS).min(most_by_scratch).clamp(1, SPLIT_K_MAX)
+    let most = (steps / SPLIT_K_MIN_STEPS).min(most_by_scratch).clamp(1, SPLIT_K_MAX);
+    // The splits whose waves of `fill` workgroups take the least time: a workgroup's work falls
+    // as 1/s while the waves grow as ceil(tiles s / fill), so a split that leaves a last wave
+    // nearly empty loses (72 tiles of 128x128, Q and K of TinyLlama at 512 tokens: 2 ranges
+    // make 144 workgroups, one wave and a tail of 12; 3 make 216, two fuller waves). Ties go
+    // to fewer ranges (a smaller reduce pass).
+    let waves = |s: u32| (tiles * s as u64).div_ceil(fill) as f64 / s as f64;
+    (1..=most).min_by(|&a, &b| waves(a).total_cmp(&waves(b))).unwrap_or(1)
 }
 
 /// Weights per K range of a GEMM split `splits` ways (a whole number of BK steps), and the
@@ -559,7 +567,9 @@ mod tests {
         assert_eq!(gemm_n(128, 2048, WeightFormat::Q4K), Some(GemmTile::Coop64));
         assert_eq!(gemm_n(2048, 2048, WeightFormat::Q4K), Some(GemmTile::Coop128));
         let c128 = |m, n| gemm_splits(m, n, 2048, GemmTile::Coop128, &c);
-        assert_eq!((c128(512, 2048), c128(512, 2304), c128(512, 4096), c128(2048, 2048)), (2, 2, 1, 1));
+        assert_eq!((c128(512, 2048), c128(512, 2304), c128(512, 4096), c128(2048, 2048)), (2, 3, 1, 1));
+        // 64x64 tiles at 128 tokens (64 of them): 4 ranges, one wave of 256.
+        assert_eq!(gemm_splits(128, 2048, 2048, GemmTile::Coop64, &c), 4);
         assert_eq!(gemm(64, WeightFormat::Q8_0), Some(GemmTile::Coop64));
         assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
