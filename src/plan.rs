@@ -256,8 +256,8 @@ pub fn gemv_q8_min_cols() -> u32 {
 /// Below four 128x64 tiles per SM instead, Llama-7B's 4096-wide matrices went to 64x64 tiles
 /// and its pp512 fell from 3,376 to 2,710 (run 21).
 pub const COOP_FILL_TILES: u64 = 128;
-/// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K to make
-/// COOP_FILL_TILES workgroups), and outputs from which (fewer go to 64x64 tiles). H200 sweep
+/// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K where they are
+/// fewer than COOP_FILL_TILES, `gemm_splits`), and outputs from which (fewer go to 64x64 tiles). H200 sweep
 /// at Q4_K, TFLOP/s for 64x64 / 128x128 / 128x128 split in two (run 54,
 /// profiling/results/h200-coop-gemm-2026-11-24-run54-*): 512x2048x2048 56 / 41 / 67,
 /// 512x5632x2048 72 / 50 / 94, 512x2048x11264 53 / 82 / 83, Llama-7B's 512x4096x4096 59 / 93 /
