@@ -19,6 +19,17 @@ use kiln::quant::WeightFormat;
 
 const TOL: f32 = 2e-5;
 
+/// Tolerance of a fused epilogue's outputs on `kernel`: f32 accumulation of exact weights;
+/// int8 activations round x; cooperative matrices round x and W to f16 (2^-11 each, summed
+/// over k = 256 products).
+fn epilogue_tol(kernel: MatmulKernel) -> f32 {
+    match kernel {
+        MatmulKernel::Gemv { q8: true, .. } => Q8_EPILOGUE_TOL,
+        MatmulKernel::Gemm { tile } if tile.is_coop() => COOP_EPILOGUE_TOL,
+        _ => TOL * 4.0,
+    }
+}
+
 fn case(format: WeightFormat, n: usize, k: usize, m: usize, seed: u64) -> MatmulCase {
     MatmulCase::new(format, n, k, m, seed).expect("case")
 }
@@ -173,7 +184,7 @@ fn split_k_gemm_matches_reference() {
                 let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 3 };
                 for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                     let what = format!("[{}] split-K 3 {tile:?} {epi:?} {}", g.name, o.what);
-                    let tol = if coop { COOP_EPILOGUE_TOL } else { TOL * 4.0 };
+                    let tol = epilogue_tol(kernel);
                     assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
                 }
             }
@@ -379,17 +390,7 @@ fn fused_epilogues_match_reference() {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
             }
             for (what, m, kernel) in kernels {
-                let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
-                let coop = matches!(kernel, MatmulKernel::Gemm { tile } if tile.is_coop());
-                // f32 accumulation of exact weights; int8 activations round x; cooperative
-                // matrices round x and W to f16 (2^-11 each, summed over k = 256 products).
-                let tol = if q8 {
-                    Q8_EPILOGUE_TOL
-                } else if coop {
-                    COOP_EPILOGUE_TOL
-                } else {
-                    TOL * 4.0
-                };
+                let tol = epilogue_tol(kernel);
                 let mut epis = vec![(Epi::SwiGlu, 66)];
                 epis.extend(qkv_shapes(g.ctx.caps.f16).into_iter().map(|s| (Epi::Qkv(s), s.rows())));
                 if format == WeightFormat::Q4K {
@@ -446,15 +447,7 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
             }
         }
         for (kernel, batched, mut s, m, splits) in runs {
-            let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
-            let coop = matches!(kernel, MatmulKernel::Gemm { tile } if tile.is_coop());
-            let tol = if q8 {
-                Q8_EPILOGUE_TOL
-            } else if coop {
-                COOP_EPILOGUE_TOL
-            } else {
-                TOL * 4.0
-            };
+            let tol = epilogue_tol(kernel);
             s.kv_base = 7;
             s.batched = batched;
             let c = case(format, s.rows(), k, m, (m * 31 + s.rows()) as u64);

@@ -184,13 +184,11 @@ pub fn launch_segments(
     chunks: &[Chunk],
     caps: &crate::gpu::Caps,
 ) -> Result<(FlashLaunch, Vec<FlashSegment>)> {
-    let Some(first) = chunks.first() else {
-        return Err(KilnError::invalid("attention", "a step of several chunks needs at least one"));
-    };
     let mut row0 = 0;
     let mut table = Vec::with_capacity(chunks.len());
+    let mut first: Option<FlashLaunch> = None;
     for c in chunks {
-        // Each chunk's own checks (its positions within the context).
+        // Each chunk's own launch: its checks (positions within the context) and its tiles.
         let one = launch(kv, shape, c.m, c.pos0, caps)?;
         table.push(FlashSegment {
             m: c.m,
@@ -201,8 +199,11 @@ pub fn launch_segments(
             _pad: [0; 3],
         });
         row0 += c.m;
+        first.get_or_insert(one);
     }
-    let mut l = launch(kv, shape, first.m, first.pos0, caps)?;
+    let Some(mut l) = first else {
+        return Err(KilnError::invalid("attention", "a step of several chunks needs at least one"));
+    };
     l.key = match l.key {
         KernelKey::AttnFlash { kv, head_dim, .. } => KernelKey::AttnFlash { kv, head_dim, segments: true },
         KernelKey::AttnFlashCoop { head_dim, .. } => KernelKey::AttnFlashCoop { head_dim, segments: true },

@@ -166,7 +166,8 @@ impl Session {
         // that go through the head (copied over the step's table once the layers have read it).
         let chunk_bytes = std::mem::size_of::<flash_attention::FlashSegment>() as u64;
         let chunks = st(sizes::batch_columns(opts.n_seq) as u64 * chunk_bytes, "prefill chunks")?;
-        let head_cols = st(crate::kernels::matmul::step_bytes(1), "head columns")?;
+        let col_bytes = std::mem::size_of::<crate::kernels::matmul::StepColumn>() as u64;
+        let head_cols = st(sizes::batch_columns(opts.n_seq) as u64 * col_bytes, "head columns")?;
         // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
         let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
         let rope_neox = c.rope_mode == RopeMode::Neox;

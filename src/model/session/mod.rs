@@ -303,8 +303,6 @@ impl Session {
         self.forward_in(0, tokens, out)
     }
 
-    /// `forward` on sequence `slot` (its region of the cache, its position; a sampled pick
-    /// uses its sampler).
     /// Whether `tokens` can go into `slot`'s sequence: some, each in the vocabulary, and room
     /// for them in its region.
     pub(super) fn check_tokens(&self, slot: usize, tokens: &[u32]) -> Result<()> {
@@ -327,6 +325,8 @@ impl Session {
         Ok(())
     }
 
+    /// `forward` on sequence `slot` (its region of the cache, its position; a sampled pick
+    /// uses its sampler).
     pub(super) fn forward_in(&mut self, slot: usize, tokens: &[u32], out: Output) -> Result<Vec<f32>> {
         self.check_tokens(slot, tokens)?;
         if out == Output::AllLogits && !self.opts.all_logits {

@@ -146,8 +146,8 @@ impl Session {
         let mut cols = Vec::with_capacity(total);
         let mut ids = Vec::with_capacity(total);
         let mut attn = Vec::with_capacity(chunks.len());
-        // The head's rows: each picking chunk's last, and the column its sampler reads.
-        let mut heads: Vec<(usize, StepColumn)> = Vec::new();
+        // The head's rows: each picking chunk's last.
+        let mut heads: Vec<usize> = Vec::new();
         for c in chunks {
             self.check_tokens(c.slot, c.tokens)?;
             let pos0 = self.pos[c.slot];
@@ -159,7 +159,7 @@ impl Session {
             }
             attn.push(Chunk { m: c.tokens.len() as u32, pos0, kv_base });
             if c.pick {
-                heads.push((cols.len() - 1, cols[cols.len() - 1]));
+                heads.push(cols.len() - 1);
             }
         }
         let t0 = std::time::Instant::now();
@@ -169,7 +169,8 @@ impl Session {
         q.write_buffer(&self.step_state, 0, &step_table(&cols));
         q.write_buffer(&self.chunks, 0, bytemuck::cast_slice(&table));
         q.write_buffer(&self.ids, 0, bytemuck::cast_slice(&ids));
-        let head_cols: Vec<StepColumn> = heads.iter().map(|h| h.1).collect();
+        // The columns the sampler reads for the head's rows.
+        let head_cols: Vec<StepColumn> = heads.iter().map(|&row| cols[row]).collect();
         if !head_cols.is_empty() {
             q.write_buffer(&self.head_cols, 0, bytemuck::cast_slice(&head_cols));
         }
@@ -185,17 +186,18 @@ impl Session {
                 // The picking rows' hidden states side by side, and the table the sampler
                 // reads for them in place of the layers' (which have read theirs).
                 let e = rec.encoder();
-                for (i, (row, _)) in heads.iter().enumerate() {
+                for (i, &row) in heads.iter().enumerate() {
                     e.copy_buffer_to_buffer(
                         &self.x,
-                        *row as u64 * row_bytes,
+                        row as u64 * row_bytes,
                         &self.x_last,
                         i as u64 * row_bytes,
                         row_bytes,
                     );
                 }
                 let header = std::mem::size_of::<StepState>() as u64;
-                e.copy_buffer_to_buffer(&self.head_cols, 0, &self.step_state, header, k as u64 * 16);
+                let bytes = k as u64 * std::mem::size_of::<StepColumn>() as u64;
+                e.copy_buffer_to_buffer(&self.head_cols, 0, &self.step_state, header, bytes);
                 recorded = self.record_head(&mut rec, &self.lm_head_last, k, Output::Sampled, true);
             }
             rec.finish();
