@@ -70,16 +70,28 @@ impl GemmTile {
             _ => (2, 2, 2),
         }
     }
+    /// Cooperative tiles are warp-specialized (gemm_coop.wgsl): (invocations that multiply,
+    /// 32 per subgroup of accumulators; invocations that load the tiles, two 8-value chunks
+    /// of W each per K step).
+    pub fn coop_invocations(self) -> (u32, u32) {
+        let (bm, bn, bk, _, _) = self.dims();
+        let (sgn, fm, _) = self.coop_layout();
+        ((bm / (fm * 16)) * sgn * 32, bn * bk / 8 / 2)
+    }
+    /// Invocations per workgroup (for cooperative tiles, those that multiply and those that load).
     pub fn workgroup_size(self) -> u32 {
         if self.is_coop() {
-            let bm = self.dims().0;
-            let (sgn, fm, _) = self.coop_layout();
-            return (bm / (fm * 16)) * sgn * 32;
+            let (multiply, load) = self.coop_invocations();
+            return multiply + load;
         }
         let (bm, bn, _, tm, tn) = self.dims();
         (bm / tm) * (bn / tn)
     }
 }
+
+/// The largest cooperative GEMM workgroup (Coop128: 256 invocations multiply, 256 load); the
+/// cooperative path needs adapters that allow it.
+pub const COOP_MAX_INVOCATIONS: u32 = 512;
 
 /// GEMV launch shape: invocations per workgroup, and rows per group of invocations. `groups`
 /// 1: the whole workgroup strides along K over its `rows` rows; more (the int8 GEMV over many
@@ -591,17 +603,23 @@ mod tests {
             // gemm_coop.wgsl writes out FM = 1, 2 or 4 and FN = 1 or 2 by name (FN 1 only with FM 1).
             assert!(fm == 1 || fm == 2 || fm == 4, "{tile:?}");
             assert!(fnn == 2 || (fnn == 1 && fm == 1), "{tile:?}");
-            let sgm = tile.workgroup_size() / 32 / sgn;
+            let (multiply, load) = tile.coop_invocations();
+            let sgm = multiply / 32 / sgn;
             assert_eq!((sgm * fm * 16, sgn * fnn * 16), (bm, bn), "{tile:?}");
-            // Two W chunks per invocation and K step; X chunks: 1, 2 or 4 per invocation, or
-            // (16-row tiles) one for each of the first whole subgroups.
-            let wg = tile.workgroup_size();
-            assert_eq!(bn * bk / 8, 2 * wg, "{tile:?}");
+            // Two W chunks per loading invocation and K step; X chunks: 1, 2 or 4 per loading
+            // invocation, or (16-row tiles) one for each of the first whole subgroups.
+            assert_eq!(bn * bk / 8, 2 * load, "{tile:?}");
+            assert_eq!(load % 32, 0, "{tile:?}");
             let x_chunks = bm * bk / 8;
-            assert!([wg, 2 * wg, 4 * wg].contains(&x_chunks) || (x_chunks < wg && x_chunks % 32 == 0), "{tile:?}");
+            assert!(
+                [load, 2 * load, 4 * load].contains(&x_chunks) || (x_chunks < load && x_chunks % 32 == 0),
+                "{tile:?}"
+            );
+            // Within the workgroup size the cooperative path asks of the adapter.
+            assert!(tile.workgroup_size() <= COOP_MAX_INVOCATIONS, "{tile:?}");
             // Workgroup memory: double-buffered padded tiles and a 16x16 f32 slice per
-            // subgroup, within 48 KiB.
-            let bytes = 2 * (bm + bn) * (bk + 8) * 2 + tile.workgroup_size() / 32 * 1024;
+            // multiplying subgroup, within 48 KiB.
+            let bytes = 2 * (bm + bn) * (bk + 8) * 2 + multiply / 32 * 1024;
             assert!(bytes <= 48 * 1024, "{tile:?}: {bytes}");
         }
     }

@@ -1,48 +1,53 @@
 // Tiled GEMM on cooperative matrices (tensor cores, matrix cores): Y[m, n] = sum_k X[m, k] * W[n, k]
 // for prefill, where the adapter offers 16x16x16 f16 x f16 -> f32 matrix multiply-adds.
-// A workgroup computes a BM x BN tile of Y with WG / 32 subgroups, SGN of them along N; each
-// subgroup owns FM x FN accumulators of 16 x 16 in f32 (a (16 FM) x (16 FN) block).
-// Per K step of BK, the X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W
-// tile (F16 as it is: common/coop_w_half.wgsl; block formats decoded by the format file's
-// fetch8 and unpack8: common/coop_w_decode.wgsl) are stored in workgroup memory, both
-// k-contiguous: X row-major (A, loaded with coopLoadT), W as the column-major K x N matrix B
-// (coopLoad). Rows are padded by 8 halves (LDS) so a fragment's 16 rows fall in different banks.
-// Double-buffered: the next K step's X chunks and weight words are loaded into registers
-// before this step's multiply-adds, then decoded and stored into the other buffer, so global
-// latency hides behind the matrix cores and each K step needs one barrier.
-// The kernel is bound by instruction issue, not memory: on an H200 (kernels bench, 4096^3 F16)
-// converting X from f32 inside it, loads behind bounds checks, and addresses recomputed per
-// chunk each cost about a third (47 -> 102 TFLOP/s with all three gone). So tiles that lie
-// inside X and W with whole K steps (`full`, uniform per workgroup) load from row bases
-// computed once, with no clamps or masks; edge tiles clamp every load and zero what lies
-// outside when storing it (a load is never behind a branch).
+// A workgroup computes a BM x BN tile of Y. It is warp-specialized: WG invocations (WG / 32
+// subgroups, SGN of them along N) only multiply, each subgroup owning FM x FN accumulators of
+// 16 x 16 in f32 (a (16 FM) x (16 FN) block); the LWG invocations after them only load, decode
+// and store the tiles. Per K step of BK the loaders fill one of two buffers while the
+// multipliers read the other, one barrier a step. (When every subgroup loaded its share before
+// its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
+// kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
+// runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
+// The X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W tile (F16 as it
+// is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
+// common/coop_w_decode.wgsl) are stored k-contiguous: X row-major (A, loaded with coopLoadT), W
+// as the column-major K x N matrix B (coopLoad). Rows are padded by 8 halves (LDS) so a
+// fragment's 16 rows fall in different banks. The tiles are arrays of vec4<f16> (LDV a row;
+// cooperative loads take their strides in the array's elements): a chunk of eight halves is
+// two 8-byte stores, not eight 2-byte ones.
+// Loads are instruction-bound (kernels bench, 4096^3 F16: converting X from f32 inside the
+// kernel, loads behind bounds checks, and addresses recomputed per chunk each cost about a
+// third). So tiles that lie inside X and W with whole K steps (`full`, uniform per workgroup)
+// load from row bases computed once, with no clamps or masks; edge tiles clamp every load and
+// zero what lies outside when storing it (a load is never behind a branch).
 // Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
-// workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG, SGN, FM (1, 2 or 4),
-// FN (1 or 2). FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
+// workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG (multiplying
+// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2). FM 1 (16-row tiles) is
+// for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
 
 const LDS: u32 = BK + 8u;
+const LDV: u32 = LDS / 4u;
 const N_SG: u32 = WG / 32u;
-// Per invocation and K step: 8-value chunks of X and of W. A 16-row tile has fewer X chunks
-// than invocations: the first X_CHUNKS invocations (whole subgroups) move one each.
+// Per loading invocation and K step: 8-value chunks of X and of W. A 16-row tile has fewer X
+// chunks than loading invocations: the first X_CHUNKS (whole subgroups) move one each.
 const X_CHUNKS: u32 = BM * BK / 8u;
-const X_PER: u32 = max(1u, X_CHUNKS / WG);
-const W_PER: u32 = BN * BK / 8u / WG;
+const X_PER: u32 = max(1u, X_CHUNKS / LWG);
+const W_PER: u32 = BN * BK / 8u / LWG;
 const_assert ((FN == 2u || FM == 1u) && (X_PER == 1u || X_PER == 2u || X_PER == 4u) && W_PER == 2u);
 
-var<workgroup> xs: array<f16, 2u * BM * LDS>;   // A: [buffer][m][k]
-var<workgroup> ws: array<f16, 2u * BN * LDS>;   // B: [buffer][n][k], i.e. K x N column-major
+var<workgroup> xs: array<vec4<f16>, 2u * BM * LDV>;   // A: [buffer][m][k / 4]
+var<workgroup> ws: array<vec4<f16>, 2u * BN * LDV>;   // B: [buffer][n][k / 4], i.e. K x N column-major
 var<workgroup> cs: array<f32, N_SG * 256u>;      // one 16 x 16 accumulator per subgroup: [m][n]
 
 alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
-// The X chunks and W words of one K step that one invocation moves, as loaded: nothing waits
-// on those loads until stash decodes (block formats) and stores them, after the multiply-adds.
-// Named fields, not arrays indexed in loops, which the compiler may keep in slow local memory
+// The X chunks and W words of one K step that one loading invocation moves, as loaded, until
+// stash decodes (block formats) and stores them. Named fields, not arrays indexed in loops, which the compiler may keep in slow local memory
 // (X_PER is 1, 2 or 4, W_PER 2).
 struct Staged {
     x0: XStage,
@@ -54,12 +59,12 @@ struct Staged {
 }
 
 // Whether this invocation moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
-fn moves_x(lid: u32) -> bool { return X_CHUNKS >= WG || lid < X_CHUNKS; }
+fn moves_x(lid: u32) -> bool { return X_CHUNKS >= LWG || lid < X_CHUNKS; }
 
 // Chunk j of this invocation: i = lid + j WG of the tile's rows x (BK / 8) chunks, so that
 // consecutive invocations read consecutive chunks of a row.
-fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * WG) / (BK / 8u); }
-fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * WG) % (BK / 8u); }
+fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) / (BK / 8u); }
+fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) % (BK / 8u); }
 
 // Where chunk j of this invocation goes in buffer buf of a tile of `rows` rows.
 fn slot(lid: u32, j: u32, buf: u32, rows: u32) -> u32 {
@@ -123,26 +128,15 @@ fn fetch(lid: u32, m0: u32, n0: u32, k0: u32, full: bool, b: Bases) -> Staged {
     return fetch_edge(lid, m0, n0, k0);
 }
 
-// Eight halves at t of xs (which == 0) or ws.
+// Eight halves at half t (a multiple of 8) of xs (which == 0) or ws.
 fn put8(t: u32, h: Half8, which: u32) {
+    let v = t / 4u;
     if (which == 0u) {
-        xs[t] = h.lo.x;
-        xs[t + 1u] = h.lo.y;
-        xs[t + 2u] = h.lo.z;
-        xs[t + 3u] = h.lo.w;
-        xs[t + 4u] = h.hi.x;
-        xs[t + 5u] = h.hi.y;
-        xs[t + 6u] = h.hi.z;
-        xs[t + 7u] = h.hi.w;
+        xs[v] = h.lo;
+        xs[v + 1u] = h.hi;
     } else {
-        ws[t] = h.lo.x;
-        ws[t + 1u] = h.lo.y;
-        ws[t + 2u] = h.lo.z;
-        ws[t + 3u] = h.lo.w;
-        ws[t + 4u] = h.hi.x;
-        ws[t + 5u] = h.hi.y;
-        ws[t + 6u] = h.hi.z;
-        ws[t + 7u] = h.hi.w;
+        ws[v] = h.lo;
+        ws[v + 1u] = h.hi;
     }
 }
 
@@ -168,26 +162,62 @@ fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
     put8(slot(lid, 1u, buf, BN), halves_w(s.w1), 1u);
 }
 
-// Accumulators, fragments and multiply-adds are written out by name (FM is 1, 2 or 4, FN 1 or 2;
-// FN 1 only with FM 1):
-// arrays of cooperative matrices indexed in loops may live in slow local memory.
-@compute @workgroup_size(WG)
+// The accumulators (private: the multiply-adds live in a function the multiplying subgroups
+// call, see main).
+var<private> c00: TileC;
+var<private> c01: TileC;
+var<private> c10: TileC;
+var<private> c11: TileC;
+var<private> c20: TileC;
+var<private> c21: TileC;
+var<private> c30: TileC;
+var<private> c31: TileC;
+
+// One K step's multiply-adds of a multiplying subgroup, from buffer cur. Accumulators,
+// fragments and multiply-adds are written out by name (FM is 1, 2 or 4, FN 1 or 2; FN 1 only
+// with FM 1): arrays of cooperative matrices indexed in loops may live in slow local memory.
+fn multiply(cur: u32, sm: u32, sn: u32) {
+    for (var kk = 0u; kk < BK; kk += 16u) {
+        let ia = cur * BM * LDS + sm * LDS + kk;
+        let ib = cur * BN * LDS + sn * LDS + kk;
+        let a0 = coopLoadT<TileA>(&xs[ia / 4u], LDV);
+        let b0 = coopLoad<TileB>(&ws[ib / 4u], LDV);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        if (FN == 2u) {
+            let b1 = coopLoad<TileB>(&ws[(ib + 16u * LDS) / 4u], LDV);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            if (FM >= 2u) {
+                let a1 = coopLoadT<TileA>(&xs[(ia + 16u * LDS) / 4u], LDV);
+                c10 = coopMultiplyAdd(a1, b0, c10);
+                c11 = coopMultiplyAdd(a1, b1, c11);
+            }
+            if (FM == 4u) {
+                let a2 = coopLoadT<TileA>(&xs[(ia + 32u * LDS) / 4u], LDV);
+                let a3 = coopLoadT<TileA>(&xs[(ia + 48u * LDS) / 4u], LDV);
+                c20 = coopMultiplyAdd(a2, b0, c20);
+                c21 = coopMultiplyAdd(a2, b1, c21);
+                c30 = coopMultiplyAdd(a3, b0, c30);
+                c31 = coopMultiplyAdd(a3, b1, c31);
+            }
+        }
+    }
+}
+
+// The first WG invocations multiply, the LWG after them load (see the top of the file).
+// Roles are per subgroup (32 invocations in index order), so the cooperative operations run
+// in subgroup-uniform control flow; they are in functions so that naga, whose analysis knows
+// only workgroup uniformity, accepts them.
+@compute @workgroup_size(WG + LWG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n0 = wid.x * BN;
     let m0 = wid.y * BM;
-    // This invocation's subgroup and its block of the tile (32 invocations per subgroup in
-    // index order: cooperative operations act per subgroup).
+    let loader = lid >= WG;
+    let plid = lid - WG;
+    // This invocation's subgroup and its block of the tile.
     let sg = lid / 32u;
     let sm = (sg / SGN) * (FM * 16u);
     let sn = (sg % SGN) * (FN * 16u);
-    var c00 = TileC();
-    var c01 = TileC();
-    var c10 = TileC();
-    var c11 = TileC();
-    var c20 = TileC();
-    var c21 = TileC();
-    var c30 = TileC();
-    var c31 = TileC();
+    if (!loader) { clear(); }
 
     // This workgroup's K range (split-K: a whole number of BK steps but the last range's).
     let ks = k_range(wid.z);
@@ -195,69 +225,73 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let steps = (ks.y - k_begin + BK - 1u) / BK;
     // Tiles inside X and W whose K steps are all whole take the loads without clamps or masks.
     let full = m0 + BM <= p.n_cols && n0 + BN <= p.n_rows && (ks.y - k_begin) % BK == 0u;
-    let b = bases(lid, m0, n0);
-    stash(lid, fetch(lid, m0, n0, k_begin, full, b), 0u, full);
+    var b: Bases;
+    if (loader) {
+        b = bases(plid, m0, n0);
+        stash(plid, fetch(plid, m0, n0, k_begin, full, b), 0u, full);
+    }
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
-        let more = step + 1u < steps;
-        // The next step's values are loaded before this step's multiply-adds and stored
-        // (decoded, masked) after them, so that the matrix cores work while the loads wait on
-        // memory.
-        var next: Staged;
-        if (more) { next = fetch(lid, m0, n0, k_begin + (step + 1u) * BK, full, b); }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            let ia = cur * BM * LDS + sm * LDS + kk;
-            let ib = cur * BN * LDS + sn * LDS + kk;
-            let a0 = coopLoadT<TileA>(&xs[ia], LDS);
-            let b0 = coopLoad<TileB>(&ws[ib], LDS);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            if (FN == 2u) {
-                let b1 = coopLoad<TileB>(&ws[ib + 16u * LDS], LDS);
-                c01 = coopMultiplyAdd(a0, b1, c01);
-                if (FM >= 2u) {
-                    let a1 = coopLoadT<TileA>(&xs[ia + 16u * LDS], LDS);
-                    c10 = coopMultiplyAdd(a1, b0, c10);
-                    c11 = coopMultiplyAdd(a1, b1, c11);
-                }
-                if (FM == 4u) {
-                    let a2 = coopLoadT<TileA>(&xs[ia + 32u * LDS], LDS);
-                    let a3 = coopLoadT<TileA>(&xs[ia + 48u * LDS], LDS);
-                    c20 = coopMultiplyAdd(a2, b0, c20);
-                    c21 = coopMultiplyAdd(a2, b1, c21);
-                    c30 = coopMultiplyAdd(a3, b0, c30);
-                    c31 = coopMultiplyAdd(a3, b1, c31);
-                }
-            }
+        if (loader) {
+            if (step + 1u < steps) { stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full); }
+        } else {
+            multiply(cur, sm, sn);
         }
-        if (more) { stash(lid, next, 1u - cur, full); }
         workgroupBarrier();
     }
 
     let lane = lid % 32u;
     let slice = sg * 256u;
-    emit(c00, slice, lane, m0 + sm, n0 + sn);
-    if (FN == 2u) { emit(c01, slice, lane, m0 + sm, n0 + sn + 16u); }
+    emit(0u, loader, slice, lane, m0 + sm, n0 + sn);
+    if (FN == 2u) { emit(1u, loader, slice, lane, m0 + sm, n0 + sn + 16u); }
     if (FM >= 2u) {
-        emit(c10, slice, lane, m0 + sm + 16u, n0 + sn);
-        emit(c11, slice, lane, m0 + sm + 16u, n0 + sn + 16u);
+        emit(2u, loader, slice, lane, m0 + sm + 16u, n0 + sn);
+        emit(3u, loader, slice, lane, m0 + sm + 16u, n0 + sn + 16u);
     }
     if (FM == 4u) {
-        emit(c20, slice, lane, m0 + sm + 32u, n0 + sn);
-        emit(c21, slice, lane, m0 + sm + 32u, n0 + sn + 16u);
-        emit(c30, slice, lane, m0 + sm + 48u, n0 + sn);
-        emit(c31, slice, lane, m0 + sm + 48u, n0 + sn + 16u);
+        emit(4u, loader, slice, lane, m0 + sm + 32u, n0 + sn);
+        emit(5u, loader, slice, lane, m0 + sm + 32u, n0 + sn + 16u);
+        emit(6u, loader, slice, lane, m0 + sm + 48u, n0 + sn);
+        emit(7u, loader, slice, lane, m0 + sm + 48u, n0 + sn + 16u);
     }
 }
 
-// The epilogue of one 16 x 16 accumulator whose first output is (gm, gn): through this
-// subgroup's slice of workgroup memory, 128 pairs of outputs over its 32 lanes. Every
-// subgroup calls it the same number of times (uniform control flow for the barriers).
-fn emit(c: TileC, slice: u32, lane: u32, gm: u32, gn: u32) {
-    coopStoreT(c, &cs[slice], 16u);
+fn clear() {
+    c00 = TileC();
+    c01 = TileC();
+    c10 = TileC();
+    c11 = TileC();
+    c20 = TileC();
+    c21 = TileC();
+    c30 = TileC();
+    c31 = TileC();
+}
+
+// Accumulator i (c00, c01, c10, ... in that order) into this subgroup's slice.
+fn put_acc(i: u32, slice: u32) {
+    switch i {
+        case 0u: { coopStoreT(c00, &cs[slice], 16u); }
+        case 1u: { coopStoreT(c01, &cs[slice], 16u); }
+        case 2u: { coopStoreT(c10, &cs[slice], 16u); }
+        case 3u: { coopStoreT(c11, &cs[slice], 16u); }
+        case 4u: { coopStoreT(c20, &cs[slice], 16u); }
+        case 5u: { coopStoreT(c21, &cs[slice], 16u); }
+        case 6u: { coopStoreT(c30, &cs[slice], 16u); }
+        default: { coopStoreT(c31, &cs[slice], 16u); }
+    }
+}
+
+// The epilogue of accumulator i, whose first output is (gm, gn): through this subgroup's slice
+// of workgroup memory, 128 pairs of outputs over its 32 lanes. Every invocation calls it the
+// same number of times (the loaders for the barriers alone).
+fn emit(i: u32, loader: bool, slice: u32, lane: u32, gm: u32, gn: u32) {
+    if (!loader) { put_acc(i, slice); }
     workgroupBarrier();
-    for (var e = lane * 2u; e < 256u; e += 64u) {
-        store_pair(gm + e / 16u, gn + e % 16u, cs[slice + e], cs[slice + e + 1u]);
+    if (!loader) {
+        for (var e = lane * 2u; e < 256u; e += 64u) {
+            store_pair(gm + e / 16u, gn + e % 16u, cs[slice + e], cs[slice + e + 1u]);
+        }
     }
     workgroupBarrier();
 }

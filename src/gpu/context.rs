@@ -401,6 +401,8 @@ impl GpuContext {
                 && info.subgroup_max_size == 32
                 // gemm_coop.wgsl's largest tile takes 48 KiB of workgroup memory.
                 && limits.max_compute_workgroup_storage_size >= 48 * 1024
+                && limits.max_compute_invocations_per_workgroup >= crate::plan::COOP_MAX_INVOCATIONS
+                && limits.max_compute_workgroup_size_x >= crate::plan::COOP_MAX_INVOCATIONS
                 && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,

@@ -1,6 +1,10 @@
 //! Shader composition: a kernel's WGSL is a few whitelisted files (a format prelude, common
 //! helpers, the op's body) behind a header of typed constants generated from its key.
 
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
 use crate::error::{KilnError, Result};
 
 /// Every WGSL file kiln ships, embedded at build time. Composition can only name these.
@@ -70,12 +74,37 @@ pub const FILES: &[(&str, &str)] = &[
     ("probe.wgsl", include_str!("../../wgsl/probe.wgsl")),
 ];
 
-fn file(name: &str) -> Result<&'static str> {
+/// The text of one of kiln's WGSL files. `KILN_WGSL_DIR`: a file of the same name in that
+/// directory replaces the built-in one (to try a kernel variant on a GPU machine without
+/// rebuilding; the pipeline cache is keyed by the compiled code, so it never serves a stale one).
+fn file(name: &str) -> Result<Cow<'static, str>> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| std::env::var_os("KILN_WGSL_DIR").map(PathBuf::from));
+    if let Some(dir) = dir {
+        if let Some(text) = replacement(dir, name)? {
+            return Ok(Cow::Owned(text));
+        }
+    }
     FILES
         .iter()
         .find(|(n, _)| *n == name)
-        .map(|(_, text)| *text)
+        .map(|(_, text)| Cow::Borrowed(*text))
         .ok_or_else(|| KilnError::Shader { label: name.to_string(), message: "no such WGSL file".into() })
+}
+
+/// `dir/name` where it exists (a file kiln has: a replacement, not an addition).
+fn replacement(dir: &Path, name: &str) -> Result<Option<String>> {
+    if !FILES.iter().any(|(n, _)| *n == name) {
+        return Ok(None);
+    }
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    std::fs::read_to_string(&path).map(Some).map_err(|e| KilnError::Shader {
+        label: name.to_string(),
+        message: format!("cannot read {} (KILN_WGSL_DIR): {e}", path.display()),
+    })
 }
 
 /// A composed shader, ready for naga or wgpu.
@@ -144,7 +173,7 @@ impl Composer {
         }
         for name in &self.files {
             text.push_str(&format!("\n// ---- {name} ----\n"));
-            text.push_str(file(name)?);
+            text.push_str(&file(name)?);
         }
         Ok(ShaderSource { label: self.label, text, overrides: self.overrides })
     }
@@ -161,4 +190,21 @@ pub fn validate(
         .validate(&module)
         .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
     Ok((module, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wgsl_dir_replaces_only_files_kiln_has() {
+        let dir = std::env::temp_dir().join(format!("kiln-wgsl-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rope.wgsl"), "// a variant\n").unwrap();
+        std::fs::write(dir.join("extra.wgsl"), "// not kiln's\n").unwrap();
+        assert_eq!(replacement(&dir, "rope.wgsl").unwrap().as_deref(), Some("// a variant\n"));
+        assert_eq!(replacement(&dir, "extra.wgsl").unwrap(), None);
+        assert_eq!(replacement(&dir, "gemm.wgsl").unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

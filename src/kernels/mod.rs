@@ -420,7 +420,7 @@ impl KernelKey {
                     .const_u32("BM", bm)
                     .const_u32("BN", bn)
                     .const_u32("BK", bk)
-                    .const_u32("WG", tile.workgroup_size())
+                    .const_u32("WG", if coop { tile.coop_invocations().0 } else { tile.workgroup_size() })
                     .include("common/matmul_params.wgsl")
                     .include("common/gemm_io.wgsl");
                 let c = if halves {
@@ -441,6 +441,7 @@ impl KernelKey {
                 if coop {
                     let (sgn, fm, fnn) = tile.coop_layout();
                     let c = c
+                        .const_u32("LWG", tile.coop_invocations().1)
                         .const_u32("SGN", sgn)
                         .const_u32("FM", fm)
                         .const_u32("FN", fnn)
