@@ -1,6 +1,6 @@
 // The cooperative GEMM's W decoded in the tile from its block format (common/gemm_w_decode.wgsl):
-// the words are loaded by stage_w before the multiply-adds, and decoded (the format file's
-// unpack8) and rounded to f16 by halves_w after them.
+// the loading invocations load the words (stage_w, the format file's fetch8), then decode them
+// (unpack8) and round them to f16 (halves_w) as they store them.
 
 alias WStage = RawW8;
 

@@ -3,8 +3,8 @@
 
 // Weights 8c .. 8c + 7 of W's row as loaded (the format file's fetch8), and whether the
 // chunk lies inside W: outside, it is read from a chunk that does (row and chunk clamped) and
-// unpack_w8 gives zeros. Split so that the cooperative GEMM can issue the loads before its
-// multiply-adds and decode after them.
+// unpack_w8 gives zeros. Split so that a GEMM can issue a K step's loads together and decode
+// after them.
 struct RawW8 {
     raw: Raw8,
     inside: bool,
