@@ -40,15 +40,15 @@ const_assert ((FN == 2u || FM == 1u) && (X_PER == 1u || X_PER == 2u || X_PER == 
 
 var<workgroup> xs: array<vec4<f16>, 2u * BM * LDV>;   // A: [buffer][m][k / 4]
 var<workgroup> ws: array<vec4<f16>, 2u * BN * LDV>;   // B: [buffer][n][k / 4], i.e. K x N column-major
-var<workgroup> cs: array<f32, N_SG * 256u>;      // one 16 x 16 accumulator per subgroup: [m][n]
+var<workgroup> cs: array<f32, N_SG * 256u>;      // one 16 x 16 accumulator per multiplying subgroup: [m][n]
 
 alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
 // The X chunks and W words of one K step that one loading invocation moves, as loaded, until
-// stash decodes (block formats) and stores them. Named fields, not arrays indexed in loops, which the compiler may keep in slow local memory
-// (X_PER is 1, 2 or 4, W_PER 2).
+// stash decodes (block formats) and stores them. Named fields, not arrays indexed in loops,
+// which the compiler may keep in slow local memory (X_PER is 1, 2 or 4, W_PER 2).
 struct Staged {
     x0: XStage,
     x1: XStage,
@@ -58,10 +58,11 @@ struct Staged {
     w1: WStage,
 }
 
-// Whether this invocation moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
+// Below, lid is a loading invocation's index among the loaders.
+// Whether it moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
 fn moves_x(lid: u32) -> bool { return X_CHUNKS >= LWG || lid < X_CHUNKS; }
 
-// Chunk j of this invocation: i = lid + j WG of the tile's rows x (BK / 8) chunks, so that
+// Its chunk j: i = lid + j LWG of the tile's rows x (BK / 8) chunks, so that
 // consecutive invocations read consecutive chunks of a row.
 fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) / (BK / 8u); }
 fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) % (BK / 8u); }
