@@ -80,7 +80,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         )?;
         writeln!(
             o,
-            "    COOPERATIVE_MATRIX: {} (prefill GEMM on 16x16 f16 tiles where subgroups are 32 wide)",
+            "    COOPERATIVE_MATRIX: {} (prefill GEMM on 16x16 f16 tiles where subgroups are 32 wide, with 48 KiB of workgroup storage and 512 invocations)",
             used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
         )?;
         let int8 = match (i.backend == wgpu::Backend::Vulkan, off.int8dot, i.device_type == wgpu::DeviceType::Cpu) {
