@@ -115,14 +115,14 @@ fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let g = p.group;
     let kvh = wid.y;
-    // The last tiles see the most keys: dispatched first.
     // The chunk of one sequence this workgroup's rows belong to (`segment`, wid.z); grids
     // span the longest chunk, so a shorter one's surplus workgroups leave at once.
     let seg = segment(wid.z, lid);
     if (wid.x >= seg.n_tiles) { return; }
-    let r0 = (seg.n_tiles - 1u - wid.x) * BM;
-    let rows = seg.m * g;
-    let n_keys = seg.pos0 + (min(r0 + BM, rows) - 1u) / g + 1u;
+    let tile = row_tile(seg, wid.x, BM, g);
+    let r0 = tile.r0;
+    let rows = tile.rows;
+    let n_keys = tile.n_keys;
     let kv_base = seg.kv_off + kvh * D;
     let sg = lid / 32u;
     let lane = lid % 32u;
