@@ -226,8 +226,12 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
         let first_tokens = self.prefill();
         let prefill = t.elapsed().as_secs_f64();
         self.metrics.add_engine_time(EnginePhase::Prefill, prefill);
+        // Tokens are counted before retire() answers the requests they end: a client that has
+        // read its last token then finds it in /metrics.
+        self.metrics.record_step(first_tokens);
         self.retire();
-        let generated = first_tokens + self.decode();
+        let decoded = self.decode();
+        self.metrics.record_step(decoded);
         self.retire();
         if self.metrics.gpu_fault.get().is_none() {
             if let Some(fault) = self.slots.fault() {
@@ -236,7 +240,6 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
             }
         }
         use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.record_step(generated);
         self.metrics.slots_busy.store(self.running.len() as u64, Relaxed);
         // The allocator's report walks every block: now and then, not every step.
         if self.ticks % 64 == 1 {
@@ -531,18 +534,19 @@ impl<'a, S: Slots + ?Sized> Engine<'a, S> {
                 continue;
             }
             let mut r = self.running.remove(i);
-            let outcome = match r.end.take() {
-                Some(Ending::EndOfGeneration) => finish(&mut r, FinishReason::Stop, true),
-                Some(Ending::Length) => finish(&mut r, FinishReason::Length, true),
-                Some(Ending::StopString) => finish(&mut r, FinishReason::Stop, false),
+            // Each outcome is counted before the request's last event is sent: a client that
+            // has its answer then finds it in /metrics.
+            match r.end.take() {
+                Some(Ending::EndOfGeneration) => finish(&mut r, FinishReason::Stop, true, self.metrics),
+                Some(Ending::Length) => finish(&mut r, FinishReason::Length, true, self.metrics),
+                Some(Ending::StopString) => finish(&mut r, FinishReason::Stop, false, self.metrics),
                 Some(Ending::Failed(message)) => {
                     tracing::error!("request failed in slot {}: {message}", r.slot);
+                    self.metrics.count_outcome(Outcome::Error);
                     let _ = r.job.events.send(Event::Failed(message));
-                    Outcome::Error
                 }
-                Some(Ending::Cancelled) | None => Outcome::Cancelled,
-            };
-            self.metrics.count_outcome(outcome);
+                Some(Ending::Cancelled) | None => self.metrics.count_outcome(Outcome::Cancelled),
+            }
             self.busy[r.slot] = false;
             self.released[r.slot] = self.ticks;
         }
@@ -601,8 +605,8 @@ fn accept(r: &mut Running, token: u32, tok: &Tokenizer, room: bool, generated: &
 }
 
 /// Sends what the decoder and the stop filter still hold (unless a stop string ended the
-/// text: then it is part of the stop string), then `Done`.
-fn finish(r: &mut Running, mut reason: FinishReason, flush: bool) -> Outcome {
+/// text: then it is part of the stop string), counts the outcome, then sends `Done`.
+fn finish(r: &mut Running, mut reason: FinishReason, flush: bool, metrics: &Metrics) {
     let mut text = String::new();
     if flush {
         let piece = r.decoder.finish().unwrap_or_default();
@@ -617,13 +621,13 @@ fn finish(r: &mut Running, mut reason: FinishReason, flush: bool) -> Outcome {
     if !text.is_empty() {
         let _ = r.job.events.send(Event::Text(text));
     }
+    metrics.count_outcome(match reason {
+        FinishReason::Stop => Outcome::Stop,
+        FinishReason::Length => Outcome::Length,
+    });
     let done =
         Finish { reason, prompt_tokens: r.job.prompt.len(), cached_tokens: r.reused, completion_tokens: r.generated };
     let _ = r.job.events.send(Event::Done(done));
-    match reason {
-        FinishReason::Stop => Outcome::Stop,
-        FinishReason::Length => Outcome::Length,
-    }
 }
 
 /// Length of the common prefix of two token sequences.
