@@ -238,6 +238,9 @@ pub struct StageCost {
     /// The same, from steps recorded back to back (GPU time only; no host waits hide it).
     #[serde(default)]
     pub gpu_us_per_token: Option<f64>,
+    /// `stage` names a kernel left out of every stage (`ABLATE_KERNELS`), not a stage.
+    #[serde(default)]
+    pub kernel: bool,
 }
 
 /// The decode stages `--ablate` leaves out one at a time, in step order.
@@ -251,6 +254,10 @@ pub const ABLATE_STAGES: [Stage; 8] = [
     Stage::OutputNormLmHead,
     Stage::Sample,
 ];
+
+/// Kernels `--ablate` then leaves out of every stage, one at a time: dispatches a fusion could
+/// remove (the int8 GEMVs' activation quantization).
+pub const ABLATE_KERNELS: [&str; 1] = ["quantize_q8"];
 
 /// Host microseconds per step.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -558,16 +565,25 @@ pub fn bench_model(
             let mut ablation = None;
             if opts.ablate && matches!(test, Test::Gen(_)) {
                 let mut costs = Vec::new();
-                for stage in ABLATE_STAGES {
-                    s.skip_stage(Some(stage));
-                    progress(&format!("{name} without {}", stage.name()), None);
+                let parts = ABLATE_STAGES
+                    .map(Some)
+                    .into_iter()
+                    .map(|st| (st, None))
+                    .chain(ABLATE_KERNELS.map(|k| (None, Some(k))));
+                for (stage, kernel) in parts {
+                    s.skip_stage(stage);
+                    crate::gpu::leave_out_kernel(kernel);
+                    let part = stage.map(|st| st.name()).or(kernel).unwrap_or_default();
+                    progress(&format!("{name} without {part}"), None);
                     let without = (0..2).map(|_| run(&mut s)).collect::<Result<Vec<_>>>();
                     let gpu_without = if timed_gen { Some(back_to_back(&mut s)) } else { None };
                     s.skip_stage(None);
+                    crate::gpu::leave_out_kernel(None);
                     let without = mean_sd(&without?).0;
                     let gpu_without = gpu_without.transpose()?;
                     costs.push(StageCost {
-                        stage: stage.name().into(),
+                        stage: part.into(),
+                        kernel: kernel.is_some(),
                         us_per_token: (1.0 / avg - 1.0 / without) * 1e6,
                         gpu_us_per_token: b2b.zip(gpu_without).map(|(with, without)| with.gpu_us - without.gpu_us),
                     });

@@ -391,18 +391,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 )?;
                 let step = 1e6 / r.avg_ts;
                 let gpu = |v: Option<f64>| v.map(|g| format!("{g:.1}")).unwrap_or_else(|| "-".into());
-                for c in costs {
-                    writeln!(
-                        o,
-                        "| {} | {:.1} | {:.1}% | {} |",
-                        c.stage,
-                        c.us_per_token,
-                        100.0 * c.us_per_token / step,
-                        gpu(c.gpu_us_per_token)
-                    )?;
+                let row = |o: &mut dyn std::io::Write, c: &crate::bench::StageCost| {
+                    let name = if c.kernel { format!("{} (every stage's)", c.stage) } else { c.stage.clone() };
+                    let share = 100.0 * c.us_per_token / step;
+                    writeln!(o, "| {name} | {:.1} | {share:.1}% | {} |", c.us_per_token, gpu(c.gpu_us_per_token))
+                };
+                let stages: Vec<_> = costs.iter().filter(|c| !c.kernel).collect();
+                for c in &stages {
+                    row(&mut o, c)?;
                 }
-                let sum: f64 = costs.iter().map(|c| c.us_per_token).sum();
-                let gsum = costs.iter().map(|c| c.gpu_us_per_token).sum::<Option<f64>>();
+                let sum: f64 = stages.iter().map(|c| c.us_per_token).sum();
+                let gsum = stages.iter().map(|c| c.gpu_us_per_token).sum::<Option<f64>>();
                 writeln!(
                     o,
                     "| (all stages) | {sum:.1} | {:.1}% of {step:.1} µs | {} of {} |",
@@ -410,6 +409,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     gpu(gsum),
                     gpu(r.back_to_back.map(|b| b.gpu_us))
                 )?;
+                // Kernels left out of every stage at once: part of the stages above.
+                for c in costs.iter().filter(|c| c.kernel) {
+                    row(&mut o, c)?;
+                }
             }
             if let Some(p) = &r.profile {
                 write!(o, "{}", p.table(&format!("{} {}", r.model.name, r.test), peak.as_ref()))?;

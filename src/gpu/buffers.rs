@@ -369,10 +369,30 @@ fn count_dispatch() {
     DISPATCHES.with(|d| d.set(d.get() + 1));
 }
 
+/// A kernel whose dispatches `Bound` leaves out of every step (`kiln bench --ablate`: what
+/// a kernel costs, e.g. the int8 GEMVs' quantize dispatches). Results are wrong meanwhile.
+static LEFT_OUT: std::sync::RwLock<Option<&'static str>> = std::sync::RwLock::new(None);
+static ANY_LEFT_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Leaves the kernel named `name` (`KernelKey::name`) out of what is recorded from now on;
+/// None records everything again.
+pub fn leave_out_kernel(name: Option<&'static str>) {
+    if let Ok(mut k) = LEFT_OUT.write() {
+        *k = name;
+    }
+    ANY_LEFT_OUT.store(name.is_some(), std::sync::atomic::Ordering::Relaxed);
+}
+
+fn left_out(kernel: &'static str) -> bool {
+    ANY_LEFT_OUT.load(std::sync::atomic::Ordering::Relaxed) && LEFT_OUT.read().is_ok_and(|k| *k == Some(kernel))
+}
+
 /// A kernel bound to its buffers once. Its parameter buffer is rewritten before each step
 /// that uses it (queue writes land before the step's commands), so a step creates nothing.
 pub struct Bound {
     pub label: &'static str,
+    /// Its kernel's name (`KernelKey::name`).
+    pub kernel: &'static str,
     pub bind_group: wgpu::BindGroup,
     pub params: wgpu::Buffer,
     /// The parameters last written: decode steps mostly repeat them, and an unchanged
@@ -398,7 +418,7 @@ impl Bound {
         let mut all: Vec<&wgpu::Buffer> = vec![&params];
         all.extend_from_slice(buffers);
         let bind_group = bind(ctx, &pipeline, label, &all);
-        Ok(Bound { label, bind_group, params, last: Default::default() })
+        Ok(Bound { label, kernel: key.name(), bind_group, params, last: Default::default() })
     }
 
     /// Writes the parameters for the next submit, unless they are what the buffer holds.
@@ -413,6 +433,9 @@ impl Bound {
     }
 
     pub fn record_with(&self, pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, grid: [u32; 3]) {
+        if left_out(self.kernel) {
+            return;
+        }
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);

@@ -8,7 +8,8 @@ pub mod timer;
 pub mod upload;
 
 pub use buffers::{
-    bind, grid, kv_storage_size, run_dispatches, storage_size, Bound, Dispatch, WeightChunk, WeightTensor,
+    bind, grid, kv_storage_size, leave_out_kernel, run_dispatches, storage_size, Bound, Dispatch, WeightChunk,
+    WeightTensor,
 };
 pub use context::{
     host_available_memory, host_resident_memory, list_adapters, parse_backend, AdapterReport, BufferCount, Caps,

@@ -336,6 +336,34 @@ impl KernelKey {
         }
     }
 
+    /// The kernel's name (its WGSL file's), as profiles and `kiln bench --ablate` say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelKey::Gemv { q8: true, .. } => "gemv_q8",
+            KernelKey::Gemv { .. } => "gemv",
+            KernelKey::QuantizeQ8 { .. } => "quantize_q8",
+            KernelKey::ToHalf => "to_half",
+            KernelKey::Gemm { tile, .. } if tile.is_coop() => "gemm_coop",
+            KernelKey::Gemm { .. } => "gemm",
+            KernelKey::GemmReduce { .. } => "gemm_reduce",
+            KernelKey::Embed { .. } => "embed",
+            KernelKey::AttnGemm { .. } => "attention_prefill",
+            KernelKey::Softmax { .. } => "softmax",
+            KernelKey::AttnFlash { .. } => "flash_attention",
+            KernelKey::AttnFlashCoop { .. } => "flash_attention_coop",
+            KernelKey::AttnDecode { .. } => "attention_decode",
+            KernelKey::AttnCombine { .. } => "attention_combine",
+            KernelKey::Rope { .. } | KernelKey::KvWrite { .. } => "rope",
+            KernelKey::RmsNorm { .. } => "rms_norm",
+            KernelKey::Elementwise { .. } => "elementwise",
+            KernelKey::Argmax { .. } => "argmax",
+            KernelKey::Sample { prune: true, .. } => "sample_prune",
+            KernelKey::Sample { .. } => "sample",
+            KernelKey::Nll { .. } => "nll",
+            KernelKey::Probe { .. } => "probe",
+        }
+    }
+
     pub fn entry(&self) -> &'static str {
         match self {
             KernelKey::Rope { to_cache: Some(_), .. } => "to_cache",
