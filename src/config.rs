@@ -194,6 +194,29 @@ pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
     })
 }
 
+/// `KILN_GEMV_Q8_SWIGLU=off|on|<wg>x<rows>x<groups>`: whether one-token decode steps run the
+/// gate/up projection with the int8 SwiGLU epilogue, and its shape (`on`: the planner's,
+/// `plan::GEMV_Q8_SWIGLU`; a knob for measurements). `None` where unset or unreadable.
+pub fn gemv_q8_swiglu_from_env() -> Option<Option<crate::plan::GemvShape>> {
+    static SHAPE: std::sync::OnceLock<Option<Option<crate::plan::GemvShape>>> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let v = std::env::var("KILN_GEMV_Q8_SWIGLU").ok()?;
+        match v.trim() {
+            "off" | "0" => return Some(None),
+            "on" | "1" => return Some(Some(crate::plan::GEMV_Q8_SWIGLU)),
+            _ => {}
+        }
+        let n: Vec<u32> = v.trim().split('x').filter_map(|d| d.parse().ok()).collect();
+        match n[..] {
+            [wg, rows, groups] if groups >= 1 && wg % groups == 0 => {
+                let shape = crate::plan::GemvShape::grouped(wg, rows, groups);
+                crate::plan::covers_q8_blocks(shape).then_some(Some(shape))
+            }
+            _ => None,
+        }
+    })
+}
+
 /// `KILN_GEMV_Q8_WIDE_MIN_COLS=<n>`: columns from which the int8 GEMV takes its grouped shape
 /// (`plan::gemv_q8_wide_min_cols`; a knob for measurements).
 pub fn gemv_q8_wide_min_cols_from_env() -> Option<u32> {

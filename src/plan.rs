@@ -209,6 +209,25 @@ pub fn gemv_q8_wide_shape(m: u32, n: u32) -> Option<GemvShape> {
     crate::config::gemv_q8_wide_from_env().unwrap_or(Some(planned))
 }
 
+/// The int8 GEMV's shape for the gate/up projection of one-token decode steps with the int8
+/// SwiGLU epilogue (`kernels::Epi::SwiGluQ8`, `Caps::q8_swiglu`): 8 groups of 32 invocations,
+/// each its own 8 rows, so that a workgroup's 64 interleaved gate/up rows give 32 outputs,
+/// one whole int8 block of the down projection's input, which it writes; the down projection
+/// then needs no quantize dispatch (one dispatch fewer a layer).
+pub const GEMV_Q8_SWIGLU: GemvShape = GemvShape::grouped(256, 8, 8);
+
+/// Whether the workgroups of the int8 GEMV's `shape` cover whole int8 blocks of SwiGLU
+/// outputs: grouped, row pairs, 64 weight rows (32 outputs) or a multiple.
+pub fn covers_q8_blocks(shape: GemvShape) -> bool {
+    shape.groups > 1 && shape.rows % 2 == 0 && shape.rows_per_workgroup() % 64 == 0
+}
+
+/// `Caps::q8_swiglu` on an adapter without the context option: `KILN_GEMV_Q8_SWIGLU` where
+/// set, else off (not yet measured against the quantize dispatch on a GPU).
+pub fn gemv_q8_swiglu_shape() -> Option<GemvShape> {
+    crate::config::gemv_q8_swiglu_from_env().unwrap_or(None)
+}
+
 /// Columns from which the int8 GEMV takes its grouped shape (`GEMV_Q8_WIDE`; below them, the
 /// ungrouped shapes): on an H200 (run 101, `KILN_GEMV_Q8_WIDE_MIN_COLS=1/2/3/5 kiln bench -p 4
 /// -n 128 --parallel 2,3,4`), from 3 columns TinyLlama Q4_K_M x3 1,329 -> 1,741 tok/s, x4
@@ -463,6 +482,16 @@ mod tests {
 
     fn gpu() -> Caps {
         Caps { subgroups: true, f16: true, ..Caps::baseline() }
+    }
+
+    #[test]
+    fn the_int8_swiglu_shape_covers_whole_blocks_and_the_others_do_not() {
+        assert!(covers_q8_blocks(GEMV_Q8_SWIGLU));
+        assert!(covers_q8_blocks(GemvShape::grouped(128, 16, 4)));
+        // A workgroup of 16 or 4 rows holds 8 or 2 outputs of a block of 32.
+        assert!(!covers_q8_blocks(GEMV_Q8_WIDE) && !covers_q8_blocks(GemvShape::new(64, 4)));
+        // Odd rows would split a gate/up pair between groups.
+        assert!(!covers_q8_blocks(GemvShape::grouped(64, 1, 64)));
     }
 
     #[test]

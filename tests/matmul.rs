@@ -13,7 +13,8 @@ use kiln::doctor::matmul::{self as mm, coop_bound, q8_bound, Epi, Input, Run};
 use kiln::gpu::{run_dispatches, GpuContext, WeightTensor};
 use kiln::kernels::matmul::{self, Matmul};
 use kiln::plan::{
-    GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS, GEMV_Q8_WIDE, GEMV_Q8_WIDE_FEW_ROWS,
+    GemmTile, GemvShape, MatmulKernel, GEMV_GROUP_COLS, GEMV_Q8_GROUP_COLS, GEMV_Q8_SWIGLU, GEMV_Q8_WIDE,
+    GEMV_Q8_WIDE_FEW_ROWS,
 };
 use kiln::quant::WeightFormat;
 
@@ -388,6 +389,31 @@ fn fused_epilogues_match_reference() {
             }
             if g.ctx.caps.coopmat && format != WeightFormat::F32 {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+            }
+            if int8 && format != WeightFormat::F32 {
+                // The gate/up projection also writing the down projection's int8 input: 3
+                // workgroups of 64 rows, at one column (decode) and three; `mm::run` checks
+                // the blocks against the SwiGLU values the kernel wrote.
+                for m in [1u32, 3] {
+                    let kernel = MatmulKernel::Gemv { ncols: m, shape: GEMV_Q8_SWIGLU, q8: true };
+                    let c = case(format, 192, k, m as usize, 7 + m as u64);
+                    let run = Run {
+                        kernel,
+                        bias: true,
+                        accumulate: false,
+                        input: Input::Plain,
+                        epi: Epi::SwiGluQ8,
+                        splits: 1,
+                    };
+                    for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
+                        let what = format!("[{}] {format} int8 SwiGLU epilogue m={m} {}", g.name, o.what);
+                        assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
+                    }
+                    // Outputs that do not fill whole blocks are refused, not written half.
+                    let c = case(format, 66, k, m as usize, 8);
+                    let err = mm::run(&g.ctx, &c, &run).err().expect("66 rows are not whole int8 blocks");
+                    assert!(err.to_string().contains("whole blocks of 32"), "{err}");
+                }
             }
             for (what, m, kernel) in kernels {
                 let tol = epilogue_tol(kernel);

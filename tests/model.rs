@@ -300,7 +300,9 @@ fn qwen_architectures_run_consistently() {
 /// once the activations are rounded to int8. (The two runs are
 /// not compared with each other: rounding to int8 turns their float differences, from
 /// different attention kernels, into whole steps of d wherever a value sits near a
-/// rounding boundary.)
+/// rounding boundary.) Single-token steps also run with the gate/up projection writing the
+/// down projection's int8 input (`Caps::q8_swiglu`), held to the same bounds, and with one
+/// dispatch fewer a layer (the down projection's quantize).
 #[test]
 fn int8_gemv_decode_matches_reference() {
     let ids = greedy_tokens();
@@ -312,6 +314,10 @@ fn int8_gemv_decode_matches_reference() {
     let opts_int8 = kiln::gpu::ContextOptions { int8_gemv_always: true, gemv_max_cols: Some(64), ..Default::default() };
     let ctx = Arc::new(GpuContext::new(&opts_int8).unwrap());
     assert!(ctx.caps.int8_dot && ctx.caps.int8_gemv_always, "{:?}", ctx.caps);
+    let swiglu = Some(kiln::plan::GEMV_Q8_SWIGLU);
+    let opts_swiglu = kiln::gpu::ContextOptions { q8_swiglu: Some(swiglu), ..opts_int8.clone() };
+    let ctx_swiglu = Arc::new(GpuContext::new(&opts_swiglu).unwrap());
+    assert_eq!(ctx_swiglu.caps.q8_swiglu, swiglu);
     let n = 64;
     for q in ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"] {
         let file = format!("derived/stories260K-pad256-{q}.gguf");
@@ -335,19 +341,34 @@ fn int8_gemv_decode_matches_reference() {
         let float = decode(&native.ctx, &[1]);
         // Steps past 4 columns run the int8 GEMV's grouped shape, 8 columns a workgroup
         // (workgroup_id.z past 8).
-        for steps in [&[1usize][..], &[1, 3, 4, 2], &[20, 13, 31]] {
-            let got = decode(&ctx, steps);
+        // Dispatches of one single-token step: the int8 SwiGLU epilogue saves one a layer.
+        let dispatches = |ctx: &Arc<GpuContext>| {
+            let mut s = load(ctx, &file).session(opts(true, 32, true)).unwrap();
+            let before = kiln::gpu::buffers::dispatches_recorded();
+            s.forward(&ids[..1], Output::AllLogits).unwrap();
+            kiln::gpu::buffers::dispatches_recorded() - before
+        };
+        let n_layer = load(&ctx, &file).cfg.n_layer as u64;
+        assert_eq!(
+            dispatches(&ctx) - dispatches(&ctx_swiglu),
+            n_layer,
+            "{q}: the down projections' quantize dispatches"
+        );
+        for (ctx, steps) in [(&ctx, &[1usize][..]), (&ctx, &[1, 3, 4, 2]), (&ctx, &[20, 13, 31]), (&ctx_swiglu, &[1])] {
+            let got = decode(ctx, steps);
             let (vs_float, ..) = compare(&got, &float, 512);
             let (max, rms, same) = compare(&got, want, 512);
             let agree = argmax_agrees_but_near_ties(&got, want, 512, 0.015 * size);
+            let steps =
+                format!("{steps:?}{}", if ctx.caps.q8_swiglu.is_some() { " (int8 SwiGLU epilogue)" } else { "" });
             eprintln!(
-                "{q} steps {steps:?}: int8 vs reference max |Δ| {max:.3e}, rms {rms:.3e} (logits rms {size:.3}), \
+                "{q} steps {steps}: int8 vs reference max |Δ| {max:.3e}, rms {rms:.3e} (logits rms {size:.3}), \
                  argmax {same:.3} ({agree:.3} but near-ties); vs float GEMV {vs_float:.3e}"
             );
             assert!(vs_float > 0.0, "{q}: the int8 GEMV did not run");
             assert!(
                 rms < 0.015 * size && max < 0.06 * size && agree >= 0.97,
-                "{q} steps {steps:?}: max {max} rms {rms} argmax {same} ({agree} but near-ties)"
+                "{q} steps {steps}: max {max} rms {rms} argmax {same} ({agree} but near-ties)"
             );
         }
     }

@@ -27,6 +27,10 @@ const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else
 // one per lane of a group and output, padded by one per lane so the lanes' stores spread
 // over banks (write_group_rows).
 var<workgroup> partial: array<f32, (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_MAX + GROUPED * K_LANES * (GROUP_OUTS + 1u)>;
+// EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs ([output][column]), quantized by blocks of 32
+// once all are in (write_group_rows); Q8_OUT_BLOCKS blocks a column.
+var<workgroup> acts: array<f32, GROUP_OUTS / 2u + 1u>;
+const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / 64u;
 
 // Values 16 half .. 16 half + 15 of quantized x row m.
 fn x_half(m: u32, half: u32) -> XHalf {
@@ -117,8 +121,15 @@ fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
                 t0 += partial[j * (GROUP_OUTS + 1u) + r * NCOLS + m];
                 t1 += partial[j * (GROUP_OUTS + 1u) + (r + 1u) * NCOLS + m];
             }
-            if (col0 + m < p.n_cols && row0 + r < p.n_rows) { store_pair(col0 + m, row0 + r, t0, t1); }
+            let inside = col0 + m < p.n_cols && row0 + r < p.n_rows;
+            if (inside) { store_pair(col0 + m, row0 + r, t0, t1); }
+            if (EPI == EPI_SWIGLU_Q8) {
+                var v = 0.0;
+                if (inside) { v = swiglu_pair(p.row_offset + row0 + r, t0, t1); }
+                acts[i] = v;
+            }
         }
+        if (EPI == EPI_SWIGLU_Q8) { quantize_outputs(row0, lane); }
         return;
     }
     for (var o = lane.lid; o < GROUP_OUTS; o += WG) {
@@ -126,4 +137,28 @@ fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
         for (var j = 0u; j < K_LANES; j++) { total += partial[j * (GROUP_OUTS + 1u) + o]; }
         write_one(col0 + o % NCOLS, row0 + o / NCOLS, total);
     }
+}
+
+// EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs (in acts) quantized block by block into the
+// down projection's int8 input, one invocation per block of 32 and column. Block b of column
+// m starts at weight row row0 + 64 b; its index among the row's blocks counts from the whole
+// matrix's first row (p.row_offset: chunks start on whole blocks), y_stride / 32 of them a row.
+fn quantize_outputs(row0: u32, lane: Lane) {
+    workgroupBarrier();
+    for (var i = lane.lid; i < Q8_OUT_BLOCKS * NCOLS; i += WG) {
+        let m = i % NCOLS;
+        let b = i / NCOLS;
+        let first = row0 + 64u * b;
+        if (col0 + m < p.n_cols && first < p.n_rows) {
+            let a = 32u * b * NCOLS + m;
+            let q = q8_block(acts4(a), acts4(a + 4u * NCOLS), acts4(a + 8u * NCOLS), acts4(a + 12u * NCOLS),
+                             acts4(a + 16u * NCOLS), acts4(a + 20u * NCOLS), acts4(a + 24u * NCOLS), acts4(a + 28u * NCOLS));
+            store_q8_block((col0 + m) * (p.y_stride / 32u) + (p.row_offset + first) / 64u, q);
+        }
+    }
+}
+
+// Four consecutive outputs of one column from acts, starting at index i.
+fn acts4(i: u32) -> vec4<f32> {
+    return vec4<f32>(acts[i], acts[i + NCOLS], acts[i + 2u * NCOLS], acts[i + 3u * NCOLS]);
 }

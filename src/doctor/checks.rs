@@ -358,6 +358,19 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
                     }
                 }
             }
+            // Where one-token steps run the gate/up projection writing the down projection's
+            // int8 input (`Caps::q8_swiglu`), that kernel too, its blocks checked as well.
+            if let (true, 1, Some(shape)) = (q8, m, ck.ctx.caps.q8_swiglu) {
+                let kernel = MatmulKernel::Gemv { ncols: 1, shape, q8: true };
+                let c = MatmulCase::new(format, 192, k, 1, seed(1, 192, k))?;
+                let run =
+                    Run { kernel, bias: true, accumulate: false, input: input.clone(), epi: Epi::SwiGluQ8, splits: 1 };
+                let out = mm::run(ck.ctx, &c, &run)?;
+                ck.ran(1);
+                for o in &out.outputs {
+                    ck.close(format!("{kernel} m=1 swiglu+int8 blocks {}", o.what), &o.got, &o.want, tol);
+                }
+            }
         }
         Ok(())
     }

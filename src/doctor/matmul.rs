@@ -92,6 +92,9 @@ impl QkvShape {
 pub enum Epi {
     Plain,
     SwiGlu,
+    /// SwiGLU, and (on the int8 GEMV's shapes over whole blocks) its int8 blocks for the down
+    /// projection, checked against the SwiGLU values the kernel wrote (`check_q8_blocks`).
+    SwiGluQ8,
     Qkv(QkvShape),
 }
 
@@ -178,8 +181,10 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
             };
             outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
         }
-        Epi::SwiGlu => {
+        Epi::SwiGlu | Epi::SwiGluQ8 => {
             let y = ctx.storage((m * n / 2 * 4) as u64, "act")?;
+            let q8_bytes = matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, (n / 2) as u32).max(16);
+            let blocks = ctx.storage(q8_bytes, "int8 SwiGLU output")?;
             let w = WeightTensor::upload(ctx, "gate_up", c.format, n, k, &c.weights)?;
             let b = ctx.upload_f32(&c.bias, "bias")?;
             let mm = Matmul {
@@ -188,11 +193,18 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 y_stride: (n / 2) as u32,
                 norm,
                 glu: up.as_ref(),
-                epi: Epilogue::SwiGlu,
+                epi: match run.epi {
+                    Epi::SwiGluQ8 => Epilogue::SwiGluQ8 { blocks: &blocks },
+                    _ => Epilogue::SwiGlu,
+                },
                 ..Matmul::dense(&w, &x, &y, m as u32)
             };
             dispatch(ctx, &mm, run)?;
             let got = ctx.read_f32(&y, m * n / 2)?;
+            if matches!(run.epi, Epi::SwiGluQ8) {
+                let bytes = ctx.read_bytes(&blocks, 0, matmul::q8_input_bytes(m as u32, (n / 2) as u32))?;
+                check_q8_blocks(&bytes, &got)?;
+            }
             outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain(), m, n), f16: false });
         }
         Epi::Qkv(s) => outputs = run_qkv(ctx, c, &s, &x, xs, norm, up.as_ref(), &input, bias_values, run)?,
@@ -331,6 +343,40 @@ fn run_qkv(
 }
 
 /// Y = silu(gate) * up of interleaved gate/up rows (2i, 2i + 1), as SwiGLU's epilogue writes it.
+/// Whether `bytes`, int8 blocks as quantize_q8.wgsl lays them out (per 32 values: quants 0-15,
+/// 16-31, then d and the two halves' sums of d * q), quantize `values`: d within 1e-6 of
+/// max |x| / 127, every d * q within d / 2 of its value (a thousandth of d of slack for the
+/// GPU's reciprocal), the sums those of the quants.
+pub fn check_q8_blocks(bytes: &[u8], values: &[f32]) -> Result<()> {
+    let bad = |what: String| Err(crate::KilnError::invalid("int8 blocks", what));
+    if bytes.len() != values.len() / 32 * 48 || values.len() % 32 != 0 {
+        return bad(format!("{} bytes for {} values", bytes.len(), values.len()));
+    }
+    for (b, (block, xs)) in bytes.chunks(48).zip(values.chunks(32)).enumerate() {
+        let f = |i: usize| f32::from_le_bytes(block[32 + 4 * i..36 + 4 * i].try_into().expect("4 bytes"));
+        let (d, sums) = (f(0), [f(1), f(2)]);
+        let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
+        if (d - amax / 127.0).abs() > 1e-6 * amax / 127.0 + f32::MIN_POSITIVE {
+            return bad(format!("block {b}: d {d}, max |x| / 127 {}", amax / 127.0));
+        }
+        for half in 0..2 {
+            let q = &block[16 * half..16 * half + 16];
+            let mut sum = 0f64;
+            for (j, &qb) in q.iter().enumerate() {
+                let (v, x) = (d * (qb as i8) as f32, xs[16 * half + j]);
+                if (v - x).abs() > 0.501 * d + f32::MIN_POSITIVE {
+                    return bad(format!("block {b}, value {}: {x} quantized to {v} (d {d})", 16 * half + j));
+                }
+                sum += v as f64;
+            }
+            if (sums[half] as f64 - sum).abs() > 1e-5 * (16.0 * 127.0 * d as f64) {
+                return bad(format!("block {b}, half {half}: sum {} of quants summing to {sum}", sums[half]));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn swiglu_reference(y: &[f32], m: usize, n: usize) -> Vec<f32> {
     let mut out = vec![0f32; m * n / 2];
     for r in 0..m {

@@ -25,6 +25,11 @@ pub struct Caps {
     /// Plan the int8-activation GEMV for every quantized GEMV it can run, whatever the size
     /// or adapter (tests of the models' int8 path with small models on CPU adapters).
     pub int8_gemv_always: bool,
+    /// Where one-token decode steps run the FFN's gate/up projection on the int8 GEMV, the
+    /// workgroup shape with which it also writes the down projection's int8 input
+    /// (`kernels::Epi::SwiGluQ8`), so that the down projection needs no quantize dispatch;
+    /// None: the quantize dispatch (`plan::gemv_q8_swiglu_shape`).
+    pub q8_swiglu: Option<crate::plan::GemvShape>,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -50,6 +55,7 @@ impl Caps {
             coopmat: false,
             int8_dot: false,
             int8_gemv_always: false,
+            q8_swiglu: None,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -74,6 +80,9 @@ pub struct ContextOptions {
     pub memory_override: Option<u64>,
     /// Plan the int8-activation GEMV wherever it can run (`Caps::int8_gemv_always`; tests).
     pub int8_gemv_always: bool,
+    /// The int8 SwiGLU epilogue's shape (`Caps::q8_swiglu`): Some(None) off, Some(shape) on;
+    /// None: `KILN_GEMV_Q8_SWIGLU` or the planner's default (tests of both paths).
+    pub q8_swiglu: Option<Option<crate::plan::GemvShape>>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -406,6 +415,7 @@ impl GpuContext {
                 && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,
+            q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape),
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

@@ -57,6 +57,12 @@ pub enum Epilogue<'a> {
     /// W's rows are gate and up interleaved (`quant::interleave_rows`): Y[m, i] =
     /// silu(gate_i) * up_i, Y rows of n/2.
     SwiGlu,
+    /// The same, and where the int8 GEMV runs with workgroups over whole blocks
+    /// (`plan::covers_q8_blocks`: `Caps::q8_swiglu` for one-token steps), Y also quantized
+    /// into `blocks`, the int8 input of the down projection (`BoundMatmul::q8_output`), whose
+    /// quantize dispatch is then skipped (`BoundMatmul::record_after`). Y rows of exactly n/2,
+    /// a multiple of 32.
+    SwiGluQ8 { blocks: &'a wgpu::Buffer },
     /// W's rows are Q, K and V stacked (Q and K rows in NeoX order where `neox`): Q is
     /// rotated into Y, K rotated and V copied into the caches at each token's position.
     Qkv {
@@ -77,7 +83,7 @@ impl Epilogue<'_> {
     pub fn key(&self) -> Epi {
         match *self {
             Epilogue::Plain => Epi::Plain,
-            Epilogue::SwiGlu => Epi::SwiGlu,
+            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } => Epi::SwiGlu,
             Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox, batched: false },
         }
     }
@@ -241,6 +247,14 @@ struct Q8Input {
     blocks: wgpu::Buffer,
 }
 
+/// The int8 SwiGLU epilogue's output (`Epilogue::SwiGluQ8`): one binding per weight chunk,
+/// as `Q8Input::chunks` with `blocks` at binding 6, where the kernel writes its outputs'
+/// int8 blocks.
+struct Q8Output {
+    chunks: Vec<Bound>,
+    blocks: wgpu::Buffer,
+}
+
 /// The cooperative GEMM's input: X rounded to f16 once per step by a ToHalf dispatch into
 /// `halves` (rows of `stride` halves), which every weight chunk's GEMM then reads. Rounding
 /// inside the GEMM cost a conversion per value per tile of N: on an H200 the kernel ran at
@@ -316,6 +330,8 @@ pub fn q8_input_bytes(m: u32, k: u32) -> u64 {
 #[derive(Default)]
 pub struct MatmulScratch {
     blocks: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
+    /// Int8 blocks written by a matmul's epilogue for the next matmul (`q8_output`), by k.
+    outputs: std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
     /// The cooperative GEMMs' f16 inputs, by k (the largest number of rows asked for so far).
     halves: std::cell::RefCell<std::collections::HashMap<u32, (u32, wgpu::Buffer)>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
@@ -329,6 +345,18 @@ impl MatmulScratch {
     /// GEMM.
     pub fn for_session(prefill_gemv_cols: u32) -> MatmulScratch {
         MatmulScratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
+    }
+
+    /// Int8 blocks of k activations that one matmul writes for the next
+    /// (`Epilogue::SwiGluQ8`, `BoundMatmul::reading_q8_in`), apart from the blocks the
+    /// session's quantize dispatches write.
+    pub fn q8_output(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
+        if let Some(b) = self.outputs.borrow().get(&k) {
+            return Ok(b.clone());
+        }
+        let b = q8_blocks(ctx, k)?;
+        self.outputs.borrow_mut().insert(k, b.clone());
+        Ok(b)
     }
 
     fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
@@ -418,6 +446,9 @@ pub struct BoundMatmul {
     /// Present when the int8-activation GEMV may run (the planner picks it for some m, or a
     /// caller asked for it).
     q8: Option<Q8Input>,
+    /// Present where the int8 GEMV may also write its SwiGLU output as the next GEMV's int8
+    /// input (`Epilogue::SwiGluQ8`).
+    q8_out: Option<Q8Output>,
     /// Present where the planner may pick the cooperative GEMM.
     half: Option<HalfInput>,
     /// Present where GEMMs may be split along K (a partials scratch was given).
@@ -439,6 +470,30 @@ impl BoundMatmul {
     /// As `new`, the int8 input from the session's `scratch`.
     pub fn new_in(ctx: &GpuContext, mm: &Matmul, stage: &'static str, scratch: &MatmulScratch) -> Result<BoundMatmul> {
         let blocks = if wants_q8(ctx, mm) { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
+        Self::bind_in(ctx, mm, stage, scratch, blocks)
+    }
+
+    /// As `new_in`, its int8 input in `blocks`: written by the matmul before it where that
+    /// one's epilogue does (`Epilogue::SwiGluQ8`, `record_after`), else by its own quantize
+    /// dispatch.
+    pub fn reading_q8_in(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+        blocks: &wgpu::Buffer,
+    ) -> Result<BoundMatmul> {
+        Self::bind_in(ctx, mm, stage, scratch, wants_q8(ctx, mm).then(|| blocks.clone()))
+    }
+
+    /// Binds `mm` with the int8 input `blocks` and the session's other scratch.
+    fn bind_in(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+        blocks: Option<wgpu::Buffer>,
+    ) -> Result<BoundMatmul> {
         let halves = scratch.halves_for(ctx, mm)?;
         let mut b = Self::bind(ctx, mm, stage, blocks, halves, scratch.partials(ctx)?)?;
         b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
@@ -520,7 +575,7 @@ impl BoundMatmul {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
         let y_cols = match mm.epi {
             Epilogue::Plain => mm.w.rows,
-            Epilogue::SwiGlu => mm.w.rows / 2,
+            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } => mm.w.rows / 2,
             Epilogue::Qkv { .. } => 0,
         };
         if mm.x_stride < mm.w.k || mm.y_stride < y_cols {
@@ -587,6 +642,48 @@ impl BoundMatmul {
         } else {
             None
         };
+        let q8_out = match (&mm.epi, &q8) {
+            (Epilogue::SwiGluQ8 { blocks: out }, Some(input)) => {
+                let (n, half) = (mm.w.rows, mm.w.rows / 2);
+                if half % 32 != 0 || mm.y_stride != half || mm.w.chunks.iter().any(|c| c.row_start % 64 != 0) {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        format!("the int8 SwiGLU epilogue needs outputs in whole blocks of 32 (n={n}, y stride {}) and chunks on them", mm.y_stride),
+                    ));
+                }
+                if *out == &input.blocks
+                    || out.size() < q8_input_bytes(x_rows(mm).min(crate::plan::GEMV_MAX_COLS), half)
+                {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        "the int8 SwiGLU epilogue's blocks must be a buffer of their own, large enough for its columns",
+                    ));
+                }
+                // Any int8 GEMV key with this epilogue has its bindings.
+                let okey = KernelKey::Gemv {
+                    format: mm.w.format,
+                    ncols: 1,
+                    rows: crate::plan::GEMV_Q8_SWIGLU.rows as u8,
+                    groups: crate::plan::GEMV_Q8_SWIGLU.groups as u8,
+                    wg: crate::plan::GEMV_Q8_SWIGLU.wg as u16,
+                    subgroups: ctx.caps.subgroups,
+                    norm: false,
+                    glu: false,
+                    q8: true,
+                    epi: Epi::SwiGluQ8,
+                };
+                let chunks =
+                    mm.w.chunks
+                        .iter()
+                        .map(|c| {
+                            let buffers = [&c.buffer, &input.blocks, mm.y, bias, &dummy, out];
+                            Bound::new::<MatmulParams>(ctx, &okey, stage, &buffers)
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                Some(Q8Output { chunks, blocks: (*out).clone() })
+            }
+            _ => None,
+        };
         let pkey = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::Partial };
         let split = match &partials {
             Some(scratch) => {
@@ -617,6 +714,7 @@ impl BoundMatmul {
         };
         Ok(BoundMatmul {
             q8,
+            q8_out,
             half,
             split,
             forced_splits: None,
@@ -680,13 +778,34 @@ impl BoundMatmul {
     }
 
     /// The kernel for m columns: a batched decode step's (`batched`: the planner's choice,
-    /// the GEMV wherever it takes m) or one sequence's (`plan`).
+    /// the GEMV wherever it takes m) or one sequence's (`plan`); for one column on the int8
+    /// GEMV, the int8 SwiGLU epilogue's shape where this matmul has it and the adapter takes it
+    /// (`Caps::q8_swiglu`).
     fn plan_step(&self, ctx: &GpuContext, m: u32, batched: bool) -> MatmulKernel {
-        if batched {
+        let kernel = if batched {
             crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
         } else {
             self.plan(ctx, m)
+        };
+        match (kernel, ctx.caps.q8_swiglu) {
+            (MatmulKernel::Gemv { q8: true, .. }, Some(shape)) if m == 1 && self.q8_out.is_some() => {
+                MatmulKernel::Gemv { ncols: 1, shape, q8: true }
+            }
+            _ => kernel,
         }
+    }
+
+    /// Whether `kernel` writes the int8 SwiGLU epilogue's blocks.
+    fn writes_q8_out(&self, kernel: MatmulKernel) -> bool {
+        matches!(kernel, MatmulKernel::Gemv { q8: true, shape, .. } if crate::plan::covers_q8_blocks(shape))
+            && self.q8_out.is_some()
+    }
+
+    /// The int8 blocks this matmul's step over m columns also writes its SwiGLU output into
+    /// (`Epilogue::SwiGluQ8`), for the GEMV that reads them next (`record_after`).
+    pub fn q8_output(&self, ctx: &GpuContext, m: u32, batched: bool) -> Option<&wgpu::Buffer> {
+        let kernel = self.plan_step(ctx, m, batched);
+        self.q8_out.as_ref().filter(|_| self.writes_q8_out(kernel)).map(|o| &o.blocks)
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks (for
@@ -703,6 +822,7 @@ impl BoundMatmul {
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
         let kernel = self.plan_step(ctx, m, batched);
+        let q8_out = if self.writes_q8_out(kernel) { "+q8out" } else { "" };
         let split = match kernel {
             MatmulKernel::Gemm { tile } => {
                 let rows = self.chunks.iter().map(|c| c.2).max().unwrap_or(self.n);
@@ -714,7 +834,7 @@ impl BoundMatmul {
             _ => String::new(),
         };
         crate::profile::StageWork {
-            kernel: format!("{kernel}{split}{fused} {}", self.format.name()),
+            kernel: format!("{kernel}{split}{fused}{q8_out} {}", self.format.name()),
             shape: format!("{m}x{}·{}", self.k, self.n),
             bytes: w_bytes + x_bytes + y_bytes,
             flops: 2.0 * m64 * k64 * n64,
@@ -725,8 +845,22 @@ impl BoundMatmul {
     /// (`batched`) a batched decode step's columns, which stay on the GEMV wherever it takes
     /// them so that a column's result does not depend on the columns beside it.
     pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, batched: bool) -> Result<()> {
+        self.record_after(ctx, pass, m, batched, None)
+    }
+
+    /// As `record`, after a matmul that wrote this one's int8 input already (`q8_output`
+    /// of the gate/up projection before the down projection): no quantize dispatch for it.
+    pub fn record_after(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: u32,
+        batched: bool,
+        blocks: Option<&wgpu::Buffer>,
+    ) -> Result<()> {
         let kernel = self.plan_step(ctx, m, batched);
-        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, Prepared::default(), batched)? {
+        let prepared = Prepared { blocks, halves: None };
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched)? {
             b.record_with(pass, &pipeline, grid);
         }
         Ok(())
@@ -796,7 +930,7 @@ impl BoundMatmul {
         prepared: Prepared<'_>,
         batched: bool,
     ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
-        let epi = if batched { self.epi.batched() } else { self.epi };
+        let mut epi = if batched { self.epi.batched() } else { self.epi };
         let norm = self.norm_eps.is_some();
         let mut out = Vec::new();
         // X's stride as the kernel reads it (halves per row for the cooperative GEMM).
@@ -814,7 +948,13 @@ impl BoundMatmul {
                     let gz = m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1);
                     out.push((&q8.quantize, ctx.pipeline(&q8.key)?, [gx, gy, gz]));
                 }
-                q8.chunks.iter().collect()
+                match &self.q8_out {
+                    Some(o) if self.writes_q8_out(kernel) => {
+                        epi = Epi::SwiGluQ8;
+                        o.chunks.iter().collect()
+                    }
+                    _ => q8.chunks.iter().collect(),
+                }
             }
             MatmulKernel::Gemm { tile } if tile.is_coop() => {
                 let half = self.half.as_ref().ok_or_else(|| {

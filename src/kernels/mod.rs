@@ -117,6 +117,11 @@ pub enum Epi {
     Plain,
     /// Gate and up rows interleaved: Y = silu(gate) * up.
     SwiGlu,
+    /// The same, and Y also quantized to int8 blocks (binding 6: common/q8_out.wgsl) for the
+    /// int8 GEMV that reads it, so that the FFN's down projection needs no quantize dispatch.
+    /// The int8 GEMV's grouped shapes whose workgroups cover whole blocks of 32 outputs
+    /// (`plan::covers_q8_blocks`) only.
+    SwiGluQ8,
     /// Q, K and V rows stacked: Q rotated into Y, K rotated and V copied into the KV cache.
     /// `batched`: each column is its own sequence (a batched decode step's table of
     /// positions and cache regions), else the step's tokens are one sequence's.
@@ -142,6 +147,7 @@ impl Epi {
             Epi::SwiGlu => 1,
             Epi::Qkv { .. } => 2,
             Epi::Partial => 3,
+            Epi::SwiGluQ8 => 4,
         }
     }
 }
@@ -305,6 +311,8 @@ impl KernelKey {
             | KernelKey::GemmReduce { epi: Epi::Qkv { .. } } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read]
             }
+            // The int8 blocks written last.
+            KernelKey::Gemv { epi: Epi::SwiGluQ8, .. } => &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite],
             KernelKey::Gemv { .. }
             | KernelKey::Gemm { .. }
             | KernelKey::GemmReduce { .. }
@@ -380,12 +388,22 @@ impl KernelKey {
     pub fn source(&self, caps: &Caps) -> Result<ShaderSource> {
         let label = format!("{self:?}");
         let c = Composer::new(label);
+        if let KernelKey::Gemm { epi: Epi::SwiGluQ8, .. } | KernelKey::GemmReduce { epi: Epi::SwiGluQ8 } = self {
+            return Err(crate::error::KilnError::invalid("kernel", "the int8 SwiGLU epilogue is the int8 GEMV's only"));
+        }
         match *self {
             KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi } => {
                 if q8 && (!format.is_quantized() || norm || glu) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
                         format!("the int8-activation GEMV needs a quantized format and no fused input, not {format}"),
+                    ));
+                }
+                let shape = GemvShape::grouped(wg as u32, rows as u32, groups as u32);
+                if epi == Epi::SwiGluQ8 && !(q8 && crate::plan::covers_q8_blocks(shape)) {
+                    return Err(crate::error::KilnError::invalid(
+                        "kernel",
+                        format!("the int8 SwiGLU epilogue needs the int8 GEMV's workgroups over whole blocks of 32 outputs, not {wg}x{rows}x{groups}"),
                     ));
                 }
                 if groups == 0 || (groups > 1 && !q8) || wg % groups as u16 != 0 {
@@ -409,7 +427,12 @@ impl KernelKey {
                     .include("common/gemv_output.wgsl");
                 let c = epilogue(c, epi);
                 if q8 {
-                    c.include("common/weights_vec4.wgsl").include("gemv_q8.wgsl").build()
+                    let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
+                    c.include("common/q8_block.wgsl")
+                        .include(out)
+                        .include("common/weights_vec4.wgsl")
+                        .include("gemv_q8.wgsl")
+                        .build()
                 } else {
                     c.include("common/weights_words.wgsl")
                         .include("common/gemv_input.wgsl")
@@ -423,6 +446,7 @@ impl KernelKey {
                 .const_bool("NORM", norm)
                 .const_bool("GLU", glu)
                 .include("common/quant.wgsl")
+                .include("common/q8_block.wgsl")
                 .include("common/weights_words.wgsl")
                 .include(reduce_file(subgroups))
                 .include("common/matmul_params.wgsl")
@@ -696,6 +720,11 @@ impl KernelKey {
                     if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS {
                         for shape in [crate::plan::GEMV_Q8_WIDE, crate::plan::GEMV_Q8_WIDE_FEW_ROWS] {
                             kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
+                        }
+                        // The gate/up projection writing the down projection's int8 input
+                        // (one-token decode steps; several columns in the tests).
+                        if ncols == 1 || ncols == 3 {
+                            kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (false, false), Epi::SwiGluQ8));
                         }
                     }
                     v.extend(kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| KernelKey::Gemv {

@@ -60,6 +60,9 @@ pub struct SessionSizes {
     /// (n_embd, q_dim, n_ff; 0 where a length repeats), each of up to `plan::GEMV_MAX_COLS`
     /// columns. Counted whether or not the planner picks the int8 GEMV: at most this.
     pub q8_inputs: [u64; 3],
+    /// The down projection's own int8 input, where the gate/up epilogue writes it
+    /// (`Caps::q8_swiglu`).
+    pub q8_swiglu: u64,
     /// The split-K GEMMs' partial sums (`kernels::matmul::split_k_scratch_bytes`: on GPUs;
     /// CPU adapters never split).
     pub split_k_partials: u64,
@@ -109,6 +112,12 @@ impl SessionSizes {
                 let bytes = |k| crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k);
                 std::array::from_fn(|i| if ks[..i].contains(&ks[i]) { 0 } else { bytes(ks[i]) })
             },
+            q8_swiglu: match caps.q8_swiglu {
+                Some(_) if cfg.n_ff % 32 == 0 => {
+                    crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, cfg.n_ff)
+                }
+                _ => 0,
+            },
             split_k_partials: crate::kernels::matmul::split_k_scratch_bytes(caps),
             n_layer: cfg.n_layer as u64,
         }
@@ -116,7 +125,7 @@ impl SessionSizes {
 
     /// Each kind of activation storage buffer, as (what, bytes allocated with the tail pad,
     /// how many of it a session holds).
-    fn activation_buffers(&self) -> [(&'static str, u64, u64); 16] {
+    fn activation_buffers(&self) -> [(&'static str, u64, u64); 17] {
         let q8 = |i: usize| ("int8 activations", storage_size(self.q8_inputs[i]), (self.q8_inputs[i] > 0) as u64);
         let b = |what, bytes, count| (what, storage_size(bytes), count);
         [
@@ -135,6 +144,7 @@ impl SessionSizes {
             q8(0),
             q8(1),
             q8(2),
+            b("int8 down-projection input", self.q8_swiglu, (self.q8_swiglu > 0) as u64),
             b("split-K partial sums", self.split_k_partials, (self.split_k_partials > 0) as u64),
         ]
     }

@@ -11,6 +11,9 @@
 //   EPI_PARTIAL a split-K GEMM's raw sums over its K range (split_z): Y is the partials
 //              scratch [splits][m][n_rows]; gemm_reduce.wgsl adds them up and applies the
 //              real epilogue.
+//   EPI_SWIGLU_Q8 as EPI_SWIGLU, and the int8 GEMV (gemv_q8.wgsl, grouped shapes whose
+//              workgroups cover whole blocks of 32 outputs) also quantizes Y's blocks into
+//              the down projection's int8 input (common/q8_out.wgsl).
 // The including file declares y (binding 3) and bias (binding 4) and `p` (matmul_params);
 // store_qkv comes from common/epilogue_qkv.wgsl (EPI_QKV) or epilogue_none.wgsl.
 
@@ -18,6 +21,7 @@ const EPI_PLAIN: u32 = 0u;
 const EPI_SWIGLU: u32 = 1u;
 const EPI_QKV: u32 = 2u;
 const EPI_PARTIAL: u32 = 3u;
+const EPI_SWIGLU_Q8: u32 = 4u;
 
 // One value of Y, plain (ragged last rows of a plain matmul).
 fn write_one(gm: u32, row: u32, v: f32) {
@@ -31,6 +35,17 @@ fn write_one(gm: u32, row: u32, v: f32) {
 }
 
 fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
+
+// SwiGLU of gate and up sums v0, v1 at rows n, n + 1 (n even, with the chunk's offset).
+fn swiglu_pair(n: u32, v0: f32, v1: f32) -> f32 {
+    var a = v0;
+    var b = v1;
+    if (p.has_bias != 0u) {
+        a += bias[n];
+        b += bias[n + 1u];
+    }
+    return silu(a) * b;
+}
 
 // Rows `row` and `row + 1` (row even, within the chunk) of column gm.
 fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
@@ -48,15 +63,15 @@ fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
     }
     if (gm >= p.n_cols || row >= p.n_rows) { return; }
     let n = p.row_offset + row;
+    if (EPI == EPI_SWIGLU || EPI == EPI_SWIGLU_Q8) {
+        y[gm * p.y_stride + n / 2u] = swiglu_pair(n, v0, v1);
+        return;
+    }
     var a = v0;
     var b = v1;
     if (p.has_bias != 0u) {
         a += bias[n];
         b += bias[n + 1u];
-    }
-    if (EPI == EPI_SWIGLU) {
-        y[gm * p.y_stride + n / 2u] = silu(a) * b;
-        return;
     }
     store_qkv(gm, n, a, b);
 }

@@ -261,6 +261,14 @@ impl Session {
             };
             let ffn = match &w.ffn {
                 GateUp::Interleaved(gate_up) => {
+                    // One-token steps may write the down projection's int8 input from the
+                    // gate/up epilogue (`Caps::q8_swiglu`), into blocks the down projection
+                    // reads (and quantizes into itself otherwise) apart from every other
+                    // GEMV's input.
+                    let q8_out = match ctx.caps.q8_swiglu {
+                        Some(_) if c.n_ff % 32 == 0 && sf == c.n_ff => Some(scratch.q8_output(&ctx, c.n_ff)?),
+                        _ => None,
+                    };
                     let gu = |norm: bool| Matmul {
                         w: gate_up,
                         x: if norm { &x } else { &xn },
@@ -272,12 +280,21 @@ impl Session {
                         accumulate: false,
                         norm: norm.then_some((&w.ffn_norm, c.rms_eps)),
                         glu: None,
-                        epi: Epilogue::SwiGlu,
+                        epi: match (&q8_out, norm) {
+                            (Some(blocks), true) => Epilogue::SwiGluQ8 { blocks },
+                            _ => Epilogue::SwiGlu,
+                        },
                     };
                     FfnOps::Interleaved {
                         decode: BoundMatmul::new_in(&ctx, &gu(true), "ffn_gate_up", &scratch)?,
                         prefill: BoundMatmul::prefill_in(&ctx, &gu(false), "ffn_gate_up", &scratch)?,
-                        down: mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                        down: match &q8_out {
+                            Some(blocks) => {
+                                let down = dense(&w.w_down, &act, sf, &x, se, None, true);
+                                BoundMatmul::reading_q8_in(&ctx, &down, "ffn_down", &scratch, blocks)?
+                            }
+                            None => mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                        },
                     }
                 }
                 GateUp::Separate { w_gate, w_up } => {

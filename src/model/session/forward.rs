@@ -317,9 +317,12 @@ impl Session {
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
                 FfnOps::Interleaved { decode, prefill, down } => {
+                    // The down projection's int8 input, where the gate/up epilogue wrote it.
+                    let mut down_input = None;
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m, batched));
                         decode.record(ctx, rec.pass(), m, batched)?;
+                        down_input = decode.q8_output(ctx, m, batched);
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
@@ -327,7 +330,7 @@ impl Session {
                         prefill.record(ctx, rec.pass(), m, batched)?;
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
-                    down.record(ctx, rec.pass(), m, batched)?;
+                    down.record_after(ctx, rec.pass(), m, batched, down_input)?;
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {
