@@ -217,6 +217,17 @@ pub fn gemv_q8_swiglu_from_env() -> Option<Option<crate::plan::GemvShape>> {
     })
 }
 
+/// `KILN_GEMV_Q8_SWIGLU_NORM=0|1`: whether the int8 SwiGLU epilogue's gate/up projection
+/// also quantizes its own input (`plan::gemv_q8_swiglu_norm`; a knob for measurements).
+pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("KILN_GEMV_Q8_SWIGLU_NORM").ok()?.trim() {
+        "1" | "on" => Some(true),
+        "0" | "off" => Some(false),
+        _ => None,
+    })
+}
+
 /// `KILN_GEMV_Q8_WIDE_MIN_COLS=<n>`: columns from which the int8 GEMV takes its grouped shape
 /// (`plan::gemv_q8_wide_min_cols`; a knob for measurements).
 pub fn gemv_q8_wide_min_cols_from_env() -> Option<u32> {

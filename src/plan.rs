@@ -228,6 +228,19 @@ pub fn gemv_q8_swiglu_shape() -> Option<GemvShape> {
     crate::config::gemv_q8_swiglu_from_env().unwrap_or(None)
 }
 
+/// `Caps::q8_swiglu_norm` without the context option: `KILN_GEMV_Q8_SWIGLU_NORM` where set,
+/// else off (not yet measured).
+pub fn gemv_q8_swiglu_norm() -> bool {
+    crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(false)
+}
+
+/// Workgroup memory the int8 GEMV needs to quantize its own input (common/q8_in_local.wgsl:
+/// 12 KiB for up to 8192 values) beside its reduction's (`GEMV_Q8_SWIGLU`: 32 lanes x 65
+/// floats) and the rest.
+pub const GEMV_Q8_LOCAL_INPUT_BYTES: u32 = 20 * 1024;
+/// The longest input the int8 GEMV quantizes itself (q8_in_local.wgsl's XQ_MAX_BLOCKS).
+pub const GEMV_Q8_LOCAL_INPUT_MAX_K: u32 = 8192;
+
 /// Columns from which the int8 GEMV takes its grouped shape (`GEMV_Q8_WIDE`; below them, the
 /// ungrouped shapes): on an H200 (run 101, `KILN_GEMV_Q8_WIDE_MIN_COLS=1/2/3/5 kiln bench -p 4
 /// -n 128 --parallel 2,3,4`), from 3 columns TinyLlama Q4_K_M x3 1,329 -> 1,741 tok/s, x4

@@ -414,6 +414,23 @@ fn fused_epilogues_match_reference() {
                     let err = mm::run(&g.ctx, &c, &run).err().expect("66 rows are not whole int8 blocks");
                     assert!(err.to_string().contains("whole blocks of 32"), "{err}");
                 }
+                // One column through the RMSNorm, quantized by the quantize dispatch or
+                // (`Caps::q8_swiglu_norm`) by each workgroup itself.
+                let opts = kiln::gpu::ContextOptions { q8_swiglu_norm: Some(true), ..Default::default() };
+                let local = std::sync::Arc::new(kiln::gpu::GpuContext::new(&opts).unwrap());
+                assert!(local.caps.q8_swiglu_norm, "{:?}", local.caps);
+                let kernel = MatmulKernel::Gemv { ncols: 1, shape: GEMV_Q8_SWIGLU, q8: true };
+                let c = case(format, 192, k, 1, 9);
+                let gamma = kiln::doctor::data::Rng::new(3).normal(k, 1.0);
+                let input = Input::Norm { gamma, eps: 1e-5 };
+                let run = Run { kernel, bias: true, accumulate: false, input, epi: Epi::SwiGluQ8, splits: 1 };
+                for (ctx, how) in [(&g.ctx, "quantize dispatch"), (&local, "quantized in the workgroup")] {
+                    let out = mm::run(ctx, &c, &run).unwrap();
+                    for o in out.outputs {
+                        let what = format!("[{}] {format} int8 SwiGLU epilogue +norm, {how}: {}", g.name, o.what);
+                        assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
+                    }
+                }
             }
             for (what, m, kernel) in kernels {
                 let tol = epilogue_tol(kernel);

@@ -301,8 +301,9 @@ fn qwen_architectures_run_consistently() {
 /// not compared with each other: rounding to int8 turns their float differences, from
 /// different attention kernels, into whole steps of d wherever a value sits near a
 /// rounding boundary.) Single-token steps also run with the gate/up projection writing the
-/// down projection's int8 input (`Caps::q8_swiglu`), held to the same bounds, and with one
-/// dispatch fewer a layer (the down projection's quantize).
+/// down projection's int8 input (`Caps::q8_swiglu`), and also quantizing its own
+/// (`Caps::q8_swiglu_norm`), held to the same bounds, with one and two dispatches fewer a
+/// layer (the quantize dispatches).
 #[test]
 fn int8_gemv_decode_matches_reference() {
     let ids = greedy_tokens();
@@ -318,6 +319,10 @@ fn int8_gemv_decode_matches_reference() {
     let opts_swiglu = kiln::gpu::ContextOptions { q8_swiglu: Some(swiglu), ..opts_int8.clone() };
     let ctx_swiglu = Arc::new(GpuContext::new(&opts_swiglu).unwrap());
     assert_eq!(ctx_swiglu.caps.q8_swiglu, swiglu);
+    // And quantizing its own input through the RMSNorm: no quantize dispatch before it either.
+    let opts_local = kiln::gpu::ContextOptions { q8_swiglu_norm: Some(true), ..opts_swiglu.clone() };
+    let ctx_local = Arc::new(GpuContext::new(&opts_local).unwrap());
+    assert!(ctx_local.caps.q8_swiglu_norm);
     let n = 64;
     for q in ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"] {
         let file = format!("derived/stories260K-pad256-{q}.gguf");
@@ -349,18 +354,26 @@ fn int8_gemv_decode_matches_reference() {
             kiln::gpu::buffers::dispatches_recorded() - before
         };
         let n_layer = load(&ctx, &file).cfg.n_layer as u64;
-        assert_eq!(
-            dispatches(&ctx) - dispatches(&ctx_swiglu),
-            n_layer,
-            "{q}: the down projections' quantize dispatches"
-        );
-        for (ctx, steps) in [(&ctx, &[1usize][..]), (&ctx, &[1, 3, 4, 2]), (&ctx, &[20, 13, 31]), (&ctx_swiglu, &[1])] {
+        let plain = dispatches(&ctx);
+        assert_eq!(plain - dispatches(&ctx_swiglu), n_layer, "{q}: the down projections' quantize dispatches");
+        assert_eq!(plain - dispatches(&ctx_local), 2 * n_layer, "{q}: the gate/up projections' too");
+        let runs = [
+            (&ctx, &[1usize][..]),
+            (&ctx, &[1, 3, 4, 2]),
+            (&ctx, &[20, 13, 31]),
+            (&ctx_swiglu, &[1]),
+            (&ctx_local, &[1]),
+        ];
+        for (ctx, steps) in runs {
             let got = decode(ctx, steps);
             let (vs_float, ..) = compare(&got, &float, 512);
             let (max, rms, same) = compare(&got, want, 512);
             let agree = argmax_agrees_but_near_ties(&got, want, 512, 0.015 * size);
-            let steps =
-                format!("{steps:?}{}", if ctx.caps.q8_swiglu.is_some() { " (int8 SwiGLU epilogue)" } else { "" });
+            let steps = match (ctx.caps.q8_swiglu, ctx.caps.q8_swiglu_norm) {
+                (Some(_), true) => format!("{steps:?} (int8 SwiGLU epilogue, input quantized in the GEMV)"),
+                (Some(_), false) => format!("{steps:?} (int8 SwiGLU epilogue)"),
+                _ => format!("{steps:?}"),
+            };
             eprintln!(
                 "{q} steps {steps}: int8 vs reference max |Δ| {max:.3e}, rms {rms:.3e} (logits rms {size:.3}), \
                  argmax {same:.3} ({agree:.3} but near-ties); vs float GEMV {vs_float:.3e}"

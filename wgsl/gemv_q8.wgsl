@@ -1,6 +1,8 @@
 // GEMV over int8 activations, for the quantized weight formats: Y[m, n] = sum_k W[n, k] X[m, k].
 // x comes quantized to int8 by quantize_q8.wgsl (its own small dispatch, once per input
-// rather than once per workgroup), so that quantized weights multiply with packed 4x8-bit
+// rather than once per workgroup: common/q8_in_global.wgsl), or, for shapes of few
+// workgroups, by each workgroup itself (common/q8_in_local.wgsl: x_half, prepare_x), so that
+// quantized weights multiply with packed 4x8-bit
 // integer dot products (dot4I8Packed: one DP4A instruction where the driver offers integer
 // dot products, as Vulkan 1.3 drivers do) instead of being converted to floats one by one.
 // The result is exactly sum(w * x~) for the rounded activations x~, which differ from x by at
@@ -11,9 +13,6 @@
 // part j of a unit multiplies), dot_header and dot_part; parameters:
 // common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl (the
 // grouped shape's own: write_group_rows below).
-
-// Per 32 values of x: quants 0-15, quants 16-31, then (d, sum of x~ 0-15, sum of x~ 16-31, 0).
-@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
 
 // ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES,
 // each group its own ROWS rows, each invocation a K_LANES-th of their units; for many
@@ -32,16 +31,10 @@ var<workgroup> partial: array<f32, (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_M
 var<workgroup> acts: array<f32, GROUP_OUTS / 2u + 1u>;
 const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / 64u;
 
-// Values 16 half .. 16 half + 15 of quantized x row m.
-fn x_half(m: u32, half: u32) -> XHalf {
-    let i = (m * (p.k / 32u) + half / 2u) * 3u;
-    let s = bitcast<vec4<f32>>(xq[i + 2u]);
-    return XHalf(xq[i + half % 2u], s.x, select(s.y, s.z, half % 2u == 1u));
-}
-
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     col0 = wid.z * NCOLS;
+    prepare_x(lane);
     if (ROW_GROUPS > 1u) {
         main_grouped(lane, (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS);
         return;

@@ -30,6 +30,10 @@ pub struct Caps {
     /// (`kernels::Epi::SwiGluQ8`), so that the down projection needs no quantize dispatch;
     /// None: the quantize dispatch (`plan::gemv_q8_swiglu_shape`).
     pub q8_swiglu: Option<crate::plan::GemvShape>,
+    /// With `q8_swiglu`, that gate/up projection also quantizes its own input through the
+    /// RMSNorm in each workgroup, so that it needs no quantize dispatch either
+    /// (`plan::gemv_q8_swiglu_norm`; 20 KiB of workgroup memory).
+    pub q8_swiglu_norm: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -56,6 +60,7 @@ impl Caps {
             int8_dot: false,
             int8_gemv_always: false,
             q8_swiglu: None,
+            q8_swiglu_norm: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -83,6 +88,8 @@ pub struct ContextOptions {
     /// The int8 SwiGLU epilogue's shape (`Caps::q8_swiglu`): Some(None) off, Some(shape) on;
     /// None: `KILN_GEMV_Q8_SWIGLU` or the planner's default (tests of both paths).
     pub q8_swiglu: Option<Option<crate::plan::GemvShape>>,
+    /// `Caps::q8_swiglu_norm`; None: `KILN_GEMV_Q8_SWIGLU_NORM` or the planner's default.
+    pub q8_swiglu_norm: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -416,6 +423,8 @@ impl GpuContext {
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,
             q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape),
+            q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
+                && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

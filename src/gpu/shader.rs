@@ -53,6 +53,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/q8_block.wgsl", include_str!("../../wgsl/common/q8_block.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
+    ("common/q8_in_global.wgsl", include_str!("../../wgsl/common/q8_in_global.wgsl")),
+    ("common/q8_in_local.wgsl", include_str!("../../wgsl/common/q8_in_local.wgsl")),
     ("to_half.wgsl", include_str!("../../wgsl/to_half.wgsl")),
     ("probe_coop.wgsl", include_str!("../../wgsl/probe_coop.wgsl")),
     ("flash_attention_coop.wgsl", include_str!("../../wgsl/flash_attention_coop.wgsl")),

@@ -249,10 +249,12 @@ struct Q8Input {
 
 /// The int8 SwiGLU epilogue's output (`Epilogue::SwiGluQ8`): one binding per weight chunk,
 /// as `Q8Input::chunks` with `blocks` at binding 6, where the kernel writes its outputs'
-/// int8 blocks.
+/// int8 blocks; or, `local_input` (`Caps::q8_swiglu_norm`, a fused RMSNorm), with X and the
+/// norm's weights, which each workgroup quantizes itself (no quantize dispatch).
 struct Q8Output {
     chunks: Vec<Bound>,
     blocks: wgpu::Buffer,
+    local_input: bool,
 }
 
 /// The cooperative GEMM's input: X rounded to f16 once per step by a ToHalf dispatch into
@@ -659,7 +661,11 @@ impl BoundMatmul {
                         "the int8 SwiGLU epilogue's blocks must be a buffer of their own, large enough for its columns",
                     ));
                 }
-                // Any int8 GEMV key with this epilogue has its bindings.
+                // The input quantized by each workgroup where the adapter takes it: X through
+                // the RMSNorm, one column of at most GEMV_Q8_LOCAL_INPUT_MAX_K values.
+                let local_input =
+                    ctx.caps.q8_swiglu_norm && mm.norm.is_some() && mm.w.k <= crate::plan::GEMV_Q8_LOCAL_INPUT_MAX_K;
+                // Any int8 GEMV key with this epilogue (and input) has its bindings.
                 let okey = KernelKey::Gemv {
                     format: mm.w.format,
                     ncols: 1,
@@ -667,20 +673,21 @@ impl BoundMatmul {
                     groups: crate::plan::GEMV_Q8_SWIGLU.groups as u8,
                     wg: crate::plan::GEMV_Q8_SWIGLU.wg as u16,
                     subgroups: ctx.caps.subgroups,
-                    norm: false,
+                    norm: local_input,
                     glu: false,
                     q8: true,
                     epi: Epi::SwiGluQ8,
                 };
+                let (x_in, norm_in) = if local_input { (mm.x, norm_w) } else { (&input.blocks, &dummy) };
                 let chunks =
                     mm.w.chunks
                         .iter()
                         .map(|c| {
-                            let buffers = [&c.buffer, &input.blocks, mm.y, bias, &dummy, out];
+                            let buffers = [&c.buffer, x_in, mm.y, bias, norm_in, out];
                             Bound::new::<MatmulParams>(ctx, &okey, stage, &buffers)
                         })
                         .collect::<Result<Vec<_>>>()?;
-                Some(Q8Output { chunks, blocks: (*out).clone() })
+                Some(Q8Output { chunks, blocks: (*out).clone(), local_input })
             }
             _ => None,
         };
@@ -822,7 +829,11 @@ impl BoundMatmul {
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
         let kernel = self.plan_step(ctx, m, batched);
-        let q8_out = if self.writes_q8_out(kernel) { "+q8out" } else { "" };
+        let q8_out = match &self.q8_out {
+            Some(o) if self.writes_q8_out(kernel) && o.local_input => "+q8in+q8out",
+            Some(_) if self.writes_q8_out(kernel) => "+q8out",
+            _ => "",
+        };
         let split = match kernel {
             MatmulKernel::Gemm { tile } => {
                 let rows = self.chunks.iter().map(|c| c.2).max().unwrap_or(self.n);
@@ -936,12 +947,14 @@ impl BoundMatmul {
         // X's stride as the kernel reads it (halves per row for the cooperative GEMM).
         let mut x_stride = self.x_stride;
         let mut half_partials: Option<&Vec<Bound>> = None;
+        // The int8 GEMV quantizing its own input (`Q8Output::local_input`).
+        let local_input = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
         let chunks: Vec<&Bound> = match kernel {
             MatmulKernel::Gemv { q8: true, .. } => {
                 let q8 = self.q8.as_ref().ok_or_else(|| {
                     KilnError::invalid("matmul", format!("{} was bound without the int8 GEMV's input", self.stage))
                 })?;
-                if prepared.blocks != Some(&q8.blocks) {
+                if !local_input && prepared.blocks != Some(&q8.blocks) {
                     q8.quantize.set(ctx, &self.params(m, 0, 0));
                     // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns.
                     let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
@@ -975,7 +988,10 @@ impl BoundMatmul {
             _ => self.chunks.iter().map(|(b, ..)| b).collect(),
         };
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
+            let (mut key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
+            if let (true, KernelKey::Gemv { norm, .. }) = (local_input, &mut key) {
+                *norm = true;
+            }
             let params = MatmulParams { x_stride, ..self.params(m, *row_start, *rows) };
             if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {
                 let (split_k, splits) = self.split_k(ctx, m, *rows, tile);

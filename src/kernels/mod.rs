@@ -393,10 +393,12 @@ impl KernelKey {
         }
         match *self {
             KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi } => {
-                if q8 && (!format.is_quantized() || norm || glu) {
+                // The int8 GEMV's fused RMSNorm: each workgroup quantizes its one column itself
+                // (common/q8_in_local.wgsl); otherwise the quantize dispatch applies it.
+                if q8 && (!format.is_quantized() || glu || (norm && ncols != 1)) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
-                        format!("the int8-activation GEMV needs a quantized format and no fused input, not {format}"),
+                        format!("the int8-activation GEMV needs a quantized format, no fused SwiGLU and one column with a fused RMSNorm, not {format} over {ncols}"),
                     ));
                 }
                 let shape = GemvShape::grouped(wg as u32, rows as u32, groups as u32);
@@ -428,11 +430,13 @@ impl KernelKey {
                 let c = epilogue(c, epi);
                 if q8 {
                     let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
-                    c.include("common/q8_block.wgsl")
-                        .include(out)
-                        .include("common/weights_vec4.wgsl")
-                        .include("gemv_q8.wgsl")
-                        .build()
+                    let c = c.include("common/q8_block.wgsl").include(out);
+                    let c = if norm {
+                        c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl")
+                    } else {
+                        c.include("common/q8_in_global.wgsl")
+                    };
+                    c.include("common/weights_vec4.wgsl").include("gemv_q8.wgsl").build()
                 } else {
                     c.include("common/weights_words.wgsl")
                         .include("common/gemv_input.wgsl")
@@ -722,9 +726,13 @@ impl KernelKey {
                             kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
                         // The gate/up projection writing the down projection's int8 input
-                        // (one-token decode steps; several columns in the tests).
+                        // (one-token decode steps; several columns in the tests), and
+                        // quantizing its own input through the RMSNorm (one column).
                         if ncols == 1 || ncols == 3 {
                             kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (false, false), Epi::SwiGluQ8));
+                        }
+                        if ncols == 1 {
+                            kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (true, false), Epi::SwiGluQ8));
                         }
                     }
                     v.extend(kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| KernelKey::Gemv {
