@@ -5,6 +5,8 @@
 // workgroups (the int8 SwiGLU epilogue's: each reads x, a few KiB, from cache).
 const XQ_MAX_BLOCKS: u32 = 256u;
 var<workgroup> xq: array<vec4<u32>, 3u * XQ_MAX_BLOCKS>;
+// row_inv_rms's reduction goes through gemv_q8.wgsl's `partial`.
+const_assert NCOLS == 1u && (GROUPED == 0u || K_LANES * (GROUP_OUTS + 1u) >= LANE_GROUPS_MAX);
 
 // Quantizes x's column col0 into xq. Uniform control flow: it has barriers.
 fn prepare_x(lane: Lane) {
