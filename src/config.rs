@@ -228,6 +228,17 @@ pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     })
 }
 
+/// `KILN_PREFILL_NORM_F16=0|1`: whether prefill's RMSNorms write the cooperative GEMM's f16
+/// input themselves (`plan::prefill_norm_f16`; a knob for measurements).
+pub fn prefill_norm_f16_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("KILN_PREFILL_NORM_F16").ok()?.trim() {
+        "1" | "on" => Some(true),
+        "0" | "off" => Some(false),
+        _ => None,
+    })
+}
+
 /// `KILN_GEMV_Q8_WIDE_MIN_COLS=<n>`: columns from which the int8 GEMV takes its grouped shape
 /// (`plan::gemv_q8_wide_min_cols`; a knob for measurements).
 pub fn gemv_q8_wide_min_cols_from_env() -> Option<u32> {

@@ -159,7 +159,7 @@ impl Sampler {
         // The largest logit, lowest index on ties; NaN never counts.
         let mut best: Option<(u32, f32)> = None;
         for (i, &v) in logits.iter().enumerate() {
-            if v == v && best.is_none_or(|b| v > b.1) {
+            if !v.is_nan() && best.is_none_or(|b| v > b.1) {
                 best = Some((i as u32, v));
             }
         }
@@ -170,7 +170,7 @@ impl Sampler {
         let k = c.effective_top_k();
         let mut cand = std::mem::take(&mut self.cand);
         cand.clear();
-        cand.extend(logits.iter().enumerate().filter(|e| e.1 == e.1).map(|(i, &v)| (i as u32, v)));
+        cand.extend(logits.iter().enumerate().filter(|e| !e.1.is_nan()).map(|(i, &v)| (i as u32, v)));
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if cand.len() > k {
             cand.select_nth_unstable_by(k - 1, order);

@@ -79,6 +79,27 @@ fn rms_norm_rows() {
     }
 }
 
+/// The norm writing halves (prefill's input of the cooperative GEMM with no to_half dispatch
+/// after the norm): the very bits of the float norm's rows rounded by to_half, rows padded to
+/// 8 with zeros.
+#[test]
+fn rms_norm_into_halves_equals_the_norm_then_to_half() {
+    for g in gpus() {
+        if !g.ctx.caps.f16 {
+            continue;
+        }
+        for (rows, n) in [(3usize, 64usize), (5, 1000), (2, 36)] {
+            let mut r = rng(n as u64 + 1);
+            let x = randn(&mut r, rows * n, 2.0);
+            let w = randn(&mut r, n, 1.0);
+            let floats = ops::rms_norm(&g.ctx, &x, &w, rows, n, 1e-5).unwrap();
+            let want = ops::to_half(&g.ctx, &floats, rows, n, n).unwrap();
+            let got = ops::rms_norm_halves(&g.ctx, &x, &w, rows, n, 1e-5).unwrap();
+            assert_eq!(got, want, "[{}] rms_norm into halves {rows}x{n}", g.name);
+        }
+    }
+}
+
 #[test]
 fn to_half_rounds_rows_for_the_cooperative_gemm() {
     for g in gpus() {

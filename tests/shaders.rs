@@ -86,7 +86,7 @@ fn pipeline_cache_is_kept_on_disk() {
         pipeline_cache: Some(dir.clone()),
         ..Default::default()
     };
-    let key = KernelKey::RmsNorm { subgroups: false };
+    let key = KernelKey::RmsNorm { subgroups: false, halves: false };
     let file = {
         let ctx = GpuContext::new(&opts).expect("a Vulkan adapter");
         assert!(

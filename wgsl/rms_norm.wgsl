@@ -1,5 +1,7 @@
 // RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w. One workgroup per row. Also the
-// per-head Q/K norm of Qwen3 (rows = tokens x heads, n = head_dim, one weight row).
+// per-head Q/K norm of Qwen3 (rows = tokens x heads, n = head_dim, one weight row). The
+// output file stores the row: floats (common/norm_out_f32.wgsl), or halves for the
+// cooperative GEMM's input (common/norm_out_f16.wgsl: no to_half dispatch after the norm).
 // Header constants: WG.
 
 struct Params {
@@ -12,7 +14,6 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -25,8 +26,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
     ss = wg_sum(ss, lane);
     let inv = 1.0 / sqrt(ss / f32(p.n) + p.eps);
-    let yb = row * p.y_stride;
-    for (var i = lane.lid; i < p.n; i += WG) {
-        y[yb + i] = x[xb + i] * inv * w[i];
-    }
+    store_row(row, xb, inv, lane);
 }

@@ -26,8 +26,20 @@ pub fn rms_norm(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, e
     let (xb, wb) = (ctx.upload_f32(x, "x")?, ctx.upload_f32(w, "w")?);
     let y = ctx.storage((rows * n * 4) as u64, "y")?;
     let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: n as u32, eps };
-    run(ctx, &[norm::prepare(ctx, &xb, &wb, &y, rows as u32, p, "norm")?])?;
+    run(ctx, &[norm::prepare(ctx, &xb, &wb, &y, rows as u32, p, false, "norm")?])?;
     ctx.read_f32(&y, rows * n)
+}
+
+/// The same written as halves, as the cooperative GEMM reads its input (rows of n rounded up to
+/// 8): the halves' bits. n a multiple of 4.
+pub fn rms_norm_halves(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, eps: f32) -> Result<Vec<u16>> {
+    let (xb, wb) = (ctx.upload_f32(x, "x")?, ctx.upload_f32(w, "w")?);
+    let stride = n.next_multiple_of(8);
+    let y = ctx.storage((rows * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: stride as u32, eps };
+    run(ctx, &[norm::prepare(ctx, &xb, &wb, &y, rows as u32, p, true, "norm")?])?;
+    let bytes = ctx.read_bytes(&y, 0, (rows * stride * 2).next_multiple_of(4) as u64)?;
+    Ok(bytes.chunks_exact(2).take(rows * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
 }
 
 /// m rows of k floats (x_stride apart) rounded to f16 as the cooperative GEMM's input is: the

@@ -856,21 +856,36 @@ impl BoundMatmul {
     /// (`batched`) a batched decode step's columns, which stay on the GEMV wherever it takes
     /// them so that a column's result does not depend on the columns beside it.
     pub fn record(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, m: u32, batched: bool) -> Result<()> {
-        self.record_after(ctx, pass, m, batched, None)
+        self.record_after(ctx, pass, m, batched, Prepared::default())
     }
 
-    /// As `record`, after a matmul that wrote this one's int8 input already (`q8_output`
-    /// of the gate/up projection before the down projection): no quantize dispatch for it.
+    /// The f16 copy of X (and its row stride in halves) that one sequence's step of m tokens
+    /// reads, where the planner puts it on the cooperative GEMM: a dispatch before it may
+    /// write it (the RMSNorm, `Caps::prefill_norm_f16`) instead of its to_half dispatch.
+    pub fn half_input(&self, ctx: &GpuContext, m: u32) -> Option<(&wgpu::Buffer, u32)> {
+        match self.plan(ctx, m) {
+            MatmulKernel::Gemm { tile } if tile.is_coop() => self.half.as_ref().map(|h| (&h.halves, h.stride)),
+            _ => None,
+        }
+    }
+
+    /// The buffer of the f16 copy of X, where the cooperative GEMM may run.
+    pub fn half_buffer(&self) -> Option<&wgpu::Buffer> {
+        self.half.as_ref().map(|h| &h.halves)
+    }
+
+    /// As `record`, after a dispatch that wrote this one's input already (`Prepared`: the
+    /// down projection's int8 blocks from the gate/up epilogue, the f16 copy of X from the
+    /// RMSNorm): no quantize or to_half dispatch for it.
     pub fn record_after(
         &self,
         ctx: &GpuContext,
         pass: &mut wgpu::ComputePass<'_>,
         m: u32,
         batched: bool,
-        blocks: Option<&wgpu::Buffer>,
+        prepared: Prepared<'_>,
     ) -> Result<()> {
         let kernel = self.plan_step(ctx, m, batched);
-        let prepared = Prepared { blocks, halves: None };
         for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched)? {
             b.record_with(pass, &pipeline, grid);
         }
@@ -889,7 +904,20 @@ impl BoundMatmul {
         m: u32,
         batched: bool,
     ) -> Result<()> {
-        Self::record_group_as(ctx, pass, group, m, batched, batched)
+        Self::record_group_as(ctx, pass, group, m, batched, batched, Prepared::default())
+    }
+
+    /// As `record_group` for one sequence's step (`rows`: as `record_group_rows`, several
+    /// sequences' prompt chunks), after a dispatch that `prepared` the shared input.
+    pub fn record_group_after(
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &[&BoundMatmul],
+        m: u32,
+        rows: bool,
+        prepared: Prepared<'_>,
+    ) -> Result<()> {
+        Self::record_group_as(ctx, pass, group, m, false, rows, prepared)
     }
 
     /// As `record_group`, over the rows of several sequences' prompt chunks side by side: the
@@ -901,7 +929,7 @@ impl BoundMatmul {
         group: &[&BoundMatmul],
         m: u32,
     ) -> Result<()> {
-        Self::record_group_as(ctx, pass, group, m, false, true)
+        Self::record_group_as(ctx, pass, group, m, false, true, Prepared::default())
     }
 
     /// `record_group` with the planner's choice (`plan_batched`: a batched decode step's) and
@@ -913,8 +941,9 @@ impl BoundMatmul {
         m: u32,
         plan_batched: bool,
         table: bool,
+        prepared: Prepared<'_>,
     ) -> Result<()> {
-        let mut prepared = Prepared::default();
+        let mut prepared = prepared;
         for b in group {
             let kernel = b.plan_step(ctx, m, plan_batched);
             for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table)? {
@@ -1019,12 +1048,14 @@ impl BoundMatmul {
     }
 }
 
-/// The inputs a group member prepared already in this step (`BoundMatmul::record_group`): the
-/// int8 blocks and the f16 copy of the shared X.
+/// The inputs prepared already in this step, whose quantize or to_half dispatch a matmul then
+/// skips: by a group member (`BoundMatmul::record_group`), the gate/up epilogue (the down
+/// projection's int8 blocks, `BoundMatmul::q8_output`) or the RMSNorm before it (the f16 copy
+/// of X, `BoundMatmul::half_input`).
 #[derive(Default, Clone, Copy)]
-struct Prepared<'b> {
-    blocks: Option<&'b wgpu::Buffer>,
-    halves: Option<&'b wgpu::Buffer>,
+pub struct Prepared<'b> {
+    pub blocks: Option<&'b wgpu::Buffer>,
+    pub halves: Option<&'b wgpu::Buffer>,
 }
 
 /// One-off dispatches for `mm` with the kernel the planner picks (tests, tools).

@@ -244,6 +244,8 @@ pub enum KernelKey {
     },
     RmsNorm {
         subgroups: bool,
+        /// The rows written as halves, the cooperative GEMM's input (SHADER_F16).
+        halves: bool,
     },
     Elementwise {
         op: elementwise::EltOp,
@@ -613,9 +615,13 @@ impl KernelKey {
                 .include("common/step_one.wgsl")
                 .include("rope.wgsl")
                 .build(),
-            KernelKey::RmsNorm { subgroups } => {
-                c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("rms_norm.wgsl").build()
-            }
+            KernelKey::RmsNorm { subgroups, halves } => c
+                .enable_f16(halves)
+                .const_u32("WG", WG_ROW)
+                .include(reduce_file(subgroups))
+                .include("rms_norm.wgsl")
+                .include(if halves { "common/norm_out_f16.wgsl" } else { "common/norm_out_f32.wgsl" })
+                .build(),
             KernelKey::Elementwise { op } => {
                 c.const_u32("WG", WG_ELT).const_u32("OP", op as u32).include("elementwise.wgsl").build()
             }
@@ -667,10 +673,10 @@ impl KernelKey {
                 (kv.needs_f16(), false)
             }
             KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
+            KernelKey::RmsNorm { subgroups, halves } => (halves, subgroups),
             KernelKey::Gemv { subgroups, .. }
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
-            | KernelKey::RmsNorm { subgroups }
             | KernelKey::Argmax { subgroups }
             | KernelKey::Sample { subgroups, .. }
             | KernelKey::Nll { subgroups } => (false, subgroups),
@@ -804,7 +810,9 @@ impl KernelKey {
                 v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu });
             }
             v.push(KernelKey::Softmax { subgroups });
-            v.push(KernelKey::RmsNorm { subgroups });
+            for halves in [false, true] {
+                v.push(KernelKey::RmsNorm { subgroups, halves });
+            }
             v.push(KernelKey::Argmax { subgroups });
             for prune in [false, true] {
                 v.push(KernelKey::Sample { subgroups, batched: false, prune });

@@ -15,7 +15,9 @@ pub struct RmsNormParams {
     pub eps: f32,
 }
 
-/// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, for `rows` rows of n values.
+/// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, for `rows` rows of n values; `halves`:
+/// y as f16, the cooperative GEMM's input (n and the strides multiples of 4).
+#[allow(clippy::too_many_arguments)]
 pub fn prepare(
     ctx: &GpuContext,
     x: &wgpu::Buffer,
@@ -23,9 +25,10 @@ pub fn prepare(
     y: &wgpu::Buffer,
     rows: u32,
     params: RmsNormParams,
+    halves: bool,
     stage: &'static str,
 ) -> Result<Dispatch> {
-    let pipeline = ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?;
+    let pipeline = ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups, halves })?;
     let ub = ctx.uniform(&params, stage);
     let bg = bind(ctx, &pipeline, stage, &[&ub, x, w, y]);
     Ok(Dispatch { label: stage, pipeline, bind_group: bg, workgroups: grid(rows), params: Some(ub) })

@@ -82,7 +82,7 @@ impl Session {
         });
 
         let sub = ctx.caps.subgroups;
-        let norm_key = KernelKey::RmsNorm { subgroups: sub };
+        let norm_key = KernelKey::RmsNorm { subgroups: sub, halves: false };
         // Any variant serves the bind groups: batched or not, they bind the same buffers.
         let decode_key = attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false);
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
@@ -330,8 +330,29 @@ impl Session {
                     }
                 }
             };
+            // Prefill's norms writing the f16 input of the projection after them, where its
+            // cooperative GEMM reads one (`Caps::prefill_norm_f16`).
+            let norm_f16 = |g: &wgpu::Buffer, into: Option<&wgpu::Buffer>, stage| -> Result<Option<Bound>> {
+                match into {
+                    Some(halves) if ctx.caps.prefill_norm_f16 && c.n_embd % 4 == 0 => {
+                        let key = KernelKey::RmsNorm { subgroups: sub, halves: true };
+                        Ok(Some(Bound::new::<RmsNormParams>(&ctx, &key, stage, &[&x, g, halves])?))
+                    }
+                    _ => Ok(None),
+                }
+            };
+            let attn_norm_f16 = match &qkv {
+                QkvOps::Stacked { prefill, .. } => norm_f16(&w.attn_norm, prefill[0].half_buffer(), "attn_norm")?,
+                QkvOps::Separate { .. } => None,
+            };
+            let ffn_norm_f16 = match &ffn {
+                FfnOps::Interleaved { prefill, .. } => norm_f16(&w.ffn_norm, prefill.half_buffer(), "ffn_norm")?,
+                FfnOps::Separate { .. } => None,
+            };
             let ops = LayerOps {
                 attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
+                attn_norm_f16,
+                ffn_norm_f16,
                 qkv,
                 attn_prefill: match &scores {
                     None => PrefillAttnOps::Flash(Bound::new::<FlashParams>(

@@ -12,7 +12,7 @@ use crate::kernels::attention;
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention;
-use crate::kernels::matmul::BoundMatmul;
+use crate::kernels::matmul::{BoundMatmul, Prepared};
 use crate::kernels::norm::RmsNormParams;
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::{KernelKey, WG_ELT};
@@ -82,11 +82,34 @@ impl Session {
         let (se, sf) = (pad4(c.n_embd), pad4(c.n_ff));
         let pipe = |k: &KernelKey| ctx.pipeline(k);
         let sub = ctx.caps.subgroups;
-        let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub })?;
+        let norm_pipe = pipe(&KernelKey::RmsNorm { subgroups: sub, halves: false })?;
         let norm = |b: &Bound, rows: u32, n: u32, stride: u32, pass: &mut wgpu::ComputePass<'_>| {
             b.set(ctx, &RmsNormParams { n, x_stride: stride, y_stride: stride, eps: c.rms_eps });
             b.record_with(pass, &norm_pipe, grid(rows));
         };
+        // Prefill's norm before a matmul on the cooperative GEMM, where it writes that GEMM's f16
+        // input itself (`Caps::prefill_norm_f16`: the matmul then skips its to_half dispatch);
+        // else the float norm. What the matmul finds prepared.
+        let norm_f16_pipe = if ctx.caps.prefill_norm_f16 {
+            Some(pipe(&KernelKey::RmsNorm { subgroups: sub, halves: true })?)
+        } else {
+            None
+        };
+        // Every matmul reading the norm's output must read the same halves (the f16 norm was bound
+        // to the first's), or the float rows are written.
+        let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[&BoundMatmul], pass: &mut _| {
+            let target = consumers[0].half_buffer();
+            let stride = consumers[0].half_input(ctx, m).map(|(_, s)| s);
+            let same = consumers.iter().all(|b| b.half_input(ctx, m).is_some_and(|(h, _)| Some(h) == target));
+            if let (Some(b), Some(p), Some(stride), true) = (f16_norm, &norm_f16_pipe, stride, same) {
+                b.set(ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: stride, eps: c.rms_eps });
+                b.record_with(pass, p, grid(m));
+                return true;
+            }
+            norm(f32_norm, m, c.n_embd, se, pass);
+            false
+        };
+
         // Bytes of activations (f32) and of the KV cache, for the profile's work estimates.
         let f = |n: u32| n as f64 * 4.0;
         let kv_elt = self.kv.bytes_per_elem() as f64;
@@ -137,12 +160,15 @@ impl Session {
                         BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m, batched)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
-                        norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
-                        rec.stage(Stage::Qkv, || group_work(prefill));
                         // The parts read one input: rounded to f16 (or quantized) once.
                         let parts = prefill.iter().collect::<Vec<_>>();
-                        if step.together.is_some() {
-                            BoundMatmul::record_group_rows(ctx, rec.pass(), &parts, m)?;
+                        let written = norm_before(&l.attn_norm, l.attn_norm_f16.as_ref(), &parts, rec.pass());
+                        let halves = prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
+                        let prepared = Prepared { blocks: None, halves };
+                        rec.stage(Stage::Qkv, || group_work(prefill));
+                        if step.together.is_some() || prepared.halves.is_some() {
+                            let rows = step.together.is_some();
+                            BoundMatmul::record_group_after(ctx, rec.pass(), &parts, m, rows, prepared)?;
                         } else {
                             BoundMatmul::record_group(ctx, rec.pass(), &parts, m, batched)?;
                         }
@@ -325,12 +351,14 @@ impl Session {
                         down_input = decode.q8_output(ctx, m, batched);
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
-                        norm(&l.ffn_norm, m, c.n_embd, se, rec.pass());
+                        let written = norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), &[prefill], rec.pass());
+                        let halves = prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
+                        let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m, batched));
-                        prefill.record(ctx, rec.pass(), m, batched)?;
+                        prefill.record_after(ctx, rec.pass(), m, batched, prepared)?;
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
-                    down.record_after(ctx, rec.pass(), m, batched, down_input)?;
+                    down.record_after(ctx, rec.pass(), m, batched, Prepared { blocks: down_input, halves: None })?;
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {

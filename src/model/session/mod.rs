@@ -87,6 +87,9 @@ pub enum Output {
 
 pub(super) struct LayerOps {
     attn_norm: Bound,
+    /// The same writing the Q/K/V projection's f16 input, where its cooperative GEMM reads
+    /// one (`Caps::prefill_norm_f16`: no to_half dispatch after the norm).
+    attn_norm_f16: Option<Bound>,
     /// The Q, K and V projections, RoPE and the cache write.
     qkv: QkvOps,
     /// Attention of a step of more than one token.
@@ -98,6 +101,8 @@ pub(super) struct LayerOps {
     attn_combine: Bound,
     wo: BoundMatmul,
     ffn_norm: Bound,
+    /// The same writing the gate/up projection's f16 input (as `attn_norm_f16`).
+    ffn_norm_f16: Option<Bound>,
     ffn: FfnOps,
 }
 

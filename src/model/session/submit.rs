@@ -163,7 +163,7 @@ impl Session {
         self.out_norm_all.set(&**ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: self.cfg.rms_eps });
         self.out_norm_all.record_with(
             rec.pass(),
-            &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups })?,
+            &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups, halves: false })?,
             grid(m),
         );
         rec.stage(Stage::LmHead, || self.lm_head_all.work(ctx, m, false));
