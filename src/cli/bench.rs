@@ -94,7 +94,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub profile: bool,
     /// Also time every generation test without each decode stage in turn: what each stage
-    /// costs the step, its launch and barrier included (the results of those runs are wrong).
+    /// costs the step, its launch and barrier included; then without the int8 GEMVs' quantize
+    /// dispatches, what fusing them would save (the results of those runs are wrong).
     #[arg(long)]
     pub ablate: bool,
     /// Generation tests sample on the GPU at this temperature, with llama.cpp's default
