@@ -265,8 +265,12 @@ impl Session {
                     // gate/up epilogue (`Caps::q8_swiglu`), into blocks the down projection
                     // reads (and quantizes into itself otherwise) apart from every other
                     // GEMV's input.
+                    // (Weights split into chunks must split on whole blocks of outputs.)
+                    let whole_blocks = gate_up.chunks.iter().all(|ch| ch.row_start % 64 == 0);
                     let q8_out = match ctx.caps.q8_swiglu {
-                        Some(_) if c.n_ff % 32 == 0 && sf == c.n_ff => Some(scratch.q8_output(&ctx, c.n_ff)?),
+                        Some(_) if c.n_ff % 32 == 0 && sf == c.n_ff && whole_blocks => {
+                            Some(scratch.q8_output(&ctx, c.n_ff)?)
+                        }
                         _ => None,
                     };
                     let gu = |norm: bool| Matmul {
