@@ -213,6 +213,11 @@ pub struct BenchRecord {
     /// `kiln run` after loading): submit of the prompt to its token on the host.
     #[serde(default)]
     pub ttft: Option<Ttft>,
+    /// The `KILN_*` settings of the environment the test ran in (the measurement knobs, e.g.
+    /// `KILN_GEMV_Q8_SWIGLU`), so that a record says which variant it measured; never the API
+    /// key.
+    #[serde(default)]
+    pub kiln_env: std::collections::BTreeMap<String, String>,
 }
 
 fn one() -> u32 {
@@ -427,8 +432,14 @@ fn timed_record(opts: &BenchOptions, timed: Timed) -> BenchRecord {
         profiled_ts: timed.profiled_ts,
         host_us_per_step: timed.host_us_per_step,
         n_parallel: 1,
+        kiln_env: kiln_env(),
         ..Default::default()
     }
+}
+
+/// The `KILN_*` variables set in this process's environment, but the API key.
+pub fn kiln_env() -> std::collections::BTreeMap<String, String> {
+    std::env::vars().filter(|(k, _)| k.starts_with("KILN_") && k != "KILN_API_KEY").collect()
 }
 
 /// How a generation test picks its tokens, for the record.

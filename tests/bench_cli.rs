@@ -109,6 +109,35 @@ fn llama_bench_flags_name_the_tests_and_records_carry_memory_and_load_time() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A record names the `KILN_*` knobs it ran under (which variant it measured), never the API key.
+#[test]
+fn records_carry_the_kiln_settings_but_not_the_api_key() {
+    let o = kiln()
+        .args([
+            "bench",
+            "--synthetic",
+            "tiny-test:q4_k_m",
+            "-p",
+            "8",
+            "-n",
+            "0",
+            "-r",
+            "1",
+            "-o",
+            "jsonl",
+            "--no-warmup",
+        ])
+        .env("KILN_GEMV_Q8_SWIGLU", "off")
+        .env("KILN_API_KEY", "sekret")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(r["kiln_env"]["KILN_GEMV_Q8_SWIGLU"], "off", "{r}");
+    assert!(r["kiln_env"].get("KILN_API_KEY").is_none() && !out.contains("sekret"), "{r}");
+}
+
 #[test]
 fn parallel_decodes_several_sequences_per_step() {
     // tg6 as usual, then stepped as a server steps one sequence and with 3 and 5 decoded
