@@ -2,9 +2,9 @@
 // x comes quantized to int8 by quantize_q8.wgsl (its own small dispatch, once per input
 // rather than once per workgroup: common/q8_in_global.wgsl), or, for shapes of few
 // workgroups, by each workgroup itself (common/q8_in_local.wgsl: x_half, prepare_x), so that
-// quantized weights multiply with packed 4x8-bit
-// integer dot products (dot4I8Packed: one DP4A instruction where the driver offers integer
-// dot products, as Vulkan 1.3 drivers do) instead of being converted to floats one by one.
+// quantized weights multiply with packed 4x8-bit integer dot products (dot4I8Packed: one DP4A
+// instruction where the driver offers integer dot products, as Vulkan 1.3 drivers do) instead
+// of being converted to floats one by one.
 // The result is exactly sum(w * x~) for the rounded activations x~, which differ from x by at
 // most d / 2.
 // Each invocation streams units of one aligned 16-byte vector of quants (weights bound as
