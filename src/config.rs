@@ -228,11 +228,11 @@ pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     })
 }
 
-/// `KILN_PREFILL_NORM_F16=0|1`: whether prefill's RMSNorms write the cooperative GEMM's f16
-/// input themselves (`plan::prefill_norm_f16`; a knob for measurements).
-pub fn prefill_norm_f16_from_env() -> Option<bool> {
+/// `KILN_PREFILL_F16_INPUTS=0|1`: whether prefill's RMSNorms write the cooperative GEMM's f16
+/// input themselves (`plan::prefill_f16_inputs`; a knob for measurements).
+pub fn prefill_f16_inputs_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("KILN_PREFILL_NORM_F16").ok()?.trim() {
+    *ON.get_or_init(|| match std::env::var("KILN_PREFILL_F16_INPUTS").ok()?.trim() {
         "1" | "on" => Some(true),
         "0" | "off" => Some(false),
         _ => None,

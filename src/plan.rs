@@ -234,11 +234,11 @@ pub fn gemv_q8_swiglu_norm() -> bool {
     crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(false)
 }
 
-/// `Caps::prefill_norm_f16` without the context option: `KILN_PREFILL_NORM_F16` where set, else
+/// `Caps::prefill_f16_inputs` without the context option: `KILN_PREFILL_F16_INPUTS` where set, else
 /// off (not yet measured; the cooperative GEMM, which reads the halves, does not run on the
 /// CPU adapters the tests have).
-pub fn prefill_norm_f16() -> bool {
-    crate::config::prefill_norm_f16_from_env().unwrap_or(false)
+pub fn prefill_f16_inputs() -> bool {
+    crate::config::prefill_f16_inputs_from_env().unwrap_or(false)
 }
 
 /// Workgroup memory the int8 GEMV needs to quantize its own input (common/q8_in_local.wgsl:

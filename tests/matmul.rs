@@ -454,6 +454,43 @@ fn fused_epilogues_match_reference() {
     }
 }
 
+/// The gate/up GEMM writing its SwiGLU output as the down projection's f16 input (prefill on
+/// cooperative GEMMs, `Caps::prefill_f16_inputs`): the halves against the reference, on the
+/// float tiles (lavapipe) and the cooperative ones where the adapter has them, split along K
+/// or not; outputs that are not whole rows of halves refused.
+#[test]
+fn swiglu_epilogue_writes_halves_for_the_next_gemm() {
+    let k = 256;
+    for g in gpus() {
+        if !g.ctx.caps.f16 {
+            continue;
+        }
+        let mut tiles = vec![(GemmTile::T32, 13usize)];
+        if g.ctx.caps.coopmat {
+            tiles.extend([(GemmTile::Coop64, 70), (GemmTile::Coop128, 140)]);
+        }
+        for format in [WeightFormat::Q4K, WeightFormat::F16] {
+            for &(tile, m) in &tiles {
+                for splits in [1, 2] {
+                    let kernel = MatmulKernel::Gemm { tile };
+                    let c = case(format, 192, k, m, (m * 7 + splits as usize) as u64);
+                    let run =
+                        Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::SwiGluF16, splits };
+                    for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
+                        assert!(o.f16);
+                        let what = format!("[{}] {format} {kernel} splits={splits} {}", g.name, o.what);
+                        assert_close(&what, &o.got, &o.want, epilogue_tol(kernel).max(1e-3));
+                    }
+                }
+            }
+            let run = Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, true, false);
+            let run = Run { epi: Epi::SwiGluF16, ..run };
+            let err = mm::run(&g.ctx, &case(format, 66, k, 13, 5), &run).err().expect("33 outputs a row");
+            assert!(err.to_string().contains("whole halves' rows"), "{err}");
+        }
+    }
+}
+
 /// The Q/K/V epilogue of a batched decode step on the GEMV: each column its own sequence (a
 /// slot of a shared cache, in another order than the columns) at its own position, Q rotated
 /// at that position into Y and K, V into that slot's region, for every cache kind and

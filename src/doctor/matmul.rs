@@ -95,6 +95,8 @@ pub enum Epi {
     /// SwiGLU, and (on the int8 GEMV's shapes over whole blocks) its int8 blocks for the down
     /// projection, checked against the SwiGLU values the kernel wrote (`check_q8_blocks`).
     SwiGluQ8,
+    /// SwiGLU written as halves by the GEMMs (the down projection's f16 input), read back.
+    SwiGluF16,
     Qkv(QkvShape),
 }
 
@@ -181,10 +183,14 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
             };
             outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
         }
-        Epi::SwiGlu | Epi::SwiGluQ8 => {
+        Epi::SwiGlu | Epi::SwiGluQ8 | Epi::SwiGluF16 => {
             let y = ctx.storage((m * n / 2 * 4) as u64, "act")?;
             let q8_bytes = matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, (n / 2) as u32).max(16);
             let blocks = ctx.storage(q8_bytes, "int8 SwiGLU output")?;
+            let halves = ctx.storage(((xp.len() / xs).max(m) * n).next_multiple_of(16) as u64, "f16 SwiGLU output")?;
+            if matches!(run.epi, Epi::SwiGluF16) && !matches!(run.kernel, MatmulKernel::Gemm { .. }) {
+                return Err(crate::KilnError::invalid("check", "the f16 SwiGLU epilogue is the GEMMs'"));
+            }
             let w = WeightTensor::upload(ctx, "gate_up", c.format, n, k, &c.weights)?;
             let b = ctx.upload_f32(&c.bias, "bias")?;
             let mm = Matmul {
@@ -195,6 +201,7 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 glu: up.as_ref(),
                 epi: match run.epi {
                     Epi::SwiGluQ8 => Epilogue::SwiGluQ8 { blocks: &blocks },
+                    Epi::SwiGluF16 => Epilogue::SwiGluF16 { halves: &halves },
                     _ => Epilogue::SwiGlu,
                 },
                 ..Matmul::dense(&w, &x, &y, m as u32)
@@ -205,7 +212,16 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 let bytes = ctx.read_bytes(&blocks, 0, matmul::q8_input_bytes(m as u32, (n / 2) as u32))?;
                 check_q8_blocks(&bytes, &got)?;
             }
-            outputs.push(Output { what: "swiglu", got, want: swiglu_reference(&plain(), m, n), f16: false });
+            let want = swiglu_reference(&plain(), m, n);
+            if matches!(run.epi, Epi::SwiGluF16) {
+                // Only the halves are written.
+                let bytes = ctx.read_bytes(&halves, 0, (m * n / 2 * 2).next_multiple_of(4) as u64)?;
+                let got =
+                    bytes.chunks_exact(2).take(m * n / 2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+                outputs.push(Output { what: "swiglu f16", got: got.collect(), want, f16: true });
+            } else {
+                outputs.push(Output { what: "swiglu", got, want, f16: false });
+            }
         }
         Epi::Qkv(s) => outputs = run_qkv(ctx, c, &s, &x, xs, norm, up.as_ref(), &input, bias_values, run)?,
     }

@@ -35,8 +35,8 @@ pub struct Caps {
     /// (`plan::gemv_q8_swiglu_norm`; 20 KiB of workgroup memory).
     pub q8_swiglu_norm: bool,
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
-    /// (no to_half dispatch after them; `plan::prefill_norm_f16`).
-    pub prefill_norm_f16: bool,
+    /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).
+    pub prefill_f16_inputs: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -64,7 +64,7 @@ impl Caps {
             int8_gemv_always: false,
             q8_swiglu: None,
             q8_swiglu_norm: false,
-            prefill_norm_f16: false,
+            prefill_f16_inputs: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -94,8 +94,8 @@ pub struct ContextOptions {
     pub q8_swiglu: Option<Option<crate::plan::GemvShape>>,
     /// `Caps::q8_swiglu_norm`; None: `KILN_GEMV_Q8_SWIGLU_NORM` or the planner's default.
     pub q8_swiglu_norm: Option<bool>,
-    /// `Caps::prefill_norm_f16`; None: `KILN_PREFILL_NORM_F16` or the planner's default.
-    pub prefill_norm_f16: Option<bool>,
+    /// `Caps::prefill_f16_inputs`; None: `KILN_PREFILL_F16_INPUTS` or the planner's default.
+    pub prefill_f16_inputs: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -431,7 +431,7 @@ impl GpuContext {
             q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape),
             q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
-            prefill_norm_f16: opts.prefill_norm_f16.unwrap_or_else(crate::plan::prefill_norm_f16)
+            prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
             gemv_max_cols: opts
                 .gemv_max_cols

@@ -57,6 +57,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/q8_in_local.wgsl", include_str!("../../wgsl/common/q8_in_local.wgsl")),
     ("common/norm_out_f32.wgsl", include_str!("../../wgsl/common/norm_out_f32.wgsl")),
     ("common/norm_out_f16.wgsl", include_str!("../../wgsl/common/norm_out_f16.wgsl")),
+    ("common/epilogue_f16_out.wgsl", include_str!("../../wgsl/common/epilogue_f16_out.wgsl")),
     ("to_half.wgsl", include_str!("../../wgsl/to_half.wgsl")),
     ("probe_coop.wgsl", include_str!("../../wgsl/probe_coop.wgsl")),
     ("flash_attention_coop.wgsl", include_str!("../../wgsl/flash_attention_coop.wgsl")),

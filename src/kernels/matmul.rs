@@ -63,6 +63,10 @@ pub enum Epilogue<'a> {
     /// quantize dispatch is then skipped (`BoundMatmul::record_after`). Y rows of exactly n/2,
     /// a multiple of 32.
     SwiGluQ8 { blocks: &'a wgpu::Buffer },
+    /// The same, and where a GEMM runs and the caller asks (`BoundMatmul::record_into_halves`),
+    /// Y written as halves into `halves`, the f16 input of the cooperative GEMM after it,
+    /// instead of the float Y (`Epi::SwiGluF16`). Y rows of exactly n/2, a multiple of 8.
+    SwiGluF16 { halves: &'a wgpu::Buffer },
     /// W's rows are Q, K and V stacked (Q and K rows in NeoX order where `neox`): Q is
     /// rotated into Y, K rotated and V copied into the caches at each token's position.
     Qkv {
@@ -83,7 +87,7 @@ impl Epilogue<'_> {
     pub fn key(&self) -> Epi {
         match *self {
             Epilogue::Plain => Epi::Plain,
-            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } => Epi::SwiGlu,
+            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } | Epilogue::SwiGluF16 { .. } => Epi::SwiGlu,
             Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox, batched: false },
         }
     }
@@ -255,6 +259,16 @@ struct Q8Output {
     chunks: Vec<Bound>,
     blocks: wgpu::Buffer,
     local_input: bool,
+}
+
+/// The f16 SwiGLU epilogue's output (`Epilogue::SwiGluF16`): the GEMMs' bindings with
+/// `halves` at binding 6, over X (`chunks`: the float tiles), over the f16 copy of X
+/// (`half_chunks`: the cooperative ones) and over the split-K partials (`reduce`).
+struct F16Output {
+    chunks: Vec<Bound>,
+    half_chunks: Vec<Bound>,
+    reduce: Vec<Bound>,
+    halves: wgpu::Buffer,
 }
 
 /// The cooperative GEMM's input: X rounded to f16 once per step by a ToHalf dispatch into
@@ -451,6 +465,9 @@ pub struct BoundMatmul {
     /// Present where the int8 GEMV may also write its SwiGLU output as the next GEMV's int8
     /// input (`Epilogue::SwiGluQ8`).
     q8_out: Option<Q8Output>,
+    /// Present where the GEMMs may write their SwiGLU output as the next matmul's halves
+    /// (`Epilogue::SwiGluF16`).
+    f16_out: Option<F16Output>,
     /// Present where the planner may pick the cooperative GEMM.
     half: Option<HalfInput>,
     /// Present where GEMMs may be split along K (a partials scratch was given).
@@ -577,7 +594,7 @@ impl BoundMatmul {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
         let y_cols = match mm.epi {
             Epilogue::Plain => mm.w.rows,
-            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } => mm.w.rows / 2,
+            Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } | Epilogue::SwiGluF16 { .. } => mm.w.rows / 2,
             Epilogue::Qkv { .. } => 0,
         };
         if mm.x_stride < mm.w.k || mm.y_stride < y_cols {
@@ -719,9 +736,50 @@ impl BoundMatmul {
             }
             None => None,
         };
+        let f16_out = match &mm.epi {
+            Epilogue::SwiGluF16 { halves: out } => {
+                let outs = mm.w.rows / 2;
+                if outs % 8 != 0 || mm.y_stride != outs {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        format!("the f16 SwiGLU epilogue needs rows of outputs that are whole halves' rows (n={}, y stride {})", mm.w.rows, mm.y_stride),
+                    ));
+                }
+                let own_input = half.as_ref().is_some_and(|h| h.halves == **out);
+                if own_input || out.size() < x_rows(mm) as u64 * outs as u64 * 2 {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        "the f16 SwiGLU epilogue's halves must be a buffer of their own, large enough for X's rows",
+                    ));
+                }
+                let key =
+                    KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::SwiGluF16 };
+                let bind_out = |key: &KernelKey, x: &wgpu::Buffer, n: &wgpu::Buffer| {
+                    mm.w.chunks
+                        .iter()
+                        .map(|c| {
+                            let buffers = with_extra([&c.buffer, x, mm.y, bias, n], &[out]);
+                            Bound::new::<MatmulParams>(ctx, key, stage, &buffers)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                };
+                let chunks = bind_out(&key, mm.x, norm_w)?;
+                let half_chunks = match &half {
+                    Some(h) => bind_out(&key, &h.halves, &dummy)?,
+                    None => Vec::new(),
+                };
+                let reduce = match &partials {
+                    Some(scratch) => bind_out(&KernelKey::GemmReduce { epi: Epi::SwiGluF16 }, scratch, &dummy)?,
+                    None => Vec::new(),
+                };
+                Some(F16Output { chunks, half_chunks, reduce, halves: (*out).clone() })
+            }
+            _ => None,
+        };
         Ok(BoundMatmul {
             q8,
             q8_out,
+            f16_out,
             half,
             split,
             forced_splits: None,
@@ -859,9 +917,32 @@ impl BoundMatmul {
         self.record_after(ctx, pass, m, batched, Prepared::default())
     }
 
+    /// As `record_after`, writing its SwiGLU output as the halves `into` (the next matmul's f16
+    /// input, `half_input`; None for a batched step) instead of the float Y where that is the
+    /// buffer this matmul was bound to write (`Epilogue::SwiGluF16`) and a GEMM runs; whether
+    /// it did.
+    pub fn record_into_halves(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: u32,
+        batched: bool,
+        prepared: Prepared<'_>,
+        into: Option<&wgpu::Buffer>,
+    ) -> Result<bool> {
+        let kernel = self.plan_step(ctx, m, batched);
+        let halves = into.is_some()
+            && self.f16_out.as_ref().map(|o| &o.halves) == into
+            && matches!(kernel, MatmulKernel::Gemm { .. });
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched, halves)? {
+            b.record_with(pass, &pipeline, grid);
+        }
+        Ok(halves)
+    }
+
     /// The f16 copy of X (and its row stride in halves) that one sequence's step of m tokens
     /// reads, where the planner puts it on the cooperative GEMM: a dispatch before it may
-    /// write it (the RMSNorm, `Caps::prefill_norm_f16`) instead of its to_half dispatch.
+    /// write it (the RMSNorm, `Caps::prefill_f16_inputs`) instead of its to_half dispatch.
     pub fn half_input(&self, ctx: &GpuContext, m: u32) -> Option<(&wgpu::Buffer, u32)> {
         match self.plan(ctx, m) {
             MatmulKernel::Gemm { tile } if tile.is_coop() => self.half.as_ref().map(|h| (&h.halves, h.stride)),
@@ -885,11 +966,7 @@ impl BoundMatmul {
         batched: bool,
         prepared: Prepared<'_>,
     ) -> Result<()> {
-        let kernel = self.plan_step(ctx, m, batched);
-        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched)? {
-            b.record_with(pass, &pipeline, grid);
-        }
-        Ok(())
+        self.record_into_halves(ctx, pass, m, batched, prepared, None).map(|_| ())
     }
 
     /// Records the members of one `group` over m columns with the kernels the planner picks:
@@ -946,7 +1023,7 @@ impl BoundMatmul {
         let mut prepared = prepared;
         for b in group {
             let kernel = b.plan_step(ctx, m, plan_batched);
-            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table)? {
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table, false)? {
                 bound.record_with(pass, &pipeline, grid);
             }
             match kernel {
@@ -969,8 +1046,14 @@ impl BoundMatmul {
         kernel: MatmulKernel,
         prepared: Prepared<'_>,
         batched: bool,
+        halves_out: bool,
     ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
         let mut epi = if batched { self.epi.batched() } else { self.epi };
+        // The GEMMs writing their SwiGLU output as halves (`Epilogue::SwiGluF16`).
+        let f16_out = self.f16_out.as_ref().filter(|_| halves_out && matches!(kernel, MatmulKernel::Gemm { .. }));
+        if f16_out.is_some() {
+            epi = Epi::SwiGluF16;
+        }
         let norm = self.norm_eps.is_some();
         let mut out = Vec::new();
         // X's stride as the kernel reads it (halves per row for the cooperative GEMM).
@@ -1012,9 +1095,15 @@ impl BoundMatmul {
                 }
                 x_stride = half.stride;
                 half_partials = Some(&half.partial);
-                half.chunks.iter().collect()
+                match f16_out {
+                    Some(o) => o.half_chunks.iter().collect(),
+                    None => half.chunks.iter().collect(),
+                }
             }
-            _ => self.chunks.iter().map(|(b, ..)| b).collect(),
+            _ => match f16_out {
+                Some(o) => o.chunks.iter().collect(),
+                None => self.chunks.iter().map(|(b, ..)| b).collect(),
+            },
         };
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
             let (mut key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
@@ -1034,10 +1123,14 @@ impl BoundMatmul {
                     out.push((partial, ctx.pipeline(&pkey)?, [grid[0], grid[1], splits]));
                     // The reduce pass reads the partials, not X: its parameters keep X's stride.
                     let params = MatmulParams { splits, split_k, ..self.params(m, *row_start, *rows) };
-                    split.reduce[i].set(ctx, &params);
+                    let reduce = match f16_out {
+                        Some(o) => &o.reduce[i],
+                        None => &split.reduce[i],
+                    };
+                    reduce.set(ctx, &params);
                     let pairs = m * rows.div_ceil(2);
                     let rkey = KernelKey::GemmReduce { epi };
-                    out.push((&split.reduce[i], ctx.pipeline(&rkey)?, crate::gpu::grid(pairs.div_ceil(super::WG_ELT))));
+                    out.push((reduce, ctx.pipeline(&rkey)?, crate::gpu::grid(pairs.div_ceil(super::WG_ELT))));
                     continue;
                 }
             }
@@ -1094,7 +1187,7 @@ fn one_off(
     stage: &'static str,
 ) -> Result<Vec<Dispatch>> {
     let dispatches = bm
-        .dispatches(ctx, m, kernel, Prepared::default(), batched)?
+        .dispatches(ctx, m, kernel, Prepared::default(), batched, bm.f16_out.is_some())?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,

@@ -77,6 +77,7 @@ fn epilogue(c: Composer, epi: Epi) -> Composer {
         Epi::Qkv { kv, neox, batched } => {
             step_file(c.const_bool("NEOX", neox).include(kv.file()), batched).include("common/epilogue_qkv.wgsl")
         }
+        Epi::SwiGluF16 => c.include("common/epilogue_f16_out.wgsl"),
         _ => c.include("common/epilogue_none.wgsl"),
     }
 }
@@ -122,6 +123,10 @@ pub enum Epi {
     /// The int8 GEMV's grouped shapes whose workgroups cover whole blocks of 32 outputs
     /// (`plan::covers_q8_blocks`) only.
     SwiGluQ8,
+    /// SwiGLU written as halves (binding 6: common/epilogue_f16_out.wgsl), the f16 input of
+    /// the cooperative GEMM after it (the down projection), instead of the float Y: no
+    /// to_half dispatch between them. GEMMs only.
+    SwiGluF16,
     /// Q, K and V rows stacked: Q rotated into Y, K rotated and V copied into the KV cache.
     /// `batched`: each column is its own sequence (a batched decode step's table of
     /// positions and cache regions), else the step's tokens are one sequence's.
@@ -141,6 +146,12 @@ impl Epi {
         }
     }
 
+    /// Whether the epilogue writes halves (SHADER_F16): an f16 KV cache read as such, or the f16
+    /// SwiGLU output.
+    fn needs_f16(self) -> bool {
+        matches!(self, Epi::Qkv { kv: KvKind::F16Native, .. } | Epi::SwiGluF16)
+    }
+
     fn code(self) -> u32 {
         match self {
             Epi::Plain => 0,
@@ -148,6 +159,7 @@ impl Epi {
             Epi::Qkv { .. } => 2,
             Epi::Partial => 3,
             Epi::SwiGluQ8 => 4,
+            Epi::SwiGluF16 => 5,
         }
     }
 }
@@ -313,8 +325,10 @@ impl KernelKey {
             | KernelKey::GemmReduce { epi: Epi::Qkv { .. } } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read]
             }
-            // The int8 blocks written last.
-            KernelKey::Gemv { epi: Epi::SwiGluQ8, .. } => &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite],
+            // The int8 blocks, or the halves, written last.
+            KernelKey::Gemv { epi: Epi::SwiGluQ8, .. }
+            | KernelKey::Gemm { epi: Epi::SwiGluF16, .. }
+            | KernelKey::GemmReduce { epi: Epi::SwiGluF16 } => &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite],
             KernelKey::Gemv { .. }
             | KernelKey::Gemm { .. }
             | KernelKey::GemmReduce { .. }
@@ -392,6 +406,9 @@ impl KernelKey {
         let c = Composer::new(label);
         if let KernelKey::Gemm { epi: Epi::SwiGluQ8, .. } | KernelKey::GemmReduce { epi: Epi::SwiGluQ8 } = self {
             return Err(crate::error::KilnError::invalid("kernel", "the int8 SwiGLU epilogue is the int8 GEMV's only"));
+        }
+        if let KernelKey::Gemv { epi: Epi::SwiGluF16, .. } = self {
+            return Err(crate::error::KilnError::invalid("kernel", "the f16 SwiGLU epilogue is the GEMMs' only"));
         }
         match *self {
             KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi } => {
@@ -473,7 +490,7 @@ impl KernelKey {
                 // planner checks) to workgroup memory as they are; other formats are decoded.
                 let halves = coop && format == WeightFormat::F16;
                 let c = c
-                    .enable_f16(coop || matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
+                    .enable_f16(coop || epi.needs_f16())
                     .enable_coopmat(coop)
                     .const_u32("BM", bm)
                     .const_u32("BN", bn)
@@ -521,10 +538,7 @@ impl KernelKey {
                 }
             }
             KernelKey::GemmReduce { epi } => {
-                let c = c
-                    .enable_f16(matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
-                    .const_u32("WG", WG_ELT)
-                    .include("common/matmul_params.wgsl");
+                let c = c.enable_f16(epi.needs_f16()).const_u32("WG", WG_ELT).include("common/matmul_params.wgsl");
                 epilogue(c, epi).include("gemm_reduce.wgsl").build()
             }
             KernelKey::Embed { format } => c
@@ -669,9 +683,7 @@ impl KernelKey {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
             KernelKey::Probe { kind: ProbeKind::CoopMma } => (true, false),
             KernelKey::ToHalf => (true, false),
-            KernelKey::Gemm { epi: Epi::Qkv { kv, .. }, .. } | KernelKey::GemmReduce { epi: Epi::Qkv { kv, .. } } => {
-                (kv.needs_f16(), false)
-            }
+            KernelKey::Gemm { epi, .. } | KernelKey::GemmReduce { epi } => (epi.needs_f16(), false),
             KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
             KernelKey::RmsNorm { subgroups, halves } => (halves, subgroups),
             KernelKey::Gemv { subgroups, .. }
@@ -756,15 +768,16 @@ impl KernelKey {
                 }
             }
             // The batched Q/K/V epilogue on the GEMMs: several sequences' prompts prefilled together.
+            // (The f16 SwiGLU epilogue: prefill's gate/up projection before a cooperative GEMM.)
             for tile in GemmTile::ALL.into_iter().chain(GemmTile::COOP) {
-                for epi in [Epi::Plain, Epi::Partial].into_iter().chain(fused_epis.iter().chain(&batched_epis).copied())
-                {
+                let own = [Epi::Plain, Epi::Partial, Epi::SwiGluF16];
+                for epi in own.into_iter().chain(fused_epis.iter().chain(&batched_epis).copied()) {
                     v.push(KernelKey::Gemm { format, tile, epi });
                 }
             }
             v.push(KernelKey::Embed { format });
         }
-        for epi in std::iter::once(Epi::Plain).chain(fused_epis.iter().chain(&batched_epis).copied()) {
+        for epi in [Epi::Plain, Epi::SwiGluF16].into_iter().chain(fused_epis.iter().chain(&batched_epis).copied()) {
             v.push(KernelKey::GemmReduce { epi });
         }
         for kv in KvKind::ALL {

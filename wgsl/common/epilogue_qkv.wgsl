@@ -28,6 +28,9 @@ fn rope_theta(pos: u32, i: u32) -> f32 {
 }
 
 // Values a, b of fused rows n, n + 1 (n even) for column gm of the step.
+// (store_half: the f16 SwiGLU epilogue's, unused here.)
+fn store_half(i: u32, v: f32) {}
+
 fn store_qkv(gm: u32, n: u32, a: f32, b: f32) {
     let pos = col_pos(gm);
     let row = col_base(gm) + pos;   // the token's cache row

@@ -14,14 +14,18 @@
 //   EPI_SWIGLU_Q8 as EPI_SWIGLU, and the int8 GEMV (gemv_q8.wgsl, grouped shapes whose
 //              workgroups cover whole blocks of 32 outputs) also quantizes Y's blocks into
 //              the down projection's int8 input (common/q8_out.wgsl).
+//   EPI_SWIGLU_F16 as EPI_SWIGLU into halves (common/epilogue_f16_out.wgsl: store_half), the
+//              f16 input of the cooperative GEMM after it, instead of the float Y (GEMMs).
 // The including file declares y (binding 3) and bias (binding 4) and `p` (matmul_params);
-// store_qkv comes from common/epilogue_qkv.wgsl (EPI_QKV) or epilogue_none.wgsl.
+// store_qkv and store_half come from common/epilogue_qkv.wgsl (EPI_QKV),
+// epilogue_f16_out.wgsl (EPI_SWIGLU_F16) or epilogue_none.wgsl.
 
 const EPI_PLAIN: u32 = 0u;
 const EPI_SWIGLU: u32 = 1u;
 const EPI_QKV: u32 = 2u;
 const EPI_PARTIAL: u32 = 3u;
 const EPI_SWIGLU_Q8: u32 = 4u;
+const EPI_SWIGLU_F16: u32 = 5u;
 
 // One value of Y, plain (ragged last rows of a plain matmul).
 fn write_one(gm: u32, row: u32, v: f32) {
@@ -65,6 +69,10 @@ fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
     let n = p.row_offset + row;
     if (EPI == EPI_SWIGLU || EPI == EPI_SWIGLU_Q8) {
         y[gm * p.y_stride + n / 2u] = swiglu_pair(n, v0, v1);
+        return;
+    }
+    if (EPI == EPI_SWIGLU_F16) {
+        store_half(gm * p.y_stride + n / 2u, swiglu_pair(n, v0, v1));
         return;
     }
     var a = v0;

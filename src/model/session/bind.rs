@@ -273,6 +273,18 @@ impl Session {
                         }
                         _ => None,
                     };
+                    let down = match &q8_out {
+                        Some(blocks) => {
+                            let down = dense(&w.w_down, &act, sf, &x, se, None, true);
+                            BoundMatmul::reading_q8_in(&ctx, &down, "ffn_down", &scratch, blocks)?
+                        }
+                        None => mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                    };
+                    // Prefill's gate/up GEMM may write the down projection's f16 input itself
+                    // (`Caps::prefill_f16_inputs`; a buffer apart from its own f16 input).
+                    let down_halves = down.half_buffer().filter(|_| {
+                        ctx.caps.prefill_f16_inputs && c.n_ff % 8 == 0 && sf == c.n_ff && c.n_ff != c.n_embd
+                    });
                     let gu = |norm: bool| Matmul {
                         w: gate_up,
                         x: if norm { &x } else { &xn },
@@ -284,21 +296,16 @@ impl Session {
                         accumulate: false,
                         norm: norm.then_some((&w.ffn_norm, c.rms_eps)),
                         glu: None,
-                        epi: match (&q8_out, norm) {
-                            (Some(blocks), true) => Epilogue::SwiGluQ8 { blocks },
+                        epi: match (&q8_out, down_halves, norm) {
+                            (Some(blocks), _, true) => Epilogue::SwiGluQ8 { blocks },
+                            (_, Some(halves), false) => Epilogue::SwiGluF16 { halves },
                             _ => Epilogue::SwiGlu,
                         },
                     };
                     FfnOps::Interleaved {
                         decode: BoundMatmul::new_in(&ctx, &gu(true), "ffn_gate_up", &scratch)?,
                         prefill: BoundMatmul::prefill_in(&ctx, &gu(false), "ffn_gate_up", &scratch)?,
-                        down: match &q8_out {
-                            Some(blocks) => {
-                                let down = dense(&w.w_down, &act, sf, &x, se, None, true);
-                                BoundMatmul::reading_q8_in(&ctx, &down, "ffn_down", &scratch, blocks)?
-                            }
-                            None => mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
-                        },
+                        down,
                     }
                 }
                 GateUp::Separate { w_gate, w_up } => {
@@ -335,10 +342,10 @@ impl Session {
                 }
             };
             // Prefill's norms writing the f16 input of the projection after them, where its
-            // cooperative GEMM reads one (`Caps::prefill_norm_f16`).
+            // cooperative GEMM reads one (`Caps::prefill_f16_inputs`).
             let norm_f16 = |g: &wgpu::Buffer, into: Option<&wgpu::Buffer>, stage| -> Result<Option<Bound>> {
                 match into {
-                    Some(halves) if ctx.caps.prefill_norm_f16 && c.n_embd % 4 == 0 => {
+                    Some(halves) if ctx.caps.prefill_f16_inputs && c.n_embd % 4 == 0 => {
                         let key = KernelKey::RmsNorm { subgroups: sub, halves: true };
                         Ok(Some(Bound::new::<RmsNormParams>(&ctx, &key, stage, &[&x, g, halves])?))
                     }

@@ -88,16 +88,18 @@ impl Session {
             b.record_with(pass, &norm_pipe, grid(rows));
         };
         // Prefill's norm before a matmul on the cooperative GEMM, where it writes that GEMM's f16
-        // input itself (`Caps::prefill_norm_f16`: the matmul then skips its to_half dispatch);
+        // input itself (`Caps::prefill_f16_inputs`: the matmul then skips its to_half dispatch);
         // else the float norm. What the matmul finds prepared.
-        let norm_f16_pipe = if ctx.caps.prefill_norm_f16 {
+        let norm_f16_pipe = if ctx.caps.prefill_f16_inputs {
             Some(pipe(&KernelKey::RmsNorm { subgroups: sub, halves: true })?)
         } else {
             None
         };
         // Every matmul reading the norm's output must read the same halves (the f16 norm was bound
-        // to the first's), or the float rows are written.
+        // to the first's), or the float rows are written; so are a batched step's (their
+        // matmuls plan and take positions as batched steps do).
         let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[&BoundMatmul], pass: &mut _| {
+            let f16_norm = f16_norm.filter(|_| !batched);
             let target = consumers[0].half_buffer();
             let stride = consumers[0].half_input(ctx, m).map(|(_, s)| s);
             let same = consumers.iter().all(|b| b.half_input(ctx, m).is_some_and(|(h, _)| Some(h) == target));
@@ -343,22 +345,26 @@ impl Session {
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
                 FfnOps::Interleaved { decode, prefill, down } => {
-                    // The down projection's int8 input, where the gate/up epilogue wrote it.
-                    let mut down_input = None;
+                    // The down projection's input where the gate/up epilogue wrote it: its int8
+                    // blocks (decode) or its f16 copy (prefill on cooperative GEMMs).
+                    let mut down_input = Prepared::default();
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m, batched));
                         decode.record(ctx, rec.pass(), m, batched)?;
-                        down_input = decode.q8_output(ctx, m, batched);
+                        down_input.blocks = decode.q8_output(ctx, m, batched);
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
                         let written = norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), &[prefill], rec.pass());
                         let halves = prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
                         let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m, batched));
-                        prefill.record_after(ctx, rec.pass(), m, batched, prepared)?;
+                        let into = down.half_input(ctx, m).map(|(h, _)| h).filter(|_| !batched);
+                        if prefill.record_into_halves(ctx, rec.pass(), m, batched, prepared, into)? {
+                            down_input.halves = into;
+                        }
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
-                    down.record_after(ctx, rec.pass(), m, batched, Prepared { blocks: down_input, halves: None })?;
+                    down.record_after(ctx, rec.pass(), m, batched, down_input)?;
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {

@@ -88,7 +88,7 @@ pub enum Output {
 pub(super) struct LayerOps {
     attn_norm: Bound,
     /// The same writing the Q/K/V projection's f16 input, where its cooperative GEMM reads
-    /// one (`Caps::prefill_norm_f16`: no to_half dispatch after the norm).
+    /// one (`Caps::prefill_f16_inputs`: no to_half dispatch after the norm).
     attn_norm_f16: Option<Bound>,
     /// The Q, K and V projections, RoPE and the cache write.
     qkv: QkvOps,
