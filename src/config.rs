@@ -221,22 +221,23 @@ pub fn gemv_q8_swiglu_from_env() -> Option<Option<crate::plan::GemvShape>> {
 /// also quantizes its own input (`plan::gemv_q8_swiglu_norm`; a knob for measurements).
 pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("KILN_GEMV_Q8_SWIGLU_NORM").ok()?.trim() {
+    *ON.get_or_init(|| switch("KILN_GEMV_Q8_SWIGLU_NORM"))
+}
+
+/// A knob set on (`1`, `on`) or off (`0`, `off`); None where unset or unreadable.
+fn switch(name: &str) -> Option<bool> {
+    match std::env::var(name).ok()?.trim() {
         "1" | "on" => Some(true),
         "0" | "off" => Some(false),
         _ => None,
-    })
+    }
 }
 
 /// `KILN_PREFILL_F16_INPUTS=0|1`: whether prefill's RMSNorms write the cooperative GEMM's f16
 /// input themselves (`plan::prefill_f16_inputs`; a knob for measurements).
 pub fn prefill_f16_inputs_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("KILN_PREFILL_F16_INPUTS").ok()?.trim() {
-        "1" | "on" => Some(true),
-        "0" | "off" => Some(false),
-        _ => None,
-    })
+    *ON.get_or_init(|| switch("KILN_PREFILL_F16_INPUTS"))
 }
 
 /// `KILN_GEMV_Q8_WIDE_MIN_COLS=<n>`: columns from which the int8 GEMV takes its grouped shape

@@ -185,12 +185,21 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
         }
         Epi::SwiGlu | Epi::SwiGluQ8 | Epi::SwiGluF16 => {
             let y = ctx.storage((m * n / 2 * 4) as u64, "act")?;
-            let q8_bytes = matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, (n / 2) as u32).max(16);
-            let blocks = ctx.storage(q8_bytes, "int8 SwiGLU output")?;
-            let halves = ctx.storage(((xp.len() / xs).max(m) * n).next_multiple_of(16) as u64, "f16 SwiGLU output")?;
-            if matches!(run.epi, Epi::SwiGluF16) && !matches!(run.kernel, MatmulKernel::Gemm { .. }) {
-                return Err(crate::KilnError::invalid("check", "the f16 SwiGLU epilogue is the GEMMs'"));
-            }
+            // The int8 blocks, or the halves, of the epilogues that write them as well or instead.
+            let out = match run.epi {
+                Epi::SwiGluQ8 => {
+                    let bytes = matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, (n / 2) as u32).max(16);
+                    Some(ctx.storage(bytes, "int8 SwiGLU output")?)
+                }
+                Epi::SwiGluF16 if !matches!(run.kernel, MatmulKernel::Gemm { .. }) => {
+                    return Err(crate::KilnError::invalid("check", "the f16 SwiGLU epilogue is the GEMMs'"));
+                }
+                Epi::SwiGluF16 => {
+                    let bytes = ((xp.len() / xs).max(m) * n).next_multiple_of(16) as u64;
+                    Some(ctx.storage(bytes, "f16 SwiGLU output")?)
+                }
+                _ => None,
+            };
             let w = WeightTensor::upload(ctx, "gate_up", c.format, n, k, &c.weights)?;
             let b = ctx.upload_f32(&c.bias, "bias")?;
             let mm = Matmul {
@@ -199,28 +208,30 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 y_stride: (n / 2) as u32,
                 norm,
                 glu: up.as_ref(),
-                epi: match run.epi {
-                    Epi::SwiGluQ8 => Epilogue::SwiGluQ8 { blocks: &blocks },
-                    Epi::SwiGluF16 => Epilogue::SwiGluF16 { halves: &halves },
+                epi: match (run.epi, &out) {
+                    (Epi::SwiGluQ8, Some(blocks)) => Epilogue::SwiGluQ8 { blocks },
+                    (Epi::SwiGluF16, Some(halves)) => Epilogue::SwiGluF16 { halves },
                     _ => Epilogue::SwiGlu,
                 },
                 ..Matmul::dense(&w, &x, &y, m as u32)
             };
             dispatch(ctx, &mm, run)?;
             let got = ctx.read_f32(&y, m * n / 2)?;
-            if matches!(run.epi, Epi::SwiGluQ8) {
-                let bytes = ctx.read_bytes(&blocks, 0, matmul::q8_input_bytes(m as u32, (n / 2) as u32))?;
-                check_q8_blocks(&bytes, &got)?;
-            }
             let want = swiglu_reference(&plain(), m, n);
-            if matches!(run.epi, Epi::SwiGluF16) {
-                // Only the halves are written.
-                let bytes = ctx.read_bytes(&halves, 0, (m * n / 2 * 2).next_multiple_of(4) as u64)?;
-                let got =
-                    bytes.chunks_exact(2).take(m * n / 2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32());
-                outputs.push(Output { what: "swiglu f16", got: got.collect(), want, f16: true });
-            } else {
-                outputs.push(Output { what: "swiglu", got, want, f16: false });
+            match (run.epi, &out) {
+                (Epi::SwiGluF16, Some(halves)) => {
+                    // Only the halves are written.
+                    let bytes = ctx.read_bytes(halves, 0, (m * n / 2 * 2).next_multiple_of(4) as u64)?;
+                    let got = bytes.chunks_exact(2).take(m * n / 2);
+                    let got = got.map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+                    outputs.push(Output { what: "swiglu f16", got, want, f16: true });
+                }
+                (Epi::SwiGluQ8, Some(blocks)) => {
+                    let bytes = ctx.read_bytes(blocks, 0, matmul::q8_input_bytes(m as u32, (n / 2) as u32))?;
+                    check_q8_blocks(&bytes, &got)?;
+                    outputs.push(Output { what: "swiglu", got, want, f16: false });
+                }
+                _ => outputs.push(Output { what: "swiglu", got, want, f16: false }),
             }
         }
         Epi::Qkv(s) => outputs = run_qkv(ctx, c, &s, &x, xs, norm, up.as_ref(), &input, bias_values, run)?,

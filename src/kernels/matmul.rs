@@ -180,7 +180,8 @@ fn with_extra<'b>(base: [&'b wgpu::Buffer; 5], extra: &[&'b wgpu::Buffer]) -> Ve
     base.into_iter().chain(extra.iter().copied()).collect()
 }
 
-/// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns.
+/// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns;
+/// `norm`, `glu`: the fused input the kernel applies itself.
 pub fn launch(
     ctx: &GpuContext,
     kernel: MatmulKernel,
@@ -208,7 +209,6 @@ pub fn launch(
                     format!("GEMV over m={m} columns (at most {})", crate::plan::GEMV_MAX_COLS),
                 ));
             }
-            // The int8 GEMV's fused input is applied by its quantize dispatch (`Q8Input`).
             let key = KernelKey::Gemv {
                 format,
                 ncols: ncols as u8,
@@ -216,8 +216,8 @@ pub fn launch(
                 groups: shape.groups as u8,
                 wg: shape.wg as u16,
                 subgroups: ctx.caps.subgroups,
-                norm: norm && !q8,
-                glu: glu && !q8,
+                norm,
+                glu,
                 q8,
                 epi,
             };
@@ -631,19 +631,18 @@ impl BoundMatmul {
             _ => Vec::new(),
         };
         // One binding of `key` per weight chunk: the chunk's weights at 1, then `rest` (X, Y,
-        // bias, fused-input weights), then the epilogue's buffers where `with_epilogue`.
-        let bind_chunks = |key: &KernelKey, rest: [&wgpu::Buffer; 4], with_epilogue: bool| {
-            let none: &[&wgpu::Buffer] = &[];
+        // bias, fused-input weights), then the epilogue's buffers (from binding 6).
+        let bind_chunks = |key: &KernelKey, rest: [&wgpu::Buffer; 4], epilogue: &[&wgpu::Buffer]| {
             mm.w.chunks
                 .iter()
                 .map(|c| {
                     let [x, y, b, n] = rest;
-                    let buffers = with_extra([&c.buffer, x, y, b, n], if with_epilogue { &extra } else { none });
+                    let buffers = with_extra([&c.buffer, x, y, b, n], epilogue);
                     Bound::new::<MatmulParams>(ctx, key, stage, &buffers)
                 })
                 .collect::<Result<Vec<_>>>()
         };
-        let chunks = bind_chunks(&key, [mm.x, mm.y, bias, norm_w], true)?
+        let chunks = bind_chunks(&key, [mm.x, mm.y, bias, norm_w], &extra)?
             .into_iter()
             .zip(&mm.w.chunks)
             .map(|(b, c)| (b, c.row_start, c.rows))
@@ -656,7 +655,7 @@ impl BoundMatmul {
                 KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm: mm.norm.is_some(), glu: mm.glu.is_some() };
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
-            let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], true)?;
+            let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], &extra)?;
             Some(Q8Input { quantize, key: qkey, chunks, blocks })
         } else {
             None
@@ -696,14 +695,7 @@ impl BoundMatmul {
                     epi: Epi::SwiGluQ8,
                 };
                 let (x_in, norm_in) = if local_input { (mm.x, norm_w) } else { (&input.blocks, &dummy) };
-                let chunks =
-                    mm.w.chunks
-                        .iter()
-                        .map(|c| {
-                            let buffers = [&c.buffer, x_in, mm.y, bias, norm_in, out];
-                            Bound::new::<MatmulParams>(ctx, &okey, stage, &buffers)
-                        })
-                        .collect::<Result<Vec<_>>>()?;
+                let chunks = bind_chunks(&okey, [x_in, mm.y, bias, norm_in], &[out])?;
                 Some(Q8Output { chunks, blocks: (*out).clone(), local_input })
             }
             _ => None,
@@ -712,8 +704,8 @@ impl BoundMatmul {
         let split = match &partials {
             Some(scratch) => {
                 let rkey = KernelKey::GemmReduce { epi };
-                let partial = bind_chunks(&pkey, [mm.x, scratch, &dummy, &dummy], false)?;
-                let reduce = bind_chunks(&rkey, [scratch, mm.y, bias, &dummy], true)?;
+                let partial = bind_chunks(&pkey, [mm.x, scratch, &dummy, &dummy], &[])?;
+                let reduce = bind_chunks(&rkey, [scratch, mm.y, bias, &dummy], &extra)?;
                 Some(SplitK { partial, reduce, scratch_floats: scratch.size() / 4 })
             }
             None => None,
@@ -727,9 +719,9 @@ impl BoundMatmul {
                 // Binding 1 (weights) is unused by the conversion; any buffer fills it.
                 let convert =
                     Bound::new::<MatmulParams>(ctx, &KernelKey::ToHalf, stage, &[mm.x, mm.x, &halves, &dummy, &dummy])?;
-                let chunks = bind_chunks(&key, [&halves, mm.y, bias, &dummy], true)?;
+                let chunks = bind_chunks(&key, [&halves, mm.y, bias, &dummy], &extra)?;
                 let partial = match &partials {
-                    Some(scratch) => bind_chunks(&pkey, [&halves, scratch, &dummy, &dummy], false)?,
+                    Some(scratch) => bind_chunks(&pkey, [&halves, scratch, &dummy, &dummy], &[])?,
                     None => Vec::new(),
                 };
                 Some(HalfInput { convert, chunks, partial, halves, stride })
@@ -754,22 +746,17 @@ impl BoundMatmul {
                 }
                 let key =
                     KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi: Epi::SwiGluF16 };
-                let bind_out = |key: &KernelKey, x: &wgpu::Buffer, n: &wgpu::Buffer| {
-                    mm.w.chunks
-                        .iter()
-                        .map(|c| {
-                            let buffers = with_extra([&c.buffer, x, mm.y, bias, n], &[out]);
-                            Bound::new::<MatmulParams>(ctx, key, stage, &buffers)
-                        })
-                        .collect::<Result<Vec<_>>>()
-                };
-                let chunks = bind_out(&key, mm.x, norm_w)?;
+                let chunks = bind_chunks(&key, [mm.x, mm.y, bias, norm_w], &[out])?;
                 let half_chunks = match &half {
-                    Some(h) => bind_out(&key, &h.halves, &dummy)?,
+                    Some(h) => bind_chunks(&key, [&h.halves, mm.y, bias, &dummy], &[out])?,
                     None => Vec::new(),
                 };
                 let reduce = match &partials {
-                    Some(scratch) => bind_out(&KernelKey::GemmReduce { epi: Epi::SwiGluF16 }, scratch, &dummy)?,
+                    Some(scratch) => bind_chunks(
+                        &KernelKey::GemmReduce { epi: Epi::SwiGluF16 },
+                        [scratch, mm.y, bias, &dummy],
+                        &[out],
+                    )?,
                     None => Vec::new(),
                 };
                 Some(F16Output { chunks, half_chunks, reduce, halves: (*out).clone() })
@@ -1061,6 +1048,10 @@ impl BoundMatmul {
         let mut half_partials: Option<&Vec<Bound>> = None;
         // The int8 GEMV quantizing its own input (`Q8Output::local_input`).
         let local_input = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
+        // The fused input the kernel applies itself: the int8 GEMV's is applied by its quantize
+        // dispatch (`Q8Input`), but where the GEMV quantizes its own input.
+        let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
+        let (kernel_norm, kernel_glu) = (norm && (!q8 || local_input), self.glu && !q8);
         let chunks: Vec<&Bound> = match kernel {
             MatmulKernel::Gemv { q8: true, .. } => {
                 let q8 = self.q8.as_ref().ok_or_else(|| {
@@ -1106,10 +1097,7 @@ impl BoundMatmul {
             },
         };
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
-            let (mut key, grid) = launch(ctx, kernel, self.format, *rows, m, norm, self.glu, epi)?;
-            if let (true, KernelKey::Gemv { norm, .. }) = (local_input, &mut key) {
-                *norm = true;
-            }
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, kernel_norm, kernel_glu, epi)?;
             let params = MatmulParams { x_stride, ..self.params(m, *row_start, *rows) };
             if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {
                 let (split_k, splits) = self.split_k(ctx, m, *rows, tile);
