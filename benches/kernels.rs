@@ -226,6 +226,14 @@ fn benches(c: &mut Criterion) {
                     g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}{tag}", format.name()), |b| {
                         b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
                     });
+                    // The int8 GEMV without its quantize dispatch: what it would cost where its
+                    // input arrives quantized (or each workgroup quantizes it itself).
+                    if custom.is_some() && ds.len() > 1 {
+                        let alone = &ds[ds.len() - 1..];
+                        g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}{tag}/alone", format.name()), |b| {
+                            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, alone, iters))
+                        });
+                    }
                 }
             }
         }

@@ -156,6 +156,18 @@ pub fn decode_block_from_env() -> Option<u32> {
     *BLOCK.get_or_init(|| std::env::var("KILN_DECODE_BLOCK").ok().and_then(|v| v.trim().parse().ok()))
 }
 
+/// `KILN_DECODE_PER_LANE=8|16|32`: K dimensions and V positions each decode-attention
+/// invocation holds (`plan::attn_decode_per_lane`; a knob for measurements).
+pub fn decode_per_lane_from_env() -> Option<u32> {
+    static PER: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *PER.get_or_init(|| {
+        std::env::var("KILN_DECODE_PER_LANE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|p| [8, 16, 32].contains(p))
+    })
+}
+
 /// `KILN_SPLIT_K=<n>`: K ranges of every GEMM on a GPU (1: no split-K), overriding the
 /// planner (`plan::gemm_splits`; a knob for measurements).
 pub fn split_k_from_env() -> Option<u32> {

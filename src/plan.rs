@@ -210,11 +210,22 @@ pub fn gemv_q8_wide_shape(m: u32, n: u32) -> Option<GemvShape> {
 }
 
 /// The int8 GEMV's shape for the gate/up projection of one-token decode steps with the int8
-/// SwiGLU epilogue (`kernels::Epi::SwiGluQ8`, `Caps::q8_swiglu`): 8 groups of 32 invocations,
-/// each its own 8 rows, so that a workgroup's 64 interleaved gate/up rows give 32 outputs,
+/// SwiGLU epilogue (`kernels::Epi::SwiGluQ8`, `Caps::q8_swiglu`): 16 groups of 32 invocations,
+/// each its own 4 rows, so that a workgroup's 64 interleaved gate/up rows give 32 outputs,
 /// one whole int8 block of the down projection's input, which it writes; the down projection
-/// then needs no quantize dispatch (one dispatch fewer a layer).
-pub const GEMV_Q8_SWIGLU: GemvShape = GemvShape::grouped(256, 8, 8);
+/// then needs no quantize dispatch (one dispatch fewer a layer), and with
+/// `Caps::q8_swiglu_norm` the gate/up projection none either. On an H200 (runs 147-148,
+/// `KILN_GEMV_Q8_SWIGLU=<shape> KILN_GEMV_Q8_SWIGLU_NORM=1 kiln bench -p 0 -n 128`, alternated),
+/// TinyLlama Q4_K_M tg128 901 tok/s with the quantize dispatches, 929 with 256x8x8, 992 with
+/// this shape, 913 with 1024x2x32, 802 with 128x16x4.
+pub const GEMV_Q8_SWIGLU: GemvShape = GemvShape::grouped(512, 4, 16);
+
+/// The largest gate/up projection (gate and up weights together) that takes the int8 SwiGLU
+/// epilogue by default: its 64-row workgroups are fewer than the plain GEMV's 4-row ones, which
+/// costs bandwidth where the matrix is large enough to be bound by it rather than by the
+/// dispatches saved (H200, run 148: TinyLlama's 23 M weights 901 -> 992 tok/s, Llama-7B's 90 M
+/// 328 -> 316). `KILN_GEMV_Q8_SWIGLU` set to a shape or `on` takes it at every size.
+pub const GEMV_Q8_SWIGLU_MAX_WEIGHTS: u64 = 1 << 25;
 
 /// Whether the workgroups of the int8 GEMV's `shape` cover whole int8 blocks of SwiGLU
 /// outputs: grouped, row pairs, 64 weight rows (32 outputs) or a multiple.
@@ -223,22 +234,44 @@ pub fn covers_q8_blocks(shape: GemvShape) -> bool {
 }
 
 /// `Caps::q8_swiglu` on an adapter without the context option: `KILN_GEMV_Q8_SWIGLU` where
-/// set, else off (not yet measured against the quantize dispatch on a GPU).
+/// set, else `GEMV_Q8_SWIGLU` (for the matrices `q8_swiglu_takes` lets through).
 pub fn gemv_q8_swiglu_shape() -> Option<GemvShape> {
-    crate::config::gemv_q8_swiglu_from_env().unwrap_or(None)
+    crate::config::gemv_q8_swiglu_from_env().unwrap_or(Some(GEMV_Q8_SWIGLU))
+}
+
+/// Whether a model of these widths runs its one-token gate/up projection with the int8
+/// SwiGLU epilogue: where the adapter takes it (`Caps::q8_swiglu`), on whole blocks of 32
+/// outputs, and up to `GEMV_Q8_SWIGLU_MAX_WEIGHTS` unless a shape was asked for.
+pub fn q8_swiglu_takes(caps: &Caps, n_ff: u32, n_embd: u32) -> bool {
+    caps.q8_swiglu.is_some()
+        && n_ff % 32 == 0
+        && (caps.q8_swiglu_any_size || 2 * n_ff as u64 * n_embd as u64 <= GEMV_Q8_SWIGLU_MAX_WEIGHTS)
 }
 
 /// `Caps::q8_swiglu_norm` without the context option: `KILN_GEMV_Q8_SWIGLU_NORM` where set,
-/// else off (not yet measured).
+/// else on (run 147, H200, TinyLlama Q4_K_M tg128 with the epilogue at 256x8x8: 859 tok/s
+/// with the quantize dispatch before the gate/up projection, 926 without).
 pub fn gemv_q8_swiglu_norm() -> bool {
-    crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(false)
+    crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(true)
 }
 
 /// `Caps::prefill_f16_inputs` without the context option: `KILN_PREFILL_F16_INPUTS` where set, else
-/// off (not yet measured; the cooperative GEMM, which reads the halves, does not run on the
-/// CPU adapters the tests have).
+/// on (H200, runs 146 and 148, alternated: TinyLlama Q4_K_M pp512 34,392 -> 36,329 tok/s, F16
+/// 38,900 -> 41,742, pp4096 31,552 -> 32,694, Llama-7B Q4_K_M pp512 6,196 -> 6,254).
 pub fn prefill_f16_inputs() -> bool {
-    crate::config::prefill_f16_inputs_from_env().unwrap_or(false)
+    crate::config::prefill_f16_inputs_from_env().unwrap_or(true)
+}
+
+/// K dimensions and V positions each decode-attention invocation holds in registers
+/// (attention_decode.wgsl's PER): a split is 256 x PER / head_dim positions. Fewer make more,
+/// shorter splits, which cost more: on an H200 (run 151, TinyLlama's heads, one layer with
+/// its combine pass at 4,096 positions) 12.2 us at 32, 15.2 at 16, 19.7 at 8 (tg128 at depth
+/// 4096 811 / 760 / 724 tok/s); 64 spilled registers (H100, run 152: 42 us).
+pub const ATTN_DECODE_PER_LANE: u32 = 32;
+
+/// `ATTN_DECODE_PER_LANE`, or `KILN_DECODE_PER_LANE` (8, 16 or 32) where set.
+pub fn attn_decode_per_lane() -> u32 {
+    crate::config::decode_per_lane_from_env().unwrap_or(ATTN_DECODE_PER_LANE)
 }
 
 /// Workgroup memory the int8 GEMV needs to quantize its own input (common/q8_in_local.wgsl:
@@ -512,6 +545,18 @@ mod tests {
         assert!(!covers_q8_blocks(GEMV_Q8_WIDE) && !covers_q8_blocks(GemvShape::new(64, 4)));
         // Odd rows would split a gate/up pair between groups.
         assert!(!covers_q8_blocks(GemvShape::grouped(64, 1, 64)));
+    }
+
+    #[test]
+    fn the_int8_swiglu_epilogue_takes_small_gate_up_matrices_unless_a_shape_was_asked_for() {
+        let c = Caps { q8_swiglu: Some(GEMV_Q8_SWIGLU), ..gpu() };
+        // TinyLlama (2048 x 5632) and Qwen3-0.6B (1024 x 3072) take it, Llama-7B (4096 x 11008) not.
+        assert!(q8_swiglu_takes(&c, 5632, 2048) && q8_swiglu_takes(&c, 3072, 1024));
+        assert!(!q8_swiglu_takes(&c, 11008, 4096));
+        assert!(q8_swiglu_takes(&Caps { q8_swiglu_any_size: true, ..c }, 11008, 4096));
+        // Outputs that are not whole blocks of 32, or an adapter without it.
+        assert!(!q8_swiglu_takes(&c, 5630, 2048));
+        assert!(!q8_swiglu_takes(&Caps { q8_swiglu: None, ..c }, 5632, 2048));
     }
 
     #[test]

@@ -312,7 +312,14 @@ fn int8_gemv_decode_matches_reference() {
         eprintln!("int8 GEMV runs on Vulkan only; {} has none", native.ctx.describe());
         return;
     }
-    let opts_int8 = kiln::gpu::ContextOptions { int8_gemv_always: true, gemv_max_cols: Some(64), ..Default::default() };
+    // The quantize dispatches first (the planner's default on GPUs is the fused path below).
+    let opts_int8 = kiln::gpu::ContextOptions {
+        int8_gemv_always: true,
+        gemv_max_cols: Some(64),
+        q8_swiglu: Some(None),
+        q8_swiglu_norm: Some(false),
+        ..Default::default()
+    };
     let ctx = Arc::new(GpuContext::new(&opts_int8).unwrap());
     assert!(ctx.caps.int8_dot && ctx.caps.int8_gemv_always, "{:?}", ctx.caps);
     let swiglu = Some(kiln::plan::GEMV_Q8_SWIGLU);

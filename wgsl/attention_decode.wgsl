@@ -10,19 +10,20 @@
 // With common/step_one.wgsl the grid's z is 1 and the column is 0.
 //
 // Bound by latency, not bandwidth: every K and V value the workgroup needs is loaded into
-// registers at the start, 32 of each per invocation, so the loads are in flight together
+// registers at the start, PER of each per invocation, so the loads are in flight together
 // instead of one round trip per pass; then the scores, one softmax and the weighted V take
 // a handful of barriers.
 //
 // K rows come through common/kv_rows_vec.wgsl (heads of a multiple of 8 dimensions: whole
 // vectors) or common/kv_rows_scalar.wgsl (one value at a time).
 // Header constants: WG (256), D (the head-dim class: 32, 64, 128 or 256; heads of up to D
-// dimensions), C (positions per split: WG * 32 / D), NB (query heads per workgroup, at most
+// dimensions), PER (K dimensions and V positions an invocation holds: 8, 16 or 32, at most D),
+// C (positions per split: WG * PER / D), NB (query heads per workgroup, at most
 // min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB).
 
-// Scoring: TPP invocations per position, 32 dimensions each (K values in registers).
-const TPP: u32 = D / 32u;
-// Weighting V: invocation (position group, dimension), VG groups of 32 positions each.
+// Scoring: TPP invocations per position, PER dimensions each (K values in registers).
+const TPP: u32 = D / PER;
+// Weighting V: invocation (position group, dimension), VG groups of PER positions each.
 const VG: u32 = WG / D;
 // The block's heads in vectors of four.
 const NBV: u32 = (NB + 3u) / 4u;
@@ -44,7 +45,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-// k_cache: binding 2, read by k_row32 (common/kv_rows_vec.wgsl or common/kv_rows_scalar.wgsl).
+// k_cache: binding 2, read by k_row (common/kv_rows_vec.wgsl or common/kv_rows_scalar.wgsl).
 @group(0) @binding(3) var<storage, read> v_cache: array<KvWord>;
 // The output [columns, n_head * head_dim] with one split, else the partials
 // [columns, n_head, n_splits, head_dim + 2].
@@ -88,7 +89,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     // One split for the whole step: the output is written here, else partials.
     let one_split = step.kv_len <= C;
 
-    // Every load first. K: invocation (position pk, part t) holds dimensions 32t .. 32t + 31
+    // Every load first. K: invocation (position pk, part t) holds dimensions PER t .. PER t + PER - 1
     // of its position (as whole vectors where the heads allow); V: invocation (group pg,
     // dimension dv) holds dimension dv of positions pg, pg + VG, ... Positions past the
     // context read the last one (their weights are zero), dimensions past the head its last
@@ -96,14 +97,14 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     // more workgroups fit an SM at once.
     let pk = lid / TPP;
     let t = lid % TPP;
-    let kr = k_row32((row0 + min(pk, len - 1u)) * p.kv_stride + kvh * hd, t, hd);
+    let kr = k_row((row0 + min(pk, len - 1u)) * p.kv_stride + kvh * hd, t, hd);
     let pg = lid / D;
     let dv = lid % D;
     let vc = kvh * hd + min(dv, last);
     // Rows of an even number of values keep dimension vc's half of a packed word the same in
     // every row.
-    var vr: array<KvWord, 32>;
-    for (var i = 0u; i < 32u; i++) { vr[i] = v_cache[((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc) / KV_PER_WORD]; }
+    var vr: array<KvWord, PER>;
+    for (var i = 0u; i < PER; i++) { vr[i] = v_cache[((row0 + min(pg + VG * i, len - 1u)) * p.kv_stride + vc) / KV_PER_WORD]; }
     for (var i = lid; i < NB * D; i += WG) {
         let d = i % D;
         let qv = q[(qh0 + h0 + i / D) * p.q_stride + min(d, last)] * p.scale;
@@ -111,12 +112,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
     workgroupBarrier();
 
-    // Scores: each invocation's 32 dimensions for every head of the block, then the TPP
+    // Scores: each invocation's PER dimensions for every head of the block, then the TPP
     // parts of each position added up by the position's own invocation (lid < C).
     var dots: array<f32, NB>;
     for (var g = 0u; g < NB; g++) {
         var s = 0.0;
-        for (var r = 0u; r < 8u; r++) { s += dot(qs[(g * D + t * 32u) / 4u + r], k_row4(kr, r)); }
+        for (var r = 0u; r < PER / 4u; r++) { s += dot(qs[(g * D + t * PER) / 4u + r], k_row4(kr, r)); }
         dots[g] = s;
     }
     var s: array<f32, NB>;
@@ -164,7 +165,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     for (var v = 0u; v < NBV; v++) {
         var a = vec4<f32>(0.0);
         var e = vec4<f32>(0.0);
-        for (var i = 0u; i < 32u; i++) {
+        for (var i = 0u; i < PER; i++) {
             let w = sc[(pg + VG * i) * NBV + v];
             a = fma(w, vec4<f32>(kv_get(vr[i], vc)), a);
             e += w;

@@ -28,8 +28,12 @@ pub struct Caps {
     /// Where one-token decode steps run the FFN's gate/up projection on the int8 GEMV, the
     /// workgroup shape with which it also writes the down projection's int8 input
     /// (`kernels::Epi::SwiGluQ8`), so that the down projection needs no quantize dispatch;
-    /// None: the quantize dispatch (`plan::gemv_q8_swiglu_shape`).
+    /// None: the quantize dispatch (`plan::gemv_q8_swiglu_shape`). Which models take it:
+    /// `plan::q8_swiglu_takes`.
     pub q8_swiglu: Option<crate::plan::GemvShape>,
+    /// `q8_swiglu` was asked for (a context option or `KILN_GEMV_Q8_SWIGLU`): every model
+    /// takes it, whatever the size of its gate/up projection.
+    pub q8_swiglu_any_size: bool,
     /// With `q8_swiglu`, that gate/up projection also quantizes its own input through the
     /// RMSNorm in each workgroup, so that it needs no quantize dispatch either
     /// (`plan::gemv_q8_swiglu_norm`; 20 KiB of workgroup memory).
@@ -63,6 +67,7 @@ impl Caps {
             int8_dot: false,
             int8_gemv_always: false,
             q8_swiglu: None,
+            q8_swiglu_any_size: false,
             q8_swiglu_norm: false,
             prefill_f16_inputs: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
@@ -428,7 +433,11 @@ impl GpuContext {
                 && has_f16_16x16x16(adapter),
             int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
             int8_gemv_always: opts.int8_gemv_always,
-            q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape),
+            // Int8 dot products in hardware, and workgroups as large as the shape's.
+            q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape).filter(|s| {
+                info.backend == wgpu::Backend::Vulkan && limits.max_compute_invocations_per_workgroup >= s.wg
+            }),
+            q8_swiglu_any_size: opts.q8_swiglu.is_some() || crate::config::gemv_q8_swiglu_from_env().is_some(),
             q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)

@@ -114,10 +114,16 @@ pub fn decode_class(head_dim: u32) -> u32 {
     ATTN_DECODE_HEAD_DIMS.into_iter().map(u32::from).find(|&c| head_dim <= c).unwrap_or(ATTN_MAX_HEAD_DIM)
 }
 
-/// Positions per decode split for heads of class `d`: each invocation holds 32 K and 32 V
+/// K dimensions and V positions one decode invocation holds in registers for heads of class
+/// `d` (attention_decode.wgsl's PER): `plan::attn_decode_per_lane`, at most a head.
+pub fn per_lane_of_class(d: u32) -> u32 {
+    crate::plan::attn_decode_per_lane().min(d)
+}
+
+/// Positions per decode split for heads of class `d`: each invocation holds PER K and PER V
 /// values of the split in registers (attention_decode.wgsl).
 pub fn chunk_of_class(d: u32) -> u32 {
-    ATTN_WG_DECODE * 32 / d
+    ATTN_WG_DECODE * per_lane_of_class(d) / d
 }
 
 /// Query heads a decode workgroup of class `d` takes at most: its queries (heads x d) within

@@ -595,6 +595,7 @@ impl KernelKey {
                 c.enable_f16(kv.needs_f16())
                     .const_u32("WG", ATTN_WG_DECODE)
                     .const_u32("D", head_dim as u32)
+                    .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
                     .const_u32("C", attention::chunk_of_class(head_dim as u32))
                     .const_u32("NB", block as u32)
                     .include(kv.file())

@@ -112,11 +112,9 @@ impl SessionSizes {
                 let bytes = |k| crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, k);
                 std::array::from_fn(|i| if ks[..i].contains(&ks[i]) { 0 } else { bytes(ks[i]) })
             },
-            q8_swiglu: match caps.q8_swiglu {
-                Some(_) if cfg.n_ff % 32 == 0 => {
-                    crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, cfg.n_ff)
-                }
-                _ => 0,
+            q8_swiglu: match crate::plan::q8_swiglu_takes(caps, cfg.n_ff, cfg.n_embd) {
+                true => crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, cfg.n_ff),
+                false => 0,
             },
             split_k_partials: crate::kernels::matmul::split_k_scratch_bytes(caps),
             n_layer: cfg.n_layer as u64,

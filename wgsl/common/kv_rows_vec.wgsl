@@ -1,16 +1,16 @@
 // The K cache read as whole vectors (heads of a multiple of 8 dimensions, so every head's row
-// starts on one): attention_decode.wgsl's k_row32 and k_row4. The values stay as loaded
+// starts on one): attention_decode.wgsl's k_row and k_row4. The values stay as loaded
 // (halves, two to a register) until they are used.
 @group(0) @binding(2) var<storage, read> k_cache: array<KvVec>;
 
-alias KRow = array<KvVec, 32u / KV_PER_VEC>;
+alias KRow = array<KvVec, PER / KV_PER_VEC>;
 
-// Values e0 + 32t .. e0 + 32t + 31 of the cache, those past e0 + hd - 1 read as that one.
-fn k_row32(e0: u32, t: u32, hd: u32) -> KRow {
+// Values e0 + PER t .. e0 + PER t + PER - 1 of the cache, those past e0 + hd - 1 read as that one.
+fn k_row(e0: u32, t: u32, hd: u32) -> KRow {
     let vb = e0 / KV_PER_VEC;
     let last = hd / KV_PER_VEC - 1u;
     var w: KRow;
-    for (var r = 0u; r < 32u / KV_PER_VEC; r++) { w[r] = k_cache[vb + min(t * (32u / KV_PER_VEC) + r, last)]; }
+    for (var r = 0u; r < PER / KV_PER_VEC; r++) { w[r] = k_cache[vb + min(t * (PER / KV_PER_VEC) + r, last)]; }
     return w;
 }
 

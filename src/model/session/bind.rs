@@ -267,10 +267,8 @@ impl Session {
                     // GEMV's input.
                     // (Weights split into chunks must split on whole blocks of outputs.)
                     let whole_blocks = gate_up.chunks.iter().all(|ch| ch.row_start % 64 == 0);
-                    let q8_out = match ctx.caps.q8_swiglu {
-                        Some(_) if c.n_ff % 32 == 0 && sf == c.n_ff && whole_blocks => {
-                            Some(scratch.q8_output(&ctx, c.n_ff)?)
-                        }
+                    let q8_out = match crate::plan::q8_swiglu_takes(&ctx.caps, c.n_ff, c.n_embd) {
+                        true if sf == c.n_ff && whole_blocks => Some(scratch.q8_output(&ctx, c.n_ff)?),
                         _ => None,
                     };
                     let down = match &q8_out {
