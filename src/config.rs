@@ -168,6 +168,15 @@ pub fn decode_per_lane_from_env() -> Option<u32> {
     })
 }
 
+/// `KILN_DECODE_WG=256|512`: invocations of a decode-attention workgroup
+/// (`plan::attn_decode_wg`; a knob for measurements).
+pub fn decode_wg_from_env() -> Option<u32> {
+    static WG: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *WG.get_or_init(|| {
+        std::env::var("KILN_DECODE_WG").ok().and_then(|v| v.trim().parse().ok()).filter(|w| [256, 512].contains(w))
+    })
+}
+
 /// `KILN_SPLIT_K=<n>`: K ranges of every GEMM on a GPU (1: no split-K), overriding the
 /// planner (`plan::gemm_splits`; a knob for measurements).
 pub fn split_k_from_env() -> Option<u32> {

@@ -269,6 +269,12 @@ pub fn prefill_f16_inputs() -> bool {
 /// 4096 811 / 760 / 724 tok/s); 64 spilled registers (H100, run 152: 42 us).
 pub const ATTN_DECODE_PER_LANE: u32 = 32;
 
+/// Invocations of a decode-attention workgroup (`kernels::ATTN_WG_DECODE`), or
+/// `KILN_DECODE_WG` (256 or 512) where set: with `ATTN_DECODE_PER_LANE`, a split's positions.
+pub fn attn_decode_wg() -> u32 {
+    crate::config::decode_wg_from_env().unwrap_or(crate::kernels::ATTN_WG_DECODE)
+}
+
 /// `ATTN_DECODE_PER_LANE`, or `KILN_DECODE_PER_LANE` (8, 16 or 32) where set.
 pub fn attn_decode_per_lane() -> u32 {
     crate::config::decode_per_lane_from_env().unwrap_or(ATTN_DECODE_PER_LANE)

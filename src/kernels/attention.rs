@@ -9,9 +9,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{KilnError, Result};
 use crate::gpu::{bind, grid, Dispatch, GpuContext};
-use crate::kernels::{
-    KernelKey, KvKind, ATTN_DECODE_HEAD_DIMS, ATTN_DECODE_MAX_BLOCK, ATTN_MAX_HEAD_DIM, ATTN_TILE, ATTN_WG_DECODE,
-};
+use crate::kernels::{KernelKey, KvKind, ATTN_DECODE_HEAD_DIMS, ATTN_DECODE_MAX_BLOCK, ATTN_MAX_HEAD_DIM, ATTN_TILE};
 
 /// The shape of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -123,7 +121,7 @@ pub fn per_lane_of_class(d: u32) -> u32 {
 /// Positions per decode split for heads of class `d`: each invocation holds PER K and PER V
 /// values of the split in registers (attention_decode.wgsl).
 pub fn chunk_of_class(d: u32) -> u32 {
-    ATTN_WG_DECODE * per_lane_of_class(d) / d
+    crate::plan::attn_decode_wg() * per_lane_of_class(d) / d
 }
 
 /// Query heads a decode workgroup of class `d` takes at most: its queries (heads x d) within

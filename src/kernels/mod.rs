@@ -300,7 +300,7 @@ pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax,
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
-pub const ATTN_WG_DECODE: u32 = 256; // decode attention and its combine pass
+pub const ATTN_WG_DECODE: u32 = 256; // decode attention (`plan::attn_decode_wg`) and its combine pass
 pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
 /// Head-dim classes of the decode attention's variants (heads of up to that many dimensions).
 pub const ATTN_DECODE_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
@@ -593,7 +593,7 @@ impl KernelKey {
                 .build(),
             KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched } => step_file(
                 c.enable_f16(kv.needs_f16())
-                    .const_u32("WG", ATTN_WG_DECODE)
+                    .const_u32("WG", crate::plan::attn_decode_wg())
                     .const_u32("D", head_dim as u32)
                     .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
                     .const_u32("C", attention::chunk_of_class(head_dim as u32))
