@@ -409,6 +409,14 @@ fn attention_benches(c: &mut Criterion) {
                 format!("{name}/{kv_len} positions/block {}/{} dispatches", shape.decode_block(kv_len), ds.len()),
                 |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters)),
             );
+            // Split over the context: the split kernel and the combine pass, each alone.
+            if ds.len() == 2 {
+                for (part, d) in [("splits", &ds[..1]), ("combine", &ds[1..])] {
+                    g.bench_function(format!("{name}/{kv_len} positions/{part} alone"), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, d, iters))
+                    });
+                }
+            }
         }
     }
     g.finish();
