@@ -16,10 +16,10 @@
 //
 // K rows come through common/kv_rows_vec.wgsl (heads of a multiple of 8 dimensions: whole
 // vectors) or common/kv_rows_scalar.wgsl (one value at a time).
-// Header constants: WG (256), D (the head-dim class: 32, 64, 128 or 256; heads of up to D
-// dimensions), PER (K dimensions and V positions an invocation holds: 8, 16 or 32, at most D),
-// C (positions per split: WG * PER / D), NB (query heads per workgroup, at most
-// min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB).
+// Header constants: WG (256; 512 to measure), D (the head-dim class: 32, 64, 128 or 256;
+// heads of up to D dimensions), PER (K dimensions and V positions an invocation holds: 8, 16
+// or 32, at most D), C (positions per split: WG * PER / D), NB (query heads per workgroup, at
+// most min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB).
 
 // Scoring: TPP invocations per position, PER dimensions each (K values in registers).
 const TPP: u32 = D / PER;
