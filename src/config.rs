@@ -160,21 +160,19 @@ pub fn decode_block_from_env() -> Option<u32> {
 /// invocation holds (`plan::attn_decode_per_lane`; a knob for measurements).
 pub fn decode_per_lane_from_env() -> Option<u32> {
     static PER: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *PER.get_or_init(|| {
-        std::env::var("KILN_DECODE_PER_LANE")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|p| [8, 16, 32].contains(p))
-    })
+    *PER.get_or_init(|| one_of("KILN_DECODE_PER_LANE", &[8, 16, 32]))
 }
 
 /// `KILN_DECODE_WG=256|512`: invocations of a decode-attention workgroup
 /// (`plan::attn_decode_wg`; a knob for measurements).
 pub fn decode_wg_from_env() -> Option<u32> {
     static WG: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *WG.get_or_init(|| {
-        std::env::var("KILN_DECODE_WG").ok().and_then(|v| v.trim().parse().ok()).filter(|w| [256, 512].contains(w))
-    })
+    *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[256, 512]))
+}
+
+/// A knob set to one of `allowed`; None where unset or anything else.
+fn one_of(name: &str, allowed: &[u32]) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|v| allowed.contains(v))
 }
 
 /// `KILN_SPLIT_K=<n>`: K ranges of every GEMM on a GPU (1: no split-K), overriding the

@@ -367,20 +367,25 @@ impl MatmulScratch {
     /// (`Epilogue::SwiGluQ8`, `BoundMatmul::reading_q8_in`), apart from the blocks the
     /// session's quantize dispatches write.
     pub fn q8_output(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.outputs.borrow().get(&k) {
-            return Ok(b.clone());
-        }
-        let b = q8_blocks(ctx, k)?;
-        self.outputs.borrow_mut().insert(k, b.clone());
-        Ok(b)
+        Self::blocks_in(&self.outputs, ctx, k)
     }
 
+    /// The int8 blocks the session's quantize dispatches write for inputs of k values.
     fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
-        if let Some(b) = self.blocks.borrow().get(&k) {
+        Self::blocks_in(&self.blocks, ctx, k)
+    }
+
+    /// The int8 blocks for k values in `map`, allocated the first time k is asked for.
+    fn blocks_in(
+        map: &std::cell::RefCell<std::collections::HashMap<u32, wgpu::Buffer>>,
+        ctx: &GpuContext,
+        k: u32,
+    ) -> Result<wgpu::Buffer> {
+        if let Some(b) = map.borrow().get(&k) {
             return Ok(b.clone());
         }
         let b = q8_blocks(ctx, k)?;
-        self.blocks.borrow_mut().insert(k, b.clone());
+        map.borrow_mut().insert(k, b.clone());
         Ok(b)
     }
 
