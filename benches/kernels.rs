@@ -402,6 +402,7 @@ fn attention_benches(c: &mut Criterion) {
                 kv_base: 0,
                 columns: None,
                 block: None,
+                q8_out: None,
             };
             let ds = attention::prepare_decode(&ctx, kv, &shape, &a).unwrap();
             g.throughput(Throughput::Bytes(kv_bytes / n_ctx as u64 * kv_len as u64 * 2));

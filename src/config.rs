@@ -252,6 +252,13 @@ fn switch(name: &str) -> Option<bool> {
     }
 }
 
+/// `KILN_ATTN_Q8_OUT=0|1`: whether one-token decode attention writes the output projection's
+/// int8 input (`plan::attn_q8_out`; a knob for measurements).
+pub fn attn_q8_out_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_ATTN_Q8_OUT"))
+}
+
 /// `KILN_PREFILL_F16_INPUTS=0|1`: whether prefill's RMSNorms write the cooperative GEMM's f16
 /// input themselves (`plan::prefill_f16_inputs`; a knob for measurements).
 pub fn prefill_f16_inputs_from_env() -> Option<bool> {

@@ -255,6 +255,26 @@ pub fn gemv_q8_swiglu_norm() -> bool {
     crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(true)
 }
 
+/// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
+pub fn attn_q8_out() -> bool {
+    crate::config::attn_q8_out_from_env().unwrap_or(true)
+}
+
+/// Weights of the output projection from which one-token decode attention writes its int8
+/// input (`Caps::attn_q8_out`). On an H200 (run 159, `KILN_ATTN_Q8_OUT=0/1 kiln bench -p 0
+/// -n 128`, alternated) TinyLlama's 2048 x 2048 one gained (tg128 992 -> 1,012 tok/s), and
+/// Llama-7B's, whose quantize dispatch it saves, more (328 -> 338). Smaller ones keep float
+/// activations: they take about as long either way, and a small model's single steps then
+/// equal its prefill to 1e-3.
+pub const ATTN_Q8_OUT_MIN_WEIGHTS: u64 = 1 << 20;
+
+/// Whether one-token decode attention writes the int8 input of an output projection of
+/// `q_dim` inputs and `n_embd` outputs on an adapter with `caps` (everywhere with
+/// `Caps::int8_gemv_always`, as tests of the int8 path ask).
+pub fn attn_q8_out_takes(caps: &Caps, q_dim: u32, n_embd: u32) -> bool {
+    caps.attn_q8_out && (caps.int8_gemv_always || q_dim as u64 * n_embd as u64 >= ATTN_Q8_OUT_MIN_WEIGHTS)
+}
+
 /// `Caps::prefill_f16_inputs` without the context option: `KILN_PREFILL_F16_INPUTS` where set, else
 /// on (H200, runs 146 and 148, alternated: TinyLlama Q4_K_M pp512 34,392 -> 36,329 tok/s, F16
 /// 38,900 -> 41,742, pp4096 31,552 -> 32,694, Llama-7B Q4_K_M pp512 6,196 -> 6,254).

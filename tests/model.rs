@@ -394,6 +394,62 @@ fn int8_gemv_decode_matches_reference() {
     }
 }
 
+/// A synthetic model (`kiln synth` spec) loaded on `ctx`.
+fn synth(ctx: &Arc<GpuContext>, spec: &str) -> Model {
+    let (p, ft) = kiln::synth::parse_spec(spec).unwrap();
+    let name = spec.replace(':', "-");
+    let path = std::env::temp_dir().join(format!("kiln-test-{name}-{}.gguf", std::process::id()));
+    kiln::synth::build(&p, ft)
+        .unwrap()
+        .write(&mut std::io::BufWriter::new(std::fs::File::create(&path).unwrap()))
+        .unwrap();
+    let m = Model::load(ctx.clone(), &path, &mut |_| {}).unwrap();
+    std::fs::remove_file(&path).ok();
+    m
+}
+
+/// Decode attention writing the output projection's int8 input (`Caps::attn_q8_out`) gives
+/// the logits of the quantize dispatch it replaces (the same blocks of the same float
+/// output: equal within 1e-5 of the largest logit), one dispatch fewer a layer, over
+/// single-token steps past the decode kernel's split size (the combine pass writing the
+/// blocks) on models whose heads are whole blocks: a stacked Q/K/V projection (64-wide heads)
+/// and qwen3's separate ones (128-wide).
+#[test]
+fn decode_attention_writes_the_output_projections_int8_input() {
+    let native = &gpus()[0];
+    if native.ctx.info.backend != wgpu::Backend::Vulkan {
+        eprintln!("int8 GEMV runs on Vulkan only; {} has none", native.ctx.describe());
+        return;
+    }
+    let base = kiln::gpu::ContextOptions { int8_gemv_always: true, ..Default::default() };
+    let on = Arc::new(GpuContext::new(&kiln::gpu::ContextOptions { attn_q8_out: Some(true), ..base.clone() }).unwrap());
+    let off = Arc::new(GpuContext::new(&kiln::gpu::ContextOptions { attn_q8_out: Some(false), ..base }).unwrap());
+    assert!(on.caps.attn_q8_out && !off.caps.attn_q8_out, "{:?}", on.caps);
+    let ids: Vec<u32> = greedy_tokens().iter().cycle().take(150).map(|&t| t % 1024).collect();
+    for spec in ["tiny-test:q4_k_m", "tiny-qwen3:q6_k"] {
+        let run = |ctx: &Arc<GpuContext>| {
+            let model = synth(ctx, spec);
+            let mut s = model.session(opts(true, 1, true)).unwrap();
+            let before = kiln::gpu::buffers::dispatches_recorded();
+            let mut logits = s.forward(&ids[..1], Output::AllLogits).unwrap();
+            let dispatches = kiln::gpu::buffers::dispatches_recorded() - before;
+            for i in 1..ids.len() {
+                logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
+            }
+            (logits, dispatches, model.cfg.n_layer as u64)
+        };
+        let (got, d_on, n_layer) = run(&on);
+        let (want, d_off, _) = run(&off);
+        assert_eq!(d_off - d_on, n_layer, "{spec}: the output projections' quantize dispatches");
+        let largest = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let (max, ..) = compare(&got, &want, 1024);
+        eprintln!(
+            "{spec}: attention's int8 output vs the quantize dispatch: max |Δ| {max:.3e} (largest logit {largest:.3})"
+        );
+        assert!(max <= 1e-5 * largest, "{spec}: max |Δ| {max} of {largest}");
+    }
+}
+
 /// Sequences of one shared session (a region of the KV cache each, the server's slots): the
 /// prompts of different lengths prefilled into their regions, then batched decode steps over
 /// nine of them (a step of eight and one of one, the columns in another order than the

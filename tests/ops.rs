@@ -238,7 +238,9 @@ fn attention_prefill_and_decode() {
 /// split (the kernel writes the output), two, and many (split and combine), with one query
 /// head per workgroup (the planner's choice up to 2,048 positions) and the largest block of
 /// heads sharing their K and V reads; every block at the longest context. Against the f64
-/// reference. Tolerance 1e-4.
+/// reference. Tolerance 1e-4. Heads of a multiple of 32 dimensions also with the output
+/// written as int8 blocks (`Caps::attn_q8_out`): the same float output, and blocks that
+/// quantize it (`check_q8_blocks`).
 #[test]
 fn decode_attention_blocks_and_splits() {
     for g in gpus() {
@@ -267,6 +269,16 @@ fn decode_attention_blocks_and_splits() {
                         g.name
                     );
                     assert_close(&what, &got, &want, 1e-4);
+                    // Heads of whole int8 blocks: the output also as the output projection's
+                    // int8 input, by the kernel or by the combine pass (same float output).
+                    if attention::takes_q8_out(&shape) {
+                        let (got8, blocks, n) = case.decode_q8(&g.ctx, &q, kv_len).unwrap();
+                        assert_eq!(n, dispatches, "{what}: int8 output, dispatches");
+                        assert_eq!(got8, got, "{what}: int8 output, float output");
+                        if let Err(e) = kiln::doctor::matmul::check_q8_blocks(&blocks, &got) {
+                            panic!("{what}: int8 output: {e}");
+                        }
+                    }
                 }
             }
         }

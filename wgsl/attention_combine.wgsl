@@ -3,8 +3,9 @@
 // its short context one split). Needs common/step_one.wgsl or common/step_columns.wgsl and a
 // reduce file (common/reduce_*.wgsl). The splits' maxima meet in one batched reduction; then
 // invocation (split group, dimension) adds up every groups-th split of its dimension, four
-// splits' loads in flight at a time. Header constants: WG (a power of two, at least the
-// largest head dim).
+// splits' loads in flight at a time. With Q8_OUT, the output is also written as the output
+// projection's int8 input (blocks of 32 dimensions, common/q8_block.wgsl; heads of a multiple
+// of 32). Header constants: WG (a power of two, at least the largest head dim), Q8_OUT.
 
 struct Params {
     head_dim: u32,
@@ -25,6 +26,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read> step: Step;
+// With Q8_OUT: the output as int8 blocks [columns, n_head * head_dim / 32].
+@group(0) @binding(4) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 // Each lane group's maximum; then the split groups' weighted values [group][dimension].
 var<workgroup> red_v: array<f32, WG>;
@@ -84,6 +87,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     red_v[lid] = acc;
     red_s[lid] = tot;
     workgroupBarrier();
+    var val = 0.0;
     if (lid < hd) {
         var o = 0.0;
         var t = 0.0;
@@ -91,6 +95,25 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             o += red_v[g * hd + lid];
             t += red_s[g * hd];
         }
-        out[h * hd + lid] = o / t;
+        val = o / t;
+        out[h * hd + lid] = val;
+    }
+    if (Q8_OUT) {
+        // The head's values in red_v, then one invocation per block of 32.
+        workgroupBarrier();
+        red_v[lid] = val;
+        workgroupBarrier();
+        if (lid < hd / 32u) {
+            let b = 32u * lid;
+            var v: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                v[j] = vec4<f32>(red_v[b + 4u * j], red_v[b + 4u * j + 1u], red_v[b + 4u * j + 2u], red_v[b + 4u * j + 3u]);
+            }
+            let qb = q8_block(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            let blk = h * (hd / 32u) + lid;
+            xq_out[3u * blk] = qb.lo;
+            xq_out[3u * blk + 1u] = qb.hi;
+            xq_out[3u * blk + 2u] = qb.sums;
+        }
     }
 }

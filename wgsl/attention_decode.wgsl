@@ -14,12 +14,18 @@
 // instead of one round trip per pass; then the scores, one softmax and the weighted V take
 // a handful of barriers.
 //
+// With Q8_OUT, a step of one split also writes its output as the output projection's int8
+// input, blocks of 32 values of one head (common/q8_block.wgsl, the layout quantize_q8.wgsl
+// writes; heads of a multiple of 32 dimensions), so that GEMV needs no quantize dispatch; a
+// split step's combine pass writes them instead.
+//
 // K rows come through common/kv_rows_vec.wgsl (heads of a multiple of 8 dimensions: whole
 // vectors) or common/kv_rows_scalar.wgsl (one value at a time).
 // Header constants: WG (256; 512 to measure), D (the head-dim class: 32, 64, 128 or 256;
 // heads of up to D dimensions), PER (K dimensions and V positions an invocation holds: 8, 16
 // or 32, at most D), C (positions per split: WG * PER / D), NB (query heads per workgroup, at
-// most min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB).
+// most min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB), Q8_OUT, OB (NB * D
+// / 4 with Q8_OUT, else 1).
 
 // Scoring: TPP invocations per position, PER dimensions each (K values in registers).
 const TPP: u32 = D / PER;
@@ -52,6 +58,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> part: array<f32>;
 // The step: each column sees positions 0 .. kv_len - 1 of its region (common/step_*.wgsl).
 @group(0) @binding(5) var<storage, read> step: Step;
+// With Q8_OUT and one split: the output as int8 blocks [columns, n_head * head_dim / 32].
+@group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 // The block's queries [head][D / 4], pre-scaled; after the scores, the sums of
 // exp(score - max) per position group and head.
@@ -61,6 +69,8 @@ var<workgroup> sc: array<vec4<f32>, C * NBV>;
 // Partial dot products [invocation][head]; then each subgroup's maximum [head][group]; then
 // partial outputs [position group][head][D].
 var<workgroup> red: array<f32, WG * NB>;
+// With Q8_OUT: the block's normalized output [head][D], to be quantized.
+var<workgroup> ob: array<vec4<f32>, OB>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -189,9 +199,24 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 var tot = 0.0;
                 for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + g) / 4u][(u * NB + g) % 4u]; }
                 part[h * hd + d] = o / tot;
+                if (Q8_OUT) { ob[i / 4u][i % 4u] = o / tot; }
             } else {
                 part[(h * p.n_splits + split) * (hd + 2u) + d] = o;
             }
+        }
+    }
+    if (Q8_OUT) {
+        // One invocation per block of 32 dimensions of a head.
+        workgroupBarrier();
+        let bph = hd / 32u;
+        if (one_split && lid < NB * bph) {
+            let g = lid / bph;
+            let v = (g * D + (lid % bph) * 32u) / 4u;
+            let qb = q8_block(ob[v], ob[v + 1u], ob[v + 2u], ob[v + 3u], ob[v + 4u], ob[v + 5u], ob[v + 6u], ob[v + 7u]);
+            let blk = (qh0 + h0 + g) * bph + lid % bph;
+            xq_out[3u * blk] = qb.lo;
+            xq_out[3u * blk + 1u] = qb.hi;
+            xq_out[3u * blk + 2u] = qb.sums;
         }
     }
     if (!one_split && lid < NB) {

@@ -508,7 +508,20 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
                     dispatches == want_dispatches,
                     format!("{dispatches} dispatches, {want_dispatches} expected"),
                 );
-                ck.close(what, &got, &case.reference(&q, 1, kv_len as usize - 1), 1e-4);
+                ck.close(what.clone(), &got, &case.reference(&q, 1, kv_len as usize - 1), 1e-4);
+                // The output also as the output projection's int8 blocks (`Caps::attn_q8_out`).
+                if crate::kernels::attention::takes_q8_out(&shape) {
+                    let (got8, blocks, _) = case.decode_q8(ck.ctx, &q, kv_len)?;
+                    let blocks_ok = crate::doctor::matmul::check_q8_blocks(&blocks, &got);
+                    ck.expect(
+                        format!("{what}: int8 output"),
+                        got8 == got && blocks_ok.is_ok(),
+                        match blocks_ok {
+                            Err(e) => e.to_string(),
+                            Ok(()) => "its float output differs".to_string(),
+                        },
+                    );
+                }
             }
             ck.ran(1);
         }

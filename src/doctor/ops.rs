@@ -183,6 +183,16 @@ impl AttnCase {
         self.decode_columns(ctx, q, self.shape.n_ctx, &[one], false)
     }
 
+    /// As `decode`, the output also written as int8 blocks for the output projection
+    /// (`attention::takes_q8_out`): the output, the blocks' bytes, the number of dispatches.
+    pub fn decode_q8(&self, ctx: &GpuContext, q: &[f32], kv_len: u32) -> Result<(Vec<f32>, Vec<u8>, usize)> {
+        let one = StepColumn { pos: kv_len.saturating_sub(1), kv_len, kv_base: 0, slot: 0 };
+        let bytes = crate::kernels::matmul::q8_input_bytes(1, q.len() as u32);
+        let blocks = ctx.storage(bytes, "int8 output")?;
+        let (out, n) = self.decode_into(ctx, q, self.shape.n_ctx, &[one], false, Some(&blocks))?;
+        Ok((out, ctx.read_bytes(&blocks, 0, bytes)?, n))
+    }
+
     /// The columns of a batched step over regions of `region` rows of a shared cache, in
     /// another order than the regions, as (slot, position): a first token, a short context,
     /// the region's last row, two splits, exactly one split (256 positions).
@@ -206,6 +216,19 @@ impl AttnCase {
         cols: &[StepColumn],
         batched: bool,
     ) -> Result<(Vec<f32>, usize)> {
+        self.decode_into(ctx, q, region, cols, batched, None)
+    }
+
+    /// As `decode_columns`, with the int8 output in `q8_out` where given.
+    fn decode_into(
+        &self,
+        ctx: &GpuContext,
+        q: &[f32],
+        region: u32,
+        cols: &[StepColumn],
+        batched: bool,
+        q8_out: Option<&wgpu::Buffer>,
+    ) -> Result<(Vec<f32>, usize)> {
         let s = AttnShape { n_ctx: region, ..self.shape };
         let qb = ctx.upload_f32(q, "q")?;
         let width = s.n_head * s.head_dim;
@@ -222,6 +245,7 @@ impl AttnCase {
             kv_base: one.kv_base,
             columns: batched.then_some(cols),
             block: self.block,
+            q8_out,
         };
         let ds = attention::prepare_decode(ctx, self.kv, &s, &a)?;
         run(ctx, &ds)?;

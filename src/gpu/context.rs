@@ -41,6 +41,11 @@ pub struct Caps {
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
     /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).
     pub prefill_f16_inputs: bool,
+    /// One-token decode attention also writes its output as the output projection's int8
+    /// input, which then runs on the int8 GEMV whatever its size, with no quantize dispatch
+    /// (`plan::attn_q8_out`; where the int8 GEMV runs: `int8_dot`, and on CPU adapters only
+    /// with `int8_gemv_always`).
+    pub attn_q8_out: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -70,6 +75,7 @@ impl Caps {
             q8_swiglu_any_size: false,
             q8_swiglu_norm: false,
             prefill_f16_inputs: false,
+            attn_q8_out: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -101,6 +107,8 @@ pub struct ContextOptions {
     pub q8_swiglu_norm: Option<bool>,
     /// `Caps::prefill_f16_inputs`; None: `KILN_PREFILL_F16_INPUTS` or the planner's default.
     pub prefill_f16_inputs: Option<bool>,
+    /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
+    pub attn_q8_out: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -417,6 +425,7 @@ impl GpuContext {
             .map_err(|e| KilnError::RequestDevice { adapter: report.info.name.clone(), reason: e.to_string() })?;
         let info = report.info.clone();
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size > 0;
+        let int8_dot = info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot;
         let caps = Caps {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups,
@@ -431,7 +440,7 @@ impl GpuContext {
                 && limits.max_compute_invocations_per_workgroup >= crate::plan::COOP_MAX_INVOCATIONS
                 && limits.max_compute_workgroup_size_x >= crate::plan::COOP_MAX_INVOCATIONS
                 && has_f16_16x16x16(adapter),
-            int8_dot: info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot,
+            int8_dot,
             int8_gemv_always: opts.int8_gemv_always,
             // Int8 dot products in hardware, and workgroups as large as the shape's.
             q8_swiglu: opts.q8_swiglu.unwrap_or_else(crate::plan::gemv_q8_swiglu_shape).filter(|s| {
@@ -442,6 +451,9 @@ impl GpuContext {
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
+            attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)
+                && int8_dot
+                && (info.device_type != wgpu::DeviceType::Cpu || opts.int8_gemv_always),
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

@@ -276,16 +276,31 @@ pub fn prepare_prefill(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Pref
 
 /// One decode attention at `kv_len` positions: its parameters, the grid of the attention
 /// pass and, where the context is split over several workgroups, the grid of the combine pass
-/// (None: the attention pass writes the output itself).
+/// (None: the attention pass writes the output itself) and its variant.
 pub struct DecodeLaunch {
     pub params: AttnDecodeParams,
     pub key: KernelKey,
     pub grid: [u32; 3],
     pub combine: Option<[u32; 3]>,
+    pub combine_key: KernelKey,
 }
 
-pub fn decode_launch(ctx_caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> Result<DecodeLaunch> {
-    launch_columns(ctx_caps, kv, shape, kv_len, None, None)
+/// The decode attention of one sequence's token; `q8_out`: the output also as the output
+/// projection's int8 blocks (`takes_q8_out`).
+pub fn decode_launch(
+    ctx_caps: &crate::gpu::Caps,
+    kv: KvKind,
+    shape: &AttnShape,
+    kv_len: u32,
+    q8_out: bool,
+) -> Result<DecodeLaunch> {
+    launch_columns(ctx_caps, kv, shape, kv_len, None, None, q8_out)
+}
+
+/// Whether decode attention can write its output as int8 blocks of 32 values
+/// (common/q8_block.wgsl) for the output projection: heads of a multiple of 32 dimensions.
+pub fn takes_q8_out(shape: &AttnShape) -> bool {
+    shape.head_dim % 32 == 0
 }
 
 /// The decode attention of a batched step of `cols` columns (at most `plan::GEMV_MAX_COLS`),
@@ -299,11 +314,18 @@ pub fn decode_launch_batched(
     kv_len: u32,
     cols: u32,
 ) -> Result<DecodeLaunch> {
-    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None)
+    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None, false)
 }
 
 /// The decode kernel's variant for `shape` with blocks of `block` query heads.
-pub fn decode_key(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, block: u32, batched: bool) -> KernelKey {
+pub fn decode_key(
+    caps: &crate::gpu::Caps,
+    kv: KvKind,
+    shape: &AttnShape,
+    block: u32,
+    batched: bool,
+    q8_out: bool,
+) -> KernelKey {
     KernelKey::AttnDecode {
         kv,
         subgroups: caps.subgroups,
@@ -311,11 +333,13 @@ pub fn decode_key(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, block:
         vectors: shape.decode_vectors(),
         block: block as u8,
         batched,
+        q8_out,
     }
 }
 
 /// `cols`: a batched step's columns (None: one sequence); `block`: query heads per
-/// workgroup, None for `AttnShape::decode_block`'s choice.
+/// workgroup, None for `AttnShape::decode_block`'s choice; `q8_out`: one sequence's output
+/// also as int8 blocks.
 fn launch_columns(
     ctx_caps: &crate::gpu::Caps,
     kv: KvKind,
@@ -323,8 +347,18 @@ fn launch_columns(
     kv_len: u32,
     cols: Option<u32>,
     block: Option<u32>,
+    q8_out: bool,
 ) -> Result<DecodeLaunch> {
     shape.check()?;
+    if q8_out && (cols.is_some() || !takes_q8_out(shape)) {
+        return Err(KilnError::invalid(
+            "attention",
+            format!(
+                "int8 output for one sequence's heads of a multiple of 32 dimensions (head dim {})",
+                shape.head_dim
+            ),
+        ));
+    }
     if let Some(cols) = cols.filter(|&c| c == 0 || c > crate::plan::GEMV_MAX_COLS) {
         return Err(KilnError::invalid(
             "attention",
@@ -360,9 +394,10 @@ fn launch_columns(
         _pad: [0; 3],
     };
     let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
-    let key = decode_key(ctx_caps, kv, shape, block, batched);
+    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out);
+    let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };
     let grid = [shape.n_head / block, splits, z];
-    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]) })
+    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]), combine_key })
 }
 
 /// Buffers of one decode attention: a single query token at position kv_len - 1 of the
@@ -380,6 +415,8 @@ pub struct DecodeArgs<'a> {
     pub columns: Option<&'a [crate::kernels::matmul::StepColumn]>,
     /// Query heads per workgroup: None for the planner's choice (`AttnShape::decode_block`).
     pub block: Option<u32>,
+    /// The output also as int8 blocks here (one sequence; `takes_q8_out`).
+    pub q8_out: Option<&'a wgpu::Buffer>,
 }
 
 /// One dispatch (a context of one split), or the split attention and the combine pass.
@@ -388,10 +425,11 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let (l, step_bytes) = match a.columns {
         Some(cols) => {
             let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
-            (launch_columns(&ctx.caps, kv, shape, kv_len, Some(cols.len() as u32), a.block)?, step_table(cols))
+            let l = launch_columns(&ctx.caps, kv, shape, kv_len, Some(cols.len() as u32), a.block, a.q8_out.is_some())?;
+            (l, step_table(cols))
         }
         None => {
-            let l = launch_columns(&ctx.caps, kv, shape, a.kv_len, None, a.block)?;
+            let l = launch_columns(&ctx.caps, kv, shape, a.kv_len, None, a.block, a.q8_out.is_some())?;
             let state = StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, kv_base: a.kv_base };
             (l, bytemuck::bytes_of(&state).to_vec())
         }
@@ -400,14 +438,15 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let ub = ctx.uniform(&l.params, "attention.decode");
     let dst = if l.combine.is_some() { a.partial } else { a.out };
     let step = ctx.upload(&step_bytes, "step state")?;
-    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step]);
+    let unused = ctx.storage(16, "unused")?;
+    let q8 = a.q8_out.unwrap_or(&unused);
+    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8]);
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
-        let pipe =
-            ctx.pipeline(&KernelKey::AttnCombine { subgroups: ctx.caps.subgroups, batched: a.columns.is_some() })?;
+        let pipe = ctx.pipeline(&l.combine_key)?;
         let ub = ctx.uniform(&l.params, "attention.combine");
-        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step]);
+        let bg = bind(ctx, &pipe, "attention.combine", &[&ub, a.partial, a.out, &step, q8]);
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });
     }
     Ok(v)

@@ -483,6 +483,9 @@ pub struct BoundMatmul {
     /// `gemv_takes`; 0: a matmul bound for prefill alone, always on the GEMM). Batched decode
     /// steps take the planner's choice.
     gemv_cols: u32,
+    /// One sequence's one-token steps find the int8 input already written by the dispatch
+    /// before (decode attention, `Caps::attn_q8_out`): the int8 GEMV at any size.
+    fed_q8: bool,
 }
 
 impl BoundMatmul {
@@ -508,6 +511,25 @@ impl BoundMatmul {
         blocks: &wgpu::Buffer,
     ) -> Result<BoundMatmul> {
         Self::bind_in(ctx, mm, stage, scratch, wants_q8(ctx, mm).then(|| blocks.clone()))
+    }
+
+    /// As `new_in` for a matmul whose one-token input the dispatch before it writes as int8
+    /// `blocks` (decode attention, `Caps::attn_q8_out`; passed to `record_after` as
+    /// `Prepared::blocks`): those steps take the int8 GEMV whatever the planner picks for
+    /// the size (it would quantize otherwise).
+    pub fn fed_q8_in(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+        blocks: &wgpu::Buffer,
+    ) -> Result<BoundMatmul> {
+        if !mm.w.format.is_quantized() || !ctx.caps.int8_dot {
+            return Err(KilnError::invalid("matmul", format!("no int8 GEMV for {} here", mm.w.format)));
+        }
+        let mut b = Self::bind_in(ctx, mm, stage, scratch, Some(blocks.clone()))?;
+        b.fed_q8 = true;
+        Ok(b)
     }
 
     /// Binds `mm` with the int8 input `blocks` and the session's other scratch.
@@ -776,6 +798,7 @@ impl BoundMatmul {
             split,
             forced_splits: None,
             gemv_cols: u32::MAX,
+            fed_q8: false,
             stage,
             format: mm.w.format,
             k: mm.w.k,
@@ -835,12 +858,16 @@ impl BoundMatmul {
     }
 
     /// The kernel for m columns: a batched decode step's (`batched`: the planner's choice,
-    /// the GEMV wherever it takes m) or one sequence's (`plan`); for one column on the int8
+    /// the GEMV wherever it takes m) or one sequence's (`plan`; one column on the int8 GEMV
+    /// where its input arrives quantized, `fed_q8_in`); for one column on the int8
     /// GEMV, the int8 SwiGLU epilogue's shape where this matmul has it and the adapter takes it
     /// (`Caps::q8_swiglu`).
     fn plan_step(&self, ctx: &GpuContext, m: u32, batched: bool) -> MatmulKernel {
         let kernel = if batched {
             crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+        } else if self.fed_q8 && m == 1 {
+            let caps = crate::gpu::Caps { int8_gemv_always: true, ..ctx.caps };
+            crate::plan::plan_matmul(m, self.n, self.k, self.format, &caps)
         } else {
             self.plan(ctx, m)
         };

@@ -239,10 +239,15 @@ pub enum KernelKey {
         block: u8,
         /// One query per column of a batched decode step, each over its own sequence.
         batched: bool,
+        /// A step of one split also writes its output as int8 blocks (binding 6) for the
+        /// output projection's int8 GEMV (heads of a multiple of 32 dimensions).
+        q8_out: bool,
     },
     AttnCombine {
         subgroups: bool,
         batched: bool,
+        /// The output also as int8 blocks (binding 4), as `AttnDecode`'s.
+        q8_out: bool,
     },
     Rope {
         neox: bool,
@@ -344,14 +349,16 @@ impl KernelKey {
             KernelKey::Sample { batched: true, .. } => {
                 &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read, ReadWrite]
             }
-            KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read],
+            // The int8 output last, bound (to a placeholder) whether or not the variant writes
+            // it, so that every variant takes one bind group.
+            KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
             // The chunks' table last (unused by the one-sequence variants, so that both share
             // the bind group).
             KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => {
                 &[Uniform, Read, Read, Read, ReadWrite, Read]
             }
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
-            KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read],
+            KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read, ReadWrite],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
             // The step state (position, cache region), then the rows.
             KernelKey::Rope { to_cache: None, .. } => &[Uniform, Read, ReadWrite],
@@ -591,13 +598,16 @@ impl KernelKey {
                 .include(flash_segment_file(segments))
                 .include("flash_attention.wgsl")
                 .build(),
-            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched } => step_file(
+            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out } => step_file(
                 c.enable_f16(kv.needs_f16())
                     .const_u32("WG", crate::plan::attn_decode_wg())
                     .const_u32("D", head_dim as u32)
                     .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
                     .const_u32("C", attention::chunk_of_class(head_dim as u32))
                     .const_u32("NB", block as u32)
+                    .const_bool("Q8_OUT", q8_out)
+                    .const_u32("OB", if q8_out { block as u32 * head_dim as u32 / 4 } else { 1 })
+                    .include("common/q8_block.wgsl")
                     .include(kv.file())
                     .include(if vectors { "common/kv_rows_vec.wgsl" } else { "common/kv_rows_scalar.wgsl" })
                     .include(reduce_file(subgroups)),
@@ -605,11 +615,15 @@ impl KernelKey {
             )
             .include("attention_decode.wgsl")
             .build(),
-            KernelKey::AttnCombine { subgroups, batched } => {
-                step_file(c.const_u32("WG", ATTN_WG_DECODE).include(reduce_file(subgroups)), batched)
-                    .include("attention_combine.wgsl")
-                    .build()
-            }
+            KernelKey::AttnCombine { subgroups, batched, q8_out } => step_file(
+                c.const_u32("WG", ATTN_WG_DECODE)
+                    .const_bool("Q8_OUT", q8_out)
+                    .include("common/q8_block.wgsl")
+                    .include(reduce_file(subgroups)),
+                batched,
+            )
+            .include("attention_combine.wgsl")
+            .build(),
             KernelKey::Rope { neox, to_cache, rope } => {
                 let kv = to_cache.unwrap_or(KvKind::F32);
                 c.enable_f16(kv.needs_f16())
@@ -793,9 +807,22 @@ impl KernelKey {
                     for block in 1..=attention::max_block_of_class(head_dim as u32) as u8 {
                         for batched in [false, true] {
                             for vectors in [false, true] {
-                                v.push(KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched });
+                                let q8_out = false;
+                                v.push(KernelKey::AttnDecode {
+                                    kv,
+                                    subgroups,
+                                    head_dim,
+                                    vectors,
+                                    block,
+                                    batched,
+                                    q8_out,
+                                });
                             }
                         }
+                        // The int8 output: one sequence's steps, heads of a multiple of 32
+                        // dimensions (so read as vectors).
+                        let (vectors, batched, q8_out) = (true, false, true);
+                        v.push(KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out });
                     }
                 }
             }
@@ -816,8 +843,9 @@ impl KernelKey {
             }
         }
         for subgroups in [false, true] {
-            v.push(KernelKey::AttnCombine { subgroups, batched: false });
-            v.push(KernelKey::AttnCombine { subgroups, batched: true });
+            v.push(KernelKey::AttnCombine { subgroups, batched: false, q8_out: false });
+            v.push(KernelKey::AttnCombine { subgroups, batched: true, q8_out: false });
+            v.push(KernelKey::AttnCombine { subgroups, batched: false, q8_out: true });
         }
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {

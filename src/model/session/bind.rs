@@ -83,8 +83,10 @@ impl Session {
 
         let sub = ctx.caps.subgroups;
         let norm_key = KernelKey::RmsNorm { subgroups: sub, halves: false };
-        // Any variant serves the bind groups: batched or not, they bind the same buffers.
-        let decode_key = attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false);
+        // Any variant serves the bind groups: batched or not, with an int8 output or not, they
+        // bind the same buffers (binding one builds its pipeline: the one steps take).
+        let decode_key =
+            |q8_out| attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out);
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -170,6 +172,8 @@ impl Session {
         let head_cols = st(sizes::batch_columns(opts.n_seq) as u64 * col_bytes, "head columns")?;
         // One per stacked part (at most Q, K, V): a buffer two parts both wrote would order them.
         let unused = [st(16, "unused output")?, st(16, "unused output")?, st(16, "unused output")?];
+        // Decode attention's int8 output where the session does not take it.
+        let no_q8 = st(16, "unused int8 output")?;
         let rope_neox = c.rope_mode == RopeMode::Neox;
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
@@ -258,6 +262,13 @@ impl Session {
                     };
                     (ops, q_src)
                 }
+            };
+            // One-token steps' decode attention may write the output projection's int8 input
+            // (`Caps::attn_q8_out`), into blocks apart from the quantize dispatches'.
+            let takes = crate::plan::attn_q8_out_takes(&ctx.caps, c.q_dim(), c.n_embd);
+            let wo_q8 = match takes && attention::takes_q8_out(&shape) && w.wo.format.is_quantized() {
+                true => Some(scratch.q8_output(&ctx, c.q_dim())?),
+                false => None,
             };
             let ffn = match &w.ffn {
                 GateUp::Interleaved(gate_up) => {
@@ -393,23 +404,30 @@ impl Session {
                 },
                 attn_decode: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &decode_key,
+                    &decode_key(wo_q8.is_some()),
                     "attention",
-                    &[q_src, &kc, &vc, &attn, &step_state],
+                    &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8)],
                 )?,
                 attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &decode_key,
+                    &decode_key(wo_q8.is_some()),
                     "attention",
-                    &[q_src, &kc, &vc, &partial, &step_state],
+                    &[q_src, &kc, &vc, &partial, &step_state, &no_q8],
                 )?,
                 attn_combine: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &KernelKey::AttnCombine { subgroups: sub, batched: false },
+                    &KernelKey::AttnCombine { subgroups: sub, batched: false, q8_out: wo_q8.is_some() },
                     "attention",
-                    &[&partial, &attn, &step_state],
+                    &[&partial, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8)],
                 )?,
-                wo: mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
+                wo: match &wo_q8 {
+                    Some(blocks) => {
+                        let wo = dense(&w.wo, &attn, q, &x, se, None, true);
+                        BoundMatmul::fed_q8_in(&ctx, &wo, "attn_out", &scratch, blocks)?
+                    }
+                    None => mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,
+                },
+                wo_q8,
                 ffn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "ffn_norm", &[&x, &w.ffn_norm, &xn])?,
                 ffn,
             };

@@ -258,10 +258,11 @@ impl Session {
                     );
                 }
                 if m == 1 {
-                    let kernel =
-                        if self.shape.decode_splits(kv_len) > 1 { "attn_decode+combine" } else { "attn_decode" };
+                    let split = if self.shape.decode_splits(kv_len) > 1 { "+combine" } else { "" };
+                    let q8 = if l.wo_q8.is_some() { "+q8out" } else { "" };
+                    let kernel = format!("attn_decode{split}{q8}");
                     return StageWork::other(
-                        kernel,
+                        &kernel,
                         format!("{}h x {kv_len}", c.n_head),
                         kv_len as f64 * kv_row + qo,
                         flops,
@@ -293,22 +294,21 @@ impl Session {
                     }
                 }
             });
+            // One token of one sequence: decode attention may write the output projection's
+            // int8 input too (`LayerOps::wo_q8`).
+            let wo_input = l.wo_q8.as_ref().filter(|_| m == 1 && !batched);
             if m == 1 || batched {
                 let launch = if batched {
                     attention::decode_launch_batched(&ctx.caps, self.kv, &self.shape, kv_len, m)?
                 } else {
-                    attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len)?
+                    attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len, wo_input.is_some())?
                 };
                 let decode = if launch.combine.is_some() { &l.attn_decode_split } else { &l.attn_decode };
                 decode.set(ctx, &launch.params);
                 decode.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                 if let Some(g2) = launch.combine {
                     l.attn_combine.set(ctx, &launch.params);
-                    l.attn_combine.record_with(
-                        rec.pass(),
-                        &*pipe(&KernelKey::AttnCombine { subgroups: sub, batched })?,
-                        g2,
-                    );
+                    l.attn_combine.record_with(rec.pass(), &*pipe(&launch.combine_key)?, g2);
                 }
             } else if let Some(launch) = &step.together {
                 let PrefillAttnOps::Flash(flash) = &l.attn_prefill else {
@@ -340,7 +340,7 @@ impl Session {
                 }
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m, batched));
-            l.wo.record(ctx, rec.pass(), m, batched)?;
+            l.wo.record_after(ctx, rec.pass(), m, batched, Prepared { blocks: wo_input, halves: None })?;
 
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {

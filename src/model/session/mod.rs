@@ -99,6 +99,9 @@ pub(super) struct LayerOps {
     /// ... or its partial results, which the combine pass merges.
     attn_decode_split: Bound,
     attn_combine: Bound,
+    /// Where one-token decode attention also writes the output projection's int8 input
+    /// (`Caps::attn_q8_out`): the blocks, which `wo` then reads without a quantize dispatch.
+    wo_q8: Option<wgpu::Buffer>,
     wo: BoundMatmul,
     ffn_norm: Bound,
     /// The same writing the gate/up projection's f16 input (as `attn_norm_f16`).
