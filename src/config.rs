@@ -163,11 +163,11 @@ pub fn decode_per_lane_from_env() -> Option<u32> {
     *PER.get_or_init(|| one_of("KILN_DECODE_PER_LANE", &[8, 16, 32]))
 }
 
-/// `KILN_DECODE_WG=256|512`: invocations of a decode-attention workgroup
+/// `KILN_DECODE_WG=128|256|512`: invocations of a decode-attention workgroup
 /// (`plan::attn_decode_wg`; a knob for measurements).
 pub fn decode_wg_from_env() -> Option<u32> {
     static WG: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[256, 512]))
+    *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[128, 256, 512]))
 }
 
 /// A knob set to one of `allowed`; None where unset or anything else.

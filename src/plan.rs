@@ -290,9 +290,15 @@ pub fn prefill_f16_inputs() -> bool {
 pub const ATTN_DECODE_PER_LANE: u32 = 32;
 
 /// Invocations of a decode-attention workgroup (`kernels::ATTN_WG_DECODE`), or
-/// `KILN_DECODE_WG` (256 or 512) where set: with `ATTN_DECODE_PER_LANE`, a split's positions.
+/// `KILN_DECODE_WG` (128, 256 or 512) where set: with `ATTN_DECODE_PER_LANE`, a split's positions.
 pub fn attn_decode_wg() -> u32 {
     crate::config::decode_wg_from_env().unwrap_or(crate::kernels::ATTN_WG_DECODE)
+}
+
+/// `attn_decode_wg` for heads of class `d`: at least a head's dimensions (the weighted V takes
+/// one invocation per dimension).
+pub fn attn_decode_wg_of_class(d: u32) -> u32 {
+    attn_decode_wg().max(d)
 }
 
 /// `ATTN_DECODE_PER_LANE`, or `KILN_DECODE_PER_LANE` (8, 16 or 32) where set.

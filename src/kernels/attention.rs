@@ -121,7 +121,7 @@ pub fn per_lane_of_class(d: u32) -> u32 {
 /// Positions per decode split for heads of class `d`: each invocation holds PER K and PER V
 /// values of the split in registers (attention_decode.wgsl).
 pub fn chunk_of_class(d: u32) -> u32 {
-    crate::plan::attn_decode_wg() * per_lane_of_class(d) / d
+    crate::plan::attn_decode_wg_of_class(d) * per_lane_of_class(d) / d
 }
 
 /// Query heads a decode workgroup of class `d` takes at most: its queries (heads x d) within

@@ -600,7 +600,7 @@ impl KernelKey {
                 .build(),
             KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out } => step_file(
                 c.enable_f16(kv.needs_f16())
-                    .const_u32("WG", crate::plan::attn_decode_wg())
+                    .const_u32("WG", crate::plan::attn_decode_wg_of_class(head_dim as u32))
                     .const_u32("D", head_dim as u32)
                     .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
                     .const_u32("C", attention::chunk_of_class(head_dim as u32))
