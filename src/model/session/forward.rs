@@ -270,8 +270,9 @@ impl Session {
                 }
                 if let Some(launch) = &step.together {
                     // Each chunk over its own region: at most the longest.
+                    let coop = flash_attention::takes_coop(self.kv, &self.shape, &ctx.caps);
                     return StageWork::other(
-                        "flash_attention chunks",
+                        if coop { "flash_attention_coop chunks" } else { "flash_attention chunks" },
                         format!("{} x {}h x {m}x{kv_len}", launch.grid[2], c.n_head),
                         kv_len as f64 * kv_row * launch.grid[2] as f64 + qo,
                         4.0 * (m * c.n_head * c.head_dim) as f64 * kv_len as f64,
@@ -281,7 +282,13 @@ impl Session {
                     PrefillAttnOps::Flash(_) => {
                         let rows = flash_attention::tile_rows(self.kv, &self.shape, &ctx.caps);
                         let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0, rows) as f64 * kv_row;
-                        StageWork::other("flash_attention", shape, kv_bytes + qo, flops)
+                        // The kernel's own name: the cooperative one runs on the matrix cores.
+                        let kernel = if flash_attention::takes_coop(self.kv, &self.shape, &ctx.caps) {
+                            "flash_attention_coop"
+                        } else {
+                            "flash_attention"
+                        };
+                        StageWork::other(kernel, shape, kv_bytes + qo, flops)
                     }
                     PrefillAttnOps::Gemm { .. } => {
                         let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
