@@ -106,6 +106,16 @@ pub fn key(kv: KvKind, shape: &AttnShape) -> Result<KernelKey> {
     Ok(KernelKey::AttnFlash { kv, head_dim, segments: false })
 }
 
+/// The kernel one sequence's prefill attention runs on an adapter with `caps`: the
+/// cooperative one where it takes the shape (`takes_coop`), else the f32 one (`key`).
+pub fn planned_key(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> Result<KernelKey> {
+    if takes_coop(kv, shape, caps) {
+        Ok(KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16, segments: false })
+    } else {
+        key(kv, shape)
+    }
+}
+
 /// One flash attention: its parameters, pipeline key and grid.
 #[derive(Debug, Clone, Copy)]
 pub struct FlashLaunch {
@@ -127,11 +137,7 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
         ));
     }
     let rows = tile_rows(kv, shape, caps);
-    let key = if takes_coop(kv, shape, caps) {
-        KernelKey::AttnFlashCoop { head_dim: shape.head_dim as u16, segments: false }
-    } else {
-        key(kv, shape)?
-    };
+    let key = planned_key(kv, shape, caps)?;
     let n_tiles = (m * shape.group()).div_ceil(rows);
     let params = FlashParams {
         m,

@@ -63,6 +63,9 @@ pub struct SessionSizes {
     /// The down projection's own int8 input, where the gate/up epilogue writes it
     /// (`Caps::q8_swiglu`).
     pub q8_swiglu: u64,
+    /// The output projection's int8 input, where decode attention writes it
+    /// (`Caps::attn_q8_out`; 0 where it shares the down projection's, of the same length).
+    pub attn_q8: u64,
     /// The split-K GEMMs' partial sums (`kernels::matmul::split_k_scratch_bytes`: on GPUs;
     /// CPU adapters never split).
     pub split_k_partials: u64,
@@ -116,6 +119,15 @@ impl SessionSizes {
                 true => crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, cfg.n_ff),
                 false => 0,
             },
+            attn_q8: {
+                let takes = crate::plan::attn_q8_out_takes(caps, cfg.q_dim(), cfg.n_embd)
+                    && crate::kernels::attention::takes_q8_out(&shape);
+                let shared = cfg.q_dim() == cfg.n_ff && crate::plan::q8_swiglu_takes(caps, cfg.n_ff, cfg.n_embd);
+                match takes && !shared {
+                    true => crate::kernels::matmul::q8_input_bytes(crate::plan::GEMV_MAX_COLS, cfg.q_dim()),
+                    false => 0,
+                }
+            },
             split_k_partials: crate::kernels::matmul::split_k_scratch_bytes(caps),
             n_layer: cfg.n_layer as u64,
         }
@@ -123,7 +135,7 @@ impl SessionSizes {
 
     /// Each kind of activation storage buffer, as (what, bytes allocated with the tail pad,
     /// how many of it a session holds).
-    fn activation_buffers(&self) -> [(&'static str, u64, u64); 17] {
+    fn activation_buffers(&self) -> [(&'static str, u64, u64); 18] {
         let q8 = |i: usize| ("int8 activations", storage_size(self.q8_inputs[i]), (self.q8_inputs[i] > 0) as u64);
         let b = |what, bytes, count| (what, storage_size(bytes), count);
         [
@@ -143,6 +155,7 @@ impl SessionSizes {
             q8(1),
             q8(2),
             b("int8 down-projection input", self.q8_swiglu, (self.q8_swiglu > 0) as u64),
+            b("int8 output-projection input", self.attn_q8, (self.attn_q8 > 0) as u64),
             b("split-K partial sums", self.split_k_partials, (self.split_k_partials > 0) as u64),
         ]
     }

@@ -247,6 +247,10 @@ impl Session {
                 let qo = 2.0 * f(m * c.q_dim());
                 let keys = pos0 as f64 + (m as f64 + 1.0) / 2.0;
                 let flops = 4.0 * (m * c.n_head * c.head_dim) as f64 * keys;
+                // Flash attention by its kernel's name: the cooperative one runs on the matrix cores.
+                let flash = flash_attention::planned_key(self.kv, &self.shape, &ctx.caps)
+                    .map(|k| k.name())
+                    .unwrap_or("flash_attention");
                 let shape = format!("{}h x {m}x{kv_len}", c.n_head);
                 if batched {
                     // Each column over its own context: at most the longest.
@@ -270,9 +274,8 @@ impl Session {
                 }
                 if let Some(launch) = &step.together {
                     // Each chunk over its own region: at most the longest.
-                    let coop = flash_attention::takes_coop(self.kv, &self.shape, &ctx.caps);
                     return StageWork::other(
-                        if coop { "flash_attention_coop chunks" } else { "flash_attention chunks" },
+                        &format!("{flash} chunks"),
                         format!("{} x {}h x {m}x{kv_len}", launch.grid[2], c.n_head),
                         kv_len as f64 * kv_row * launch.grid[2] as f64 + qo,
                         4.0 * (m * c.n_head * c.head_dim) as f64 * kv_len as f64,
@@ -282,13 +285,7 @@ impl Session {
                     PrefillAttnOps::Flash(_) => {
                         let rows = flash_attention::tile_rows(self.kv, &self.shape, &ctx.caps);
                         let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0, rows) as f64 * kv_row;
-                        // The kernel's own name: the cooperative one runs on the matrix cores.
-                        let kernel = if flash_attention::takes_coop(self.kv, &self.shape, &ctx.caps) {
-                            "flash_attention_coop"
-                        } else {
-                            "flash_attention"
-                        };
-                        StageWork::other(kernel, shape, kv_bytes + qo, flops)
+                        StageWork::other(flash, shape, kv_bytes + qo, flops)
                     }
                     PrefillAttnOps::Gemm { .. } => {
                         let scores = 4.0 * f(m * c.n_head) * kv_len as f64;
