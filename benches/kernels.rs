@@ -340,9 +340,9 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-/// Prefill attention (flash attention: causal, GQA, f16 cache) at 512 and 4096 tokens with
-/// TinyLlama's heads; "elements" are the floating-point operations of Q·Kᵀ and P·V over the
-/// causal half.
+/// Prefill attention (flash attention: causal, f16 cache) at 512 and 4096 tokens with
+/// TinyLlama's heads (64 dimensions, GQA groups of 8) and Llama-7B's (128, no GQA);
+/// "elements" are the floating-point operations of Q·Kᵀ and P·V over the causal half.
 fn attention_benches(c: &mut Criterion) {
     use kiln::kernels::attention::{self, AttnShape};
     use kiln::kernels::flash_attention::{self, FlashArgs};
@@ -352,21 +352,24 @@ fn attention_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("attention_prefill");
     g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
     let tokens: &[u32] = if small() { &[64, 256] } else { &[512, 4096] };
-    for &m in tokens {
-        let shape = AttnShape { n_head: 32, n_kv_head: 4, head_dim: 64, n_ctx: m };
-        let kv = KvKind::for_cache(true, &ctx.caps);
-        let kv_bytes = (m * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
-        let k_cache = ctx.storage(kv_bytes, "k").unwrap();
-        let v_cache = ctx.storage(kv_bytes, "v").unwrap();
-        let q = ctx.upload_f32(&vec![0.01f32; (m * shape.n_head * shape.head_dim) as usize], "q").unwrap();
-        let out = ctx.storage((m * shape.n_head * shape.head_dim * 4) as u64, "out").unwrap();
-        let a = FlashArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0: 0 };
-        let d = flash_attention::prepare(&ctx, kv, &shape, &a).unwrap();
-        let pairs = m as u64 * (m as u64 + 1) / 2;
-        g.throughput(Throughput::Elements(4 * pairs * (shape.n_head * shape.head_dim) as u64));
-        g.bench_function(format!("flash/{m} tokens/{kv:?}"), |b| {
-            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
-        });
+    let heads = [("tinyllama", 32u32, 4u32, 64u32), ("llama-7b", 32, 32, 128)];
+    for (model, n_head, n_kv_head, head_dim) in heads {
+        for &m in tokens {
+            let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx: m };
+            let kv = KvKind::for_cache(true, &ctx.caps);
+            let kv_bytes = (m * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
+            let k_cache = ctx.storage(kv_bytes, "k").unwrap();
+            let v_cache = ctx.storage(kv_bytes, "v").unwrap();
+            let q = ctx.upload_f32(&vec![0.01f32; (m * shape.n_head * shape.head_dim) as usize], "q").unwrap();
+            let out = ctx.storage((m * shape.n_head * shape.head_dim * 4) as u64, "out").unwrap();
+            let a = FlashArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0: 0 };
+            let d = flash_attention::prepare(&ctx, kv, &shape, &a).unwrap();
+            let pairs = m as u64 * (m as u64 + 1) / 2;
+            g.throughput(Throughput::Elements(4 * pairs * (shape.n_head * shape.head_dim) as u64));
+            g.bench_function(format!("flash/{model}/{m} tokens/{kv:?}"), |b| {
+                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
+            });
+        }
     }
     g.finish();
 

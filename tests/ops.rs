@@ -309,31 +309,55 @@ fn flash_attention_against_reference() {
     ];
     for g in gpus() {
         for (i, &(nh, nkv, hd, m, pos0)) in cases.iter().enumerate() {
-            let n_ctx = pos0 + m + 3;
-            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
-            for f16_cache in [false, true] {
-                let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
-                let mut r = rng(1000 + i as u64);
-                let kvn = (n_ctx * nkv * hd) as usize;
-                let (kb, k_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-                let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
-                let k_cache = g.ctx.upload(&kb, "k").unwrap();
-                let v_cache = g.ctx.upload(&vb, "v").unwrap();
-                let q = randn(&mut r, (m * nh * hd) as usize, 1.0);
-                let qb = g.ctx.upload_f32(&q, "q").unwrap();
-                let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
-                let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
-                let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
-                kiln::gpu::run_dispatches(&g.ctx, &[&flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()])
-                    .unwrap();
-                let got = g.ctx.read_f32(&out, want.len()).unwrap();
-                let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} {kv:?}", g.name);
-                // On cooperative matrices Q and the probabilities are rounded to f16, as the
-                // matrix cores take them (llama.cpp's coopmat flash attention does the same).
-                let tol = if flash_attention::takes_coop(kv, &shape, &g.ctx.caps) { 5e-3 } else { 1e-4 };
-                assert_close(&what, &got, &want, tol);
-            }
+            check_flash(&g, (nh, nkv, hd, m, pos0), 1000 + i as u64, 0.0);
         }
+    }
+}
+
+/// Flash attention where a row's scores keep rising from one tile of keys to the next (keys
+/// scaled up with their position), so the online softmax raises its max again and again
+/// (the cooperative kernel rescales its output accumulators only when a tile's max exceeds
+/// the last one by a margin: this takes that path many times, at 64 and 128 dimensions).
+#[test]
+fn flash_attention_with_scores_rising_along_the_context() {
+    let cases = [(8u32, 2u32, 64u32, 300u32, 0u32), (32, 4, 64, 90, 200), (4, 4, 128, 260, 10), (2, 1, 128, 33, 300)];
+    for g in gpus() {
+        for (i, &case) in cases.iter().enumerate() {
+            check_flash(&g, case, 3000 + i as u64, 1.0 / 64.0);
+        }
+    }
+}
+
+/// One flash attention against the f64 reference: (heads, KV heads, head dim, queries,
+/// position of the first), random Q, K and V of the seed (each key row scaled by
+/// 1 + growth x its position), over an f32 and an f16 cache.
+fn check_flash(g: &TestGpu, (nh, nkv, hd, m, pos0): (u32, u32, u32, u32, u32), seed: u64, growth: f32) {
+    let n_ctx = pos0 + m + 3;
+    let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
+    for f16_cache in [false, true] {
+        let kv = KvKind::for_cache(f16_cache, &g.ctx.caps);
+        let mut r = rng(seed);
+        let kvn = (n_ctx * nkv * hd) as usize;
+        let mut k = randn(&mut r, kvn, 1.0);
+        for (j, row) in k.chunks_mut((nkv * hd) as usize).enumerate() {
+            row.iter_mut().for_each(|x| *x *= 1.0 + growth * j as f32);
+        }
+        let (kb, k_vals) = cache_bytes(&k, kv);
+        let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+        let k_cache = g.ctx.upload(&kb, "k").unwrap();
+        let v_cache = g.ctx.upload(&vb, "v").unwrap();
+        let q = randn(&mut r, (m * nh * hd) as usize, 1.0);
+        let qb = g.ctx.upload_f32(&q, "q").unwrap();
+        let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
+        let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
+        let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
+        kiln::gpu::run_dispatches(&g.ctx, &[&flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()]).unwrap();
+        let got = g.ctx.read_f32(&out, want.len()).unwrap();
+        let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} growth={growth} {kv:?}", g.name);
+        // On cooperative matrices Q and the probabilities are rounded to f16, as the
+        // matrix cores take them (llama.cpp's coopmat flash attention does the same).
+        let tol = if flash_attention::takes_coop(kv, &shape, &g.ctx.caps) { 5e-3 } else { 1e-4 };
+        assert_close(&what, &got, &want, tol);
     }
 }
 

@@ -581,10 +581,6 @@ impl KernelKey {
                     .const_u32("BM", 16 * nsg)
                     .const_u32("BK", 64)
                     .const_u32("D", d)
-                    // Rows of scores 4 floats longer than the row: 64 apart put a row's
-                    // every value in the bank of every other row's (the softmax's lanes read
-                    // 16 rows at once).
-                    .const_u32("SS", d.max(64) + 4)
                     .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
                     .include("flash_attention_coop.wgsl")
