@@ -340,9 +340,11 @@ fn benches(c: &mut Criterion) {
     }
 }
 
-/// Prefill attention (flash attention: causal, f16 cache) at 512 and 4096 tokens with
-/// TinyLlama's heads (64 dimensions, GQA groups of 8) and Llama-7B's (128, no GQA);
-/// "elements" are the floating-point operations of Q·Kᵀ and P·V over the causal half.
+/// Prefill attention (flash attention: causal, f16 cache) of 512 and 4096 tokens at position
+/// 0, and of 512 at position 3584 (the last step of a 4096-token prompt in steps of 512, where
+/// Llama-7B's keys are split; `KILN_FLASH_SPLIT` forces a split), with TinyLlama's heads (64 dimensions, GQA groups of 8) and Llama-7B's
+/// (128, no GQA); "elements" are the floating-point operations of Q·Kᵀ and P·V over the
+/// causal part.
 fn attention_benches(c: &mut Criterion) {
     use kiln::kernels::attention::{self, AttnShape};
     use kiln::kernels::flash_attention::{self, FlashArgs};
@@ -351,23 +353,24 @@ fn attention_benches(c: &mut Criterion) {
     let mut timer = PassTimer::new(&ctx, 1).expect("timestamps");
     let mut g = c.benchmark_group("attention_prefill");
     g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-    let tokens: &[u32] = if small() { &[64, 256] } else { &[512, 4096] };
+    let steps: &[(u32, u32)] = if small() { &[(64, 0), (256, 0)] } else { &[(512, 0), (4096, 0), (512, 3584)] };
     let heads = [("tinyllama", 32u32, 4u32, 64u32), ("llama-7b", 32, 32, 128)];
     for (model, n_head, n_kv_head, head_dim) in heads {
-        for &m in tokens {
-            let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx: m };
+        for &(m, pos0) in steps {
+            let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx: pos0 + m };
             let kv = KvKind::for_cache(true, &ctx.caps);
-            let kv_bytes = (m * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
+            let kv_bytes = ((pos0 + m) * shape.kv_stride()) as u64 * if kv == KvKind::F32 { 4 } else { 2 };
             let k_cache = ctx.storage(kv_bytes, "k").unwrap();
             let v_cache = ctx.storage(kv_bytes, "v").unwrap();
             let q = ctx.upload_f32(&vec![0.01f32; (m * shape.n_head * shape.head_dim) as usize], "q").unwrap();
             let out = ctx.storage((m * shape.n_head * shape.head_dim * 4) as u64, "out").unwrap();
-            let a = FlashArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0: 0 };
+            let a = FlashArgs { q: &q, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
             let d = flash_attention::prepare(&ctx, kv, &shape, &a).unwrap();
-            let pairs = m as u64 * (m as u64 + 1) / 2;
+            let pairs = m as u64 * (m as u64 + 1) / 2 + (m * pos0) as u64;
             g.throughput(Throughput::Elements(4 * pairs * (shape.n_head * shape.head_dim) as u64));
-            g.bench_function(format!("flash/{model}/{m} tokens/{kv:?}"), |b| {
-                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, std::slice::from_ref(&d), iters))
+            let at = if pos0 > 0 { format!(" at {pos0}") } else { String::new() };
+            g.bench_function(format!("flash/{model}/{m} tokens{at}/{kv:?}"), |b| {
+                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &d, iters))
             });
         }
     }

@@ -291,6 +291,13 @@ pub fn flash_coop_disabled() -> bool {
     *OFF.get_or_init(|| std::env::var("KILN_FLASH_COOP").as_deref() == Ok("0"))
 }
 
+/// `KILN_FLASH_SPLIT=<n>`: splits of a cooperative flash attention's keys, forced (1: none;
+/// `flash_attention::split_of` plans them otherwise; a knob for measurements). Read once.
+pub fn flash_split() -> Option<u32> {
+    static N: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("KILN_FLASH_SPLIT").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n >= 1))
+}
+
 /// `KILN_PREFILL_TOGETHER=0`: a server prefills each prompt's chunk in a step of its own
 /// instead of several prompts in one step (comparisons). Read once.
 pub fn prefill_together_disabled() -> bool {

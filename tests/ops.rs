@@ -11,7 +11,7 @@ use kiln::kernels::elementwise::{self, EltOp};
 use kiln::kernels::flash_attention::{self, FlashArgs};
 use kiln::kernels::nll::{self, NllParams};
 use kiln::kernels::rope::{self, RopeMode};
-use kiln::kernels::{argmax, embed, norm, KvKind};
+use kiln::kernels::{argmax, embed, norm, KernelKey, KvKind};
 use kiln::quant::{dequantize, quantize, WeightFormat};
 
 /// The GPU decoder reproduces ggml's dequantizer bit for bit on ggml's own blocks.
@@ -309,7 +309,7 @@ fn flash_attention_against_reference() {
     ];
     for g in gpus() {
         for (i, &(nh, nkv, hd, m, pos0)) in cases.iter().enumerate() {
-            check_flash(&g, (nh, nkv, hd, m, pos0), 1000 + i as u64, 0.0);
+            check_flash(g, (nh, nkv, hd, m, pos0), 1000 + i as u64, 0.0);
         }
     }
 }
@@ -323,7 +323,7 @@ fn flash_attention_with_scores_rising_along_the_context() {
     let cases = [(8u32, 2u32, 64u32, 300u32, 0u32), (32, 4, 64, 90, 200), (4, 4, 128, 260, 10), (2, 1, 128, 33, 300)];
     for g in gpus() {
         for (i, &case) in cases.iter().enumerate() {
-            check_flash(&g, case, 3000 + i as u64, 1.0 / 64.0);
+            check_flash(g, case, 3000 + i as u64, 1.0 / 64.0);
         }
     }
 }
@@ -351,13 +351,87 @@ fn check_flash(g: &TestGpu, (nh, nkv, hd, m, pos0): (u32, u32, u32, u32, u32), s
         let out = g.ctx.storage((m * nh * hd * 4) as u64, "out").unwrap();
         let want = attention::reference(&shape, &q, &k_vals, &v_vals, m as usize, pos0 as usize);
         let fa = FlashArgs { q: &qb, k_cache: &k_cache, v_cache: &v_cache, out: &out, m, pos0 };
-        kiln::gpu::run_dispatches(&g.ctx, &[&flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap()]).unwrap();
-        let got = g.ctx.read_f32(&out, want.len()).unwrap();
-        let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} growth={growth} {kv:?}", g.name);
         // On cooperative matrices Q and the probabilities are rounded to f16, as the
         // matrix cores take them (llama.cpp's coopmat flash attention does the same).
-        let tol = if flash_attention::takes_coop(kv, &shape, &g.ctx.caps) { 5e-3 } else { 1e-4 };
+        let coop = flash_attention::takes_coop(kv, &shape, &g.ctx.caps);
+        let tol = if coop { 5e-3 } else { 1e-4 };
+        let planned = flash_attention::prepare(&g.ctx, kv, &shape, &fa).unwrap();
+        kiln::gpu::run_dispatches(&g.ctx, &planned.iter().collect::<Vec<_>>()).unwrap();
+        let got = g.ctx.read_f32(&out, want.len()).unwrap();
+        let what = format!("[{}] flash nh={nh} kv={nkv} hd={hd} m={m} pos0={pos0} growth={growth} {kv:?}", g.name);
         assert_close(&what, &got, &want, tol);
+        // The cooperative kernel with each row tile's keys split among 2 and 3 workgroups
+        // (long contexts' plan), merged by the combine pass.
+        if coop {
+            for n in [2, 3] {
+                let l = flash_attention::launch(kv, &shape, m, pos0, &g.ctx.caps, 0).unwrap();
+                let l = flash_attention::split(l, &shape, n);
+                let out = g.ctx.upload_f32(&vec![f32::NAN; want.len()], "out").unwrap();
+                let fa = FlashArgs { out: &out, ..fa };
+                let ds = flash_attention::prepare_launch(&g.ctx, &shape, &fa, &l).unwrap();
+                kiln::gpu::run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                let splits = l.params.n_split;
+                assert_close(&format!("{what} split {n} ({splits} of {} keys)", l.params.split_keys), &got, &want, tol);
+            }
+        }
+    }
+}
+
+/// The combine pass of a split flash attention against a CPU merge of the same partial
+/// outputs: each row's splits weighted by 2^(max - the largest max), over the same weighted
+/// sums; splits that saw no key of a row (max -3e38, sum 0, output 0) weigh nothing.
+#[test]
+fn flash_combine_merges_split_partials() {
+    use flash_attention::CombineParams;
+    let (rows, d, n_split) = (37usize, 64usize, 3usize);
+    let mut r = rng(77);
+    let mut o = randn(&mut r, n_split * rows * d, 1.0);
+    let mut ml = vec![0f32; n_split * rows * 4];
+    let maxes = randn(&mut r, n_split * rows, 4.0);
+    let sums = randn(&mut r, n_split * rows, 1.0);
+    for s in 0..n_split {
+        for row in 0..rows {
+            let i = s * rows + row;
+            // Every third row's last split saw none of its keys.
+            let empty = s == n_split - 1 && row % 3 == 0;
+            ml[i * 4] = if empty { -3.0e38 } else { maxes[i] };
+            ml[i * 4 + 1] = if empty { 0.0 } else { 1.0 + sums[i].abs() * 20.0 };
+            if empty {
+                o[i * d..(i + 1) * d].iter_mut().for_each(|x| *x = 0.0);
+            }
+        }
+    }
+    let mut want = vec![0f32; rows * d];
+    for row in 0..rows {
+        let mx = (0..n_split).map(|s| ml[(s * rows + row) * 4] as f64).fold(f64::MIN, f64::max);
+        let w = |s: usize| (ml[(s * rows + row) * 4] as f64 - mx).exp2();
+        let sum: f64 = (0..n_split).map(|s| w(s) * ml[(s * rows + row) * 4 + 1] as f64).sum();
+        for c in 0..d {
+            let acc: f64 = (0..n_split).map(|s| w(s) * o[(s * rows + row) * d + c] as f64).sum();
+            want[row * d + c] = (acc / sum) as f32;
+        }
+    }
+    for g in gpus() {
+        let mut data = o.clone();
+        data.extend_from_slice(&ml);
+        let partial = g.ctx.upload_f32(&data, "partial").unwrap();
+        let out = g.ctx.storage((rows * d * 4) as u64, "out").unwrap();
+        let pipeline = g.ctx.pipeline(&KernelKey::FlashCombine).unwrap();
+        let params = CombineParams { rows: rows as u32, d4: (d / 4) as u32, n_split: n_split as u32, _pad: 0 };
+        let ub = g.ctx.uniform(&params, "combine");
+        let bg = kiln::gpu::bind(&g.ctx, &pipeline, "combine", &[&ub, &partial, &out]);
+        let groups = (rows * d / 4).div_ceil(kiln::kernels::WG_ELT as usize) as u32;
+        let dispatch = kiln::gpu::Dispatch {
+            label: "combine",
+            pipeline,
+            bind_group: bg,
+            workgroups: [groups, 1, 1],
+            params: Some(ub),
+        };
+        kiln::gpu::run_dispatches(&g.ctx, &[&dispatch]).unwrap();
+        let got = g.ctx.read_f32(&out, rows * d).unwrap();
+        assert_close(&format!("[{}] flash combine", g.name), &got, &want, 1e-5);
     }
 }
 

@@ -61,6 +61,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("to_half.wgsl", include_str!("../../wgsl/to_half.wgsl")),
     ("probe_coop.wgsl", include_str!("../../wgsl/probe_coop.wgsl")),
     ("flash_attention_coop.wgsl", include_str!("../../wgsl/flash_attention_coop.wgsl")),
+    ("flash_combine.wgsl", include_str!("../../wgsl/flash_combine.wgsl")),
     ("gemm.wgsl", include_str!("../../wgsl/gemm.wgsl")),
     ("gemm_reduce.wgsl", include_str!("../../wgsl/gemm_reduce.wgsl")),
     ("gemm_micro_4x4.wgsl", include_str!("../../wgsl/gemm_micro_4x4.wgsl")),

@@ -95,7 +95,89 @@ pub struct FlashParams {
     pub n_tiles: u32,
     /// The cache element of the sequence's row 0 (its region's first row x kv_stride).
     pub kv_off: u32,
-    pub _pad: [u32; 3],
+    /// Workgroups each row tile's keys are split among (the cooperative variant; 1: none),
+    /// and the keys each takes (a multiple of `COOP_KEYS`).
+    pub n_split: u32,
+    pub split_keys: u32,
+    pub _pad: u32,
+}
+
+/// Keys per tile of the cooperative variant.
+pub const COOP_KEYS: u32 = 64;
+/// Workgroups a split flash attention aims at: enough to fill a large GPU (the H200's 132
+/// SMs hold 4 of the cooperative kernel's each) where the row tiles alone are fewer.
+pub const SPLIT_TARGET_WORKGROUPS: u32 = 1024;
+/// Heads of more dimensions than this split: the cooperative kernel stages their K and V
+/// tiles without loading ahead, so more workgroups in flight hide the loads (run 173 on an
+/// H200: Llama-7B's heads, 512 queries at position 3584, 2,369 -> 2,170 µs in 2 splits; pp4096
+/// 4,534 -> 4,652 tok/s). TinyLlama's 64-dimension heads, whose next tiles are loaded during
+/// this one's, ran slower split (175 -> 213 µs in 4; pp4096 34,100 -> 33,650).
+pub const SPLIT_MIN_HEAD_DIM: u32 = 65;
+/// Keys a split takes at least: shorter contexts are not split.
+pub const SPLIT_MIN_KEYS: u32 = 512;
+/// Splits at most.
+pub const SPLIT_MAX: u32 = 4;
+/// The partial outputs' buffer is at most this large (wgpu's default binding limit).
+pub const SPLIT_MAX_BYTES: u64 = 128 << 20;
+
+/// Bytes of split partial outputs for `m` queries over `n_split` splits: each split's output
+/// rows, then each row's max and sum (a vec4 each).
+pub fn split_bytes(shape: &AttnShape, m: u32, n_split: u32) -> u64 {
+    (n_split as u64) * (m * shape.n_head) as u64 * (shape.head_dim as u64 + 4) * 4
+}
+
+/// Bytes a session of `ubatch` tokens a step keeps for split partial outputs: none where
+/// prefill attention is not on cooperative matrices.
+pub fn split_room(kv: KvKind, shape: &AttnShape, ubatch: u32, caps: &crate::gpu::Caps) -> u64 {
+    if !takes_coop(kv, shape, caps) {
+        return 0;
+    }
+    split_bytes(shape, ubatch, SPLIT_MAX).min(SPLIT_MAX_BYTES)
+}
+
+/// Into how many workgroups a one-sequence flash attention of `m` queries at `pos0` splits
+/// each row tile's keys: for heads of `SPLIT_MIN_HEAD_DIM` dimensions and more, where the row
+/// tiles' workgroups are fewer than the GPU holds and the context is long (a long prompt's
+/// later steps), within `room` bytes of partial outputs; `KILN_FLASH_SPLIT=N` forces N (1: no
+/// split).
+pub fn split_of(shape: &AttnShape, m: u32, pos0: u32, tile_rows: u32, room: u64) -> u32 {
+    let workgroups = (m * shape.group()).div_ceil(tile_rows) * shape.n_kv_head;
+    let wanted = match crate::config::flash_split() {
+        Some(n) => n,
+        None if shape.head_dim < SPLIT_MIN_HEAD_DIM => 1,
+        None => SPLIT_TARGET_WORKGROUPS.div_ceil(workgroups).min((pos0 + m) / SPLIT_MIN_KEYS).min(SPLIT_MAX),
+    };
+    wanted.min((room / split_bytes(shape, m, 1).max(1)) as u32).max(1)
+}
+
+/// Launch `l` (of the cooperative variant, one sequence) with each row tile's keys split
+/// among `n_split` workgroups (at most one per tile of keys), and the combine pass.
+pub fn split(mut l: FlashLaunch, shape: &AttnShape, n_split: u32) -> FlashLaunch {
+    let (m, n_keys) = (l.params.m, l.params.pos0 + l.params.m);
+    let share = n_keys.div_ceil(n_split.clamp(1, n_keys.div_ceil(COOP_KEYS))).div_ceil(COOP_KEYS) * COOP_KEYS;
+    let n_split = n_keys.div_ceil(share);
+    if n_split <= 1 {
+        return l;
+    }
+    l.params.n_split = n_split;
+    l.params.split_keys = share;
+    l.grid[0] = l.params.n_tiles * n_split;
+    let rows = m * shape.n_head;
+    let d4 = shape.head_dim / 4;
+    let groups = (rows * d4).div_ceil(crate::kernels::WG_ELT);
+    let grid = [groups.min(65535), groups.div_ceil(65535), 1];
+    l.combine = Some((CombineParams { rows, d4, n_split, _pad: 0 }, grid));
+    l
+}
+
+/// Mirrors `Params` in flash_combine.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq)]
+pub struct CombineParams {
+    pub rows: u32,
+    pub d4: u32,
+    pub n_split: u32,
+    pub _pad: u32,
 }
 
 /// The variant for heads of `shape` over a cache of `kv` values.
@@ -116,18 +198,28 @@ pub fn planned_key(kv: KvKind, shape: &AttnShape, caps: &crate::gpu::Caps) -> Re
     }
 }
 
-/// One flash attention: its parameters, pipeline key and grid.
+/// One flash attention: its parameters, pipeline key and grid, and where its keys are split,
+/// the combine pass (`KernelKey::FlashCombine`) that merges the partial outputs.
 #[derive(Debug, Clone, Copy)]
 pub struct FlashLaunch {
     pub params: FlashParams,
     pub key: KernelKey,
     pub grid: [u32; 3],
+    pub combine: Option<(CombineParams, [u32; 3])>,
 }
 
 /// The launch for m queries at positions pos0.. over a cache of `kv` values holding pos0 + m
 /// rows; on cooperative matrices where `takes_coop` (the same rows per workgroup, grid and
-/// parameters).
-pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gpu::Caps) -> Result<FlashLaunch> {
+/// parameters), there with its keys split (`split_of`) within `room` bytes of partial
+/// outputs.
+pub fn launch(
+    kv: KvKind,
+    shape: &AttnShape,
+    m: u32,
+    pos0: u32,
+    caps: &crate::gpu::Caps,
+    room: u64,
+) -> Result<FlashLaunch> {
     shape.check()?;
     let kv_len = pos0 + m;
     if m == 0 || kv_len > shape.n_ctx {
@@ -149,9 +241,15 @@ pub fn launch(kv: KvKind, shape: &AttnShape, m: u32, pos0: u32, caps: &crate::gp
         scale: std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt(),
         n_tiles,
         kv_off: 0,
-        _pad: [0; 3],
+        n_split: 1,
+        split_keys: kv_len,
+        _pad: 0,
     };
-    Ok(FlashLaunch { params, key, grid: [n_tiles, shape.n_kv_head, 1] })
+    let l = FlashLaunch { params, key, grid: [n_tiles, shape.n_kv_head, 1], combine: None };
+    Ok(match key {
+        KernelKey::AttnFlashCoop { .. } => split(l, shape, split_of(shape, m, pos0, rows, room)),
+        _ => l,
+    })
 }
 
 /// Mirrors `Segment` in common/flash_segments.wgsl: one sequence's chunk of a step that
@@ -194,8 +292,9 @@ pub fn launch_segments(
     let mut table = Vec::with_capacity(chunks.len());
     let mut first: Option<FlashLaunch> = None;
     for c in chunks {
-        // Each chunk's own launch: its checks (positions within the context) and its tiles.
-        let one = launch(kv, shape, c.m, c.pos0, caps)?;
+        // Each chunk's own launch: its checks (positions within the context) and its tiles
+        // (its keys not split).
+        let one = launch(kv, shape, c.m, c.pos0, caps, 0)?;
         table.push(FlashSegment {
             m: c.m,
             pos0: c.pos0,
@@ -217,7 +316,7 @@ pub fn launch_segments(
     };
     let most = table.iter().map(|t| t.n_tiles).max().unwrap_or(1);
     // The table says each chunk's tokens, positions and region; the uniform the rest.
-    l.params = FlashParams { m: 0, pos0: 0, n_tiles: 0, kv_off: 0, ..l.params };
+    l.params = FlashParams { m: 0, pos0: 0, n_tiles: 0, kv_off: 0, n_split: 1, split_keys: 0, ..l.params };
     l.grid = [most, shape.n_kv_head, chunks.len() as u32];
     Ok((l, table))
 }
@@ -256,15 +355,28 @@ pub struct FlashArgs<'a> {
     pub pos0: u32,
 }
 
-/// One dispatch.
-pub fn prepare(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &FlashArgs) -> Result<Dispatch> {
-    let l = launch(kv, shape, a.m, a.pos0, &ctx.caps)?;
+/// The dispatches as planned (one, or the split kernel and its combine pass).
+pub fn prepare(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &FlashArgs) -> Result<Vec<Dispatch>> {
+    let room = split_room(kv, shape, a.m, &ctx.caps);
+    prepare_launch(ctx, shape, a, &launch(kv, shape, a.m, a.pos0, &ctx.caps, room)?)
+}
+
+/// The dispatches of launch `l` (tests force its split).
+pub fn prepare_launch(ctx: &GpuContext, shape: &AttnShape, a: &FlashArgs, l: &FlashLaunch) -> Result<Vec<Dispatch>> {
     let pipeline = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.flash");
-    // The chunks' table is not read by the one-sequence variant.
+    // The chunks' table is not read by the one-sequence variant, nor partial outputs unsplit.
     let unused = ctx.storage(std::mem::size_of::<FlashSegment>() as u64, "unused")?;
-    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &unused]);
-    Ok(Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: l.grid, params: Some(ub) })
+    let partial = ctx.storage(split_bytes(shape, a.m, l.params.n_split).max(16), "attention.flash partials")?;
+    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &unused, &partial]);
+    let mut v = vec![Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
+    if let Some((cp, grid)) = l.combine {
+        let pipeline = ctx.pipeline(&KernelKey::FlashCombine)?;
+        let ub = ctx.uniform(&cp, "attention.flash combine");
+        let bg = bind(ctx, &pipeline, "attention.flash combine", &[&ub, &partial, a.out]);
+        v.push(Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: grid, params: Some(ub) });
+    }
+    Ok(v)
 }
 
 /// One dispatch over several sequences' `chunks`, their queries one after another in `a.q`
@@ -280,7 +392,8 @@ pub fn prepare_segments(
     let pipeline = ctx.pipeline(&l.key)?;
     let ub = ctx.uniform(&l.params, "attention.flash");
     let segments = ctx.upload(bytemuck::cast_slice(&table), "attention.flash chunks")?;
-    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &segments]);
+    let unused = ctx.storage(16, "unused")?;
+    let bg = bind(ctx, &pipeline, "attention.flash", &[&ub, a.q, a.k_cache, a.v_cache, a.out, &segments, &unused]);
     Ok((Dispatch { label: "attention", pipeline, bind_group: bg, workgroups: l.grid, params: Some(ub) }, segments))
 }
 
@@ -297,6 +410,55 @@ mod tests {
         assert_eq!(head_dim_class(64), Some(64));
         assert_eq!(head_dim_class(66), Some(128));
         assert_eq!(head_dim_class(crate::kernels::ATTN_MAX_HEAD_DIM), Some(256));
+    }
+
+    #[test]
+    fn long_contexts_split_their_keys_where_row_tiles_are_few() {
+        let tl = AttnShape { n_head: 32, n_kv_head: 4, head_dim: 64, n_ctx: 4096 };
+        let l7 = AttnShape { n_head: 32, n_kv_head: 32, head_dim: 128, n_ctx: 4096 };
+        let room = split_bytes(&tl, 512, SPLIT_MAX);
+        // A 4096-token prompt's last step of 512: Llama-7B's 512 workgroups split in 2;
+        // TinyLlama's 64-dimension heads not at all.
+        let room7 = split_bytes(&l7, 512, SPLIT_MAX);
+        assert_eq!(split_of(&l7, 512, 3584, 32, room7), 2);
+        assert_eq!(split_of(&tl, 512, 3584, 64, room), 1);
+        // Its first step (512 keys at most), a single 4096-token step (4096 row tiles), no room.
+        assert_eq!(split_of(&l7, 512, 0, 32, room7), 1);
+        assert_eq!(split_of(&l7, 4096, 0, 32, split_bytes(&l7, 4096, SPLIT_MAX)), 1);
+        assert_eq!(split_of(&l7, 512, 3584, 32, 0), 1);
+        // Half the workgroups (a 256-token step), 4 splits.
+        assert_eq!(split_of(&l7, 256, 3840, 32, room7), 4);
+        // The split launch: shares of whole key tiles, a grid of tiles x splits, the combine
+        // pass over every output row's 4-dimension chunks.
+        let base = FlashLaunch {
+            params: FlashParams {
+                m: 512,
+                pos0: 3584,
+                head_dim: 64,
+                group: 8,
+                q_stride: 2048,
+                kv_stride: 256,
+                scale: 1.0,
+                n_tiles: 64,
+                kv_off: 0,
+                n_split: 1,
+                split_keys: 4096,
+                _pad: 0,
+            },
+            key: KernelKey::AttnFlashCoop { head_dim: 64, segments: false },
+            grid: [64, 4, 1],
+            combine: None,
+        };
+        let l = split(base, &tl, 3);
+        assert_eq!((l.params.n_split, l.params.split_keys, l.grid), (3, 1408, [192, 4, 1]));
+        let (c, grid) = l.combine.unwrap();
+        assert_eq!((c.rows, c.d4, c.n_split, grid), (512 * 32, 16, 3, [1024, 1, 1]));
+        // Fewer keys than splits asked: one a tile of keys at most.
+        let short = FlashLaunch { params: FlashParams { m: 100, pos0: 0, ..base.params }, ..base };
+        assert_eq!(split(short, &tl, 4).params.n_split, 2);
+        assert!(split(FlashLaunch { params: FlashParams { m: 60, ..short.params }, ..short }, &tl, 4)
+            .combine
+            .is_none());
     }
 
     #[test]

@@ -228,6 +228,9 @@ pub enum KernelKey {
         head_dim: u16,
         segments: bool,
     },
+    /// Merges the partial outputs of a flash attention whose keys were split among
+    /// workgroups (flash_combine.wgsl).
+    FlashCombine,
     AttnDecode {
         kv: KvKind,
         subgroups: bool,
@@ -352,11 +355,12 @@ impl KernelKey {
             // The int8 output last, bound (to a placeholder) whether or not the variant writes
             // it, so that every variant takes one bind group.
             KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
-            // The chunks' table last (unused by the one-sequence variants, so that both share
-            // the bind group).
+            // The chunks' table (unused by the one-sequence variants, so that both share the
+            // bind group), then the split keys' partial outputs (the cooperative variant's).
             KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => {
-                &[Uniform, Read, Read, Read, ReadWrite, Read]
+                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite]
             }
+            KernelKey::FlashCombine => &[Uniform, Read, ReadWrite],
             KernelKey::Nll { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::AttnCombine { .. } => &[Uniform, Read, ReadWrite, Read, ReadWrite],
             KernelKey::Argmax { .. } | KernelKey::Probe { .. } => &[Uniform, Read, ReadWrite],
@@ -382,6 +386,7 @@ impl KernelKey {
             KernelKey::Softmax { .. } => "softmax",
             KernelKey::AttnFlash { .. } => "flash_attention",
             KernelKey::AttnFlashCoop { .. } => "flash_attention_coop",
+            KernelKey::FlashCombine => "flash_combine",
             KernelKey::AttnDecode { .. } => "attention_decode",
             KernelKey::AttnCombine { .. } => "attention_combine",
             KernelKey::Rope { .. } | KernelKey::KvWrite { .. } => "rope",
@@ -611,6 +616,7 @@ impl KernelKey {
             )
             .include("attention_decode.wgsl")
             .build(),
+            KernelKey::FlashCombine => c.const_u32("WG", WG_ELT).include("flash_combine.wgsl").build(),
             KernelKey::AttnCombine { subgroups, batched, q8_out } => step_file(
                 c.const_u32("WG", ATTN_WG_DECODE)
                     .const_bool("Q8_OUT", q8_out)
@@ -838,6 +844,7 @@ impl KernelKey {
                 v.push(KernelKey::AttnFlashCoop { head_dim, segments });
             }
         }
+        v.push(KernelKey::FlashCombine);
         for subgroups in [false, true] {
             v.push(KernelKey::AttnCombine { subgroups, batched: false, q8_out: false });
             v.push(KernelKey::AttnCombine { subgroups, batched: true, q8_out: false });

@@ -38,7 +38,9 @@ pub struct SessionSizes {
     /// Prefill attention scores: [n_head, ubatch, n_ctx] f32 with `KILN_PREFILL_ATTENTION=gemm`;
     /// 0 (no buffer) for flash attention, which keeps its scores in workgroup memory.
     pub scores: u64,
-    /// Decode attention's partial results per context split, for each column of a batched step.
+    /// Decode attention's partial results per context split, for each column of a batched step;
+    /// on cooperative matrices at least room for prefill flash attention's split keys
+    /// (`flash_attention::split_room`): the two never run in one step.
     pub partials: u64,
     /// The last position's hidden state, or each sequence's of a step that prefills several:
     /// [batch columns, pad4(n_embd)] f32.
@@ -103,7 +105,15 @@ impl SessionSizes {
                 PrefillAttention::Flash => 0,
                 PrefillAttention::Gemm => f(cfg.n_head as u64 * b * opts.n_ctx as u64),
             },
-            partials: f(cols * shape.decode_scratch_len() as u64),
+            partials: f(cols * shape.decode_scratch_len() as u64).max(match attn {
+                PrefillAttention::Flash => crate::kernels::flash_attention::split_room(
+                    crate::kernels::KvKind::for_cache(opts.f16_kv, caps),
+                    &shape,
+                    b as u32,
+                    caps,
+                ),
+                PrefillAttention::Gemm => 0,
+            }),
             x_last: f(cols * pad4(cfg.n_embd) as u64),
             logits: f(logit_rows * cfg.n_vocab as u64),
             kv_layer: n_seq * opts.n_ctx as u64 * cfg.kv_dim() as u64 * kv_elem,
@@ -145,7 +155,7 @@ impl SessionSizes {
             b("key/value activations", self.kv_step, 3),
             b("feed-forward activations", self.ffn, 3),
             b("attention scores", self.scores, (self.scores > 0) as u64),
-            b("decode attention partials", self.partials, 1),
+            b("attention partials", self.partials, 1),
             b("last hidden state", self.x_last, 1),
             b("logits", self.logits, 1),
             b("sampler states", self.sampler_states, 1),
@@ -193,7 +203,7 @@ pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) ->
     let want = opts.ubatch.max(1);
     if let Some((what, needed)) = too_large(1) {
         let hint = match what {
-            "KV cache" | "decode attention partials" => format!("lower the context (-c, now {})", opts.n_ctx),
+            "KV cache" | "attention partials" => format!("lower the context (-c, now {})", opts.n_ctx),
             _ => "this model does not fit this adapter".to_string(),
         };
         return Err(KilnError::TooLarge {

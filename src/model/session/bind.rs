@@ -375,12 +375,20 @@ impl Session {
                 ffn_norm_f16,
                 qkv,
                 attn_prefill: match &scores {
-                    None => PrefillAttnOps::Flash(Bound::new::<FlashParams>(
-                        &ctx,
-                        &flash_attention::key(kv, &shape)?,
-                        "attention",
-                        &[q_src, &kc, &vc, &attn, &chunks],
-                    )?),
+                    None => PrefillAttnOps::Flash {
+                        kernel: Bound::new::<FlashParams>(
+                            &ctx,
+                            &flash_attention::key(kv, &shape)?,
+                            "attention",
+                            &[q_src, &kc, &vc, &attn, &chunks, &partial],
+                        )?,
+                        combine: Bound::new::<flash_attention::CombineParams>(
+                            &ctx,
+                            &KernelKey::FlashCombine,
+                            "attention",
+                            &[&partial, &attn],
+                        )?,
+                    },
                     Some(scores) => PrefillAttnOps::Gemm {
                         qk: Bound::new::<AttnGemmParams>(
                             &ctx,
@@ -522,6 +530,7 @@ impl Session {
             opts,
             kv,
             shape,
+            split_room: sizes.partials,
             pos: vec![0; opts.n_seq.max(1) as usize],
             batch_cols: batch_cols as usize,
             prefill_gemv_cols,

@@ -282,9 +282,19 @@ impl Session {
                     );
                 }
                 match &l.attn_prefill {
-                    PrefillAttnOps::Flash(_) => {
+                    PrefillAttnOps::Flash { .. } => {
                         let rows = flash_attention::tile_rows(self.kv, &self.shape, &ctx.caps);
                         let kv_bytes = flash_attention::keys_read(&self.shape, m, pos0, rows) as f64 * kv_row;
+                        let room = self.split_room;
+                        let split = flash_attention::launch(self.kv, &self.shape, m, pos0, &ctx.caps, room)
+                            .map(|l| l.params.n_split)
+                            .unwrap_or(1);
+                        if split > 1 {
+                            // The partial outputs written and read back by the combine pass.
+                            let partials = 2.0 * f(m * c.q_dim()) * split as f64;
+                            let kernel = format!("{flash}+combine[split{split}]");
+                            return StageWork::other(&kernel, shape, kv_bytes + qo + partials, flops);
+                        }
                         StageWork::other(flash, shape, kv_bytes + qo, flops)
                     }
                     PrefillAttnOps::Gemm { .. } => {
@@ -315,7 +325,7 @@ impl Session {
                     l.attn_combine.record_with(rec.pass(), &*pipe(&launch.combine_key)?, g2);
                 }
             } else if let Some(launch) = &step.together {
-                let PrefillAttnOps::Flash(flash) = &l.attn_prefill else {
+                let PrefillAttnOps::Flash { kernel: flash, .. } = &l.attn_prefill else {
                     return Err(crate::error::KilnError::invalid(
                         "batched step",
                         "the materialized prefill attention takes one sequence's tokens a step",
@@ -325,10 +335,15 @@ impl Session {
                 flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
             } else {
                 match &l.attn_prefill {
-                    PrefillAttnOps::Flash(flash) => {
-                        let launch = flash_attention::launch(self.kv, &self.shape, m, pos0, &ctx.caps)?;
-                        flash.set(ctx, &flash_attention::FlashParams { kv_off, ..launch.params });
-                        flash.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
+                    PrefillAttnOps::Flash { kernel, combine } => {
+                        let room = self.split_room;
+                        let launch = flash_attention::launch(self.kv, &self.shape, m, pos0, &ctx.caps, room)?;
+                        kernel.set(ctx, &flash_attention::FlashParams { kv_off, ..launch.params });
+                        kernel.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
+                        if let Some((params, grid)) = launch.combine {
+                            combine.set(ctx, &params);
+                            combine.record_with(rec.pass(), &*pipe(&KernelKey::FlashCombine)?, grid);
+                        }
                     }
                     PrefillAttnOps::Gemm { qk, softmax, pv } => {
                         let [(qk_params, g_qk), (pv_params, g_pv)] = attention::prefill_launches(&self.shape, m, pos0)?;

@@ -111,8 +111,9 @@ pub(super) struct LayerOps {
 
 /// How a layer computes prefill attention (`config::PrefillAttention`).
 pub(super) enum PrefillAttnOps {
-    /// One flash-attention dispatch, no score matrix.
-    Flash(Bound),
+    /// One flash-attention dispatch, no score matrix; where its keys are split (long
+    /// contexts on cooperative matrices), the combine pass after it.
+    Flash { kernel: Bound, combine: Bound },
     /// Q·Kᵀ into the session's score matrix, the causal softmax in place, P·V.
     Gemm { qk: Bound, softmax: Bound, pv: Bound },
 }
@@ -164,6 +165,9 @@ pub struct Session {
     pub opts: SessionOptions,
     kv: KvKind,
     shape: AttnShape,
+    /// Bytes of the attention partials' buffer, which prefill flash attention's split keys
+    /// may fill (`flash_attention::split_of`).
+    split_room: u64,
     /// Tokens in each sequence's region of the KV cache (`opts.n_seq` of them; the
     /// single-sequence API works on sequence 0, whose region starts at row 0).
     pos: Vec<u32>,

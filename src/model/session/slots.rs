@@ -109,7 +109,7 @@ impl Session {
     /// layer has the stacked Q/K/V projection (its epilogue takes each row's position from
     /// the step's table) and flash attention (it takes each chunk's from its own table).
     pub fn can_prefill_together(&self) -> bool {
-        self.batch_cols > 1 && self.layers.iter().all(|l| matches!(l.attn_prefill, PrefillAttnOps::Flash(_)))
+        self.batch_cols > 1 && self.layers.iter().all(|l| matches!(l.attn_prefill, PrefillAttnOps::Flash { .. }))
     }
 
     /// Feeds each chunk to its slot's sequence (distinct slots) and returns, for each chunk
