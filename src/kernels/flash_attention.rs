@@ -104,14 +104,17 @@ pub struct FlashParams {
 
 /// Keys per tile of the cooperative variant.
 pub const COOP_KEYS: u32 = 64;
-/// Workgroups a split flash attention aims at: enough to fill a large GPU (the H200's 132
-/// SMs hold 4 of the cooperative kernel's each) where the row tiles alone are fewer.
-pub const SPLIT_TARGET_WORKGROUPS: u32 = 1024;
+/// Workgroups a split flash attention aims at where the row tiles alone are fewer: Llama-7B's
+/// 512-token steps (512 workgroups of two subgroups) in 4 splits (run 176 on an H200, 512
+/// queries at 3584: 2,313 / 2,122 / 2,083 / 1,840 µs in 1 / 2 / 3 / 4; pp4096 4,591 / 4,704 /
+/// 4,742 / 4,866 tok/s).
+pub const SPLIT_TARGET_WORKGROUPS: u32 = 2048;
 /// Heads of more dimensions than this split: the cooperative kernel stages their K and V
 /// tiles without loading ahead, so more workgroups in flight hide the loads (run 173 on an
 /// H200: Llama-7B's heads, 512 queries at position 3584, 2,369 -> 2,170 µs in 2 splits; pp4096
 /// 4,534 -> 4,652 tok/s). TinyLlama's 64-dimension heads, whose next tiles are loaded during
-/// this one's, ran slower split (175 -> 213 µs in 4; pp4096 34,100 -> 33,650).
+/// this one's, ran slower split (175 -> 213 µs in 4; run 176: 170 / 187 / 200 / 207 µs in 1-4,
+/// pp4096 34,410 / 34,285 -> 34,119 / 34,158 in 2).
 pub const SPLIT_MIN_HEAD_DIM: u32 = 65;
 /// Keys a split takes at least: shorter contexts are not split.
 pub const SPLIT_MIN_KEYS: u32 = 512;
@@ -417,17 +420,19 @@ mod tests {
         let tl = AttnShape { n_head: 32, n_kv_head: 4, head_dim: 64, n_ctx: 4096 };
         let l7 = AttnShape { n_head: 32, n_kv_head: 32, head_dim: 128, n_ctx: 4096 };
         let room = split_bytes(&tl, 512, SPLIT_MAX);
-        // A 4096-token prompt's last step of 512: Llama-7B's 512 workgroups split in 2;
-        // TinyLlama's 64-dimension heads not at all.
+        // A 4096-token prompt's last step of 512: Llama-7B's 512 workgroups split in 4 (its
+        // second step, 1,024 keys, in 2); TinyLlama's 64-dimension heads not at all.
         let room7 = split_bytes(&l7, 512, SPLIT_MAX);
-        assert_eq!(split_of(&l7, 512, 3584, 32, room7), 2);
+        assert_eq!(split_of(&l7, 512, 3584, 32, room7), 4);
+        assert_eq!(split_of(&l7, 512, 512, 32, room7), 2);
         assert_eq!(split_of(&tl, 512, 3584, 64, room), 1);
         // Its first step (512 keys at most), a single 4096-token step (4096 row tiles), no room.
         assert_eq!(split_of(&l7, 512, 0, 32, room7), 1);
         assert_eq!(split_of(&l7, 4096, 0, 32, split_bytes(&l7, 4096, SPLIT_MAX)), 1);
         assert_eq!(split_of(&l7, 512, 3584, 32, 0), 1);
-        // Half the workgroups (a 256-token step), 4 splits.
+        // Half the workgroups (a 256-token step): still 4, the most; room for 2 only: 2.
         assert_eq!(split_of(&l7, 256, 3840, 32, room7), 4);
+        assert_eq!(split_of(&l7, 512, 3584, 32, split_bytes(&l7, 512, 2)), 2);
         // The split launch: shares of whole key tiles, a grid of tiles x splits, the combine
         // pass over every output row's 4-dimension chunks.
         let base = FlashLaunch {
