@@ -126,7 +126,8 @@ fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
 }
 
 
-// The output of a subgroup's 16 rows: D / 16 accumulators of 16 x 16, across the whole loop.
+// The output of a subgroup's 16 rows: D / 16 accumulators of 16 x 16, across the whole loop
+// (named, as gemm_coop.wgsl's: arrays of cooperative matrices may live in slow memory).
 var<private> o0: TileC;
 var<private> o1: TileC;
 var<private> o2: TileC;
