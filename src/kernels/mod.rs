@@ -584,7 +584,7 @@ impl KernelKey {
                     .const_u32("NSG", nsg)
                     .const_u32("WG", 32 * nsg)
                     .const_u32("BM", 16 * nsg)
-                    .const_u32("BK", 64)
+                    .const_u32("BK", flash_attention::COOP_KEYS)
                     .const_u32("D", d)
                     .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
