@@ -363,7 +363,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let inv = 1.0 / run_sum;
             for (var c = 0u; c < D / 8u; c++) { out[base + 2u * c + h] = ss[srow + 2u * c] * inv; }
         } else {
-            // A split with no key visible to the row leaves sum 0 (and max -3e38): no weight.
+            // A split that shows the row no key leaves its max at -3e38 (its masked keys'
+            // probabilities, exp2(0), then mean nothing): the combine pass weighs it 0.
             let n_rows = p.m * (p.q_stride / D);
             let at = split * n_rows * (D / 4u) + base;
             for (var c = 0u; c < D / 8u; c++) { partial[at + 2u * c + h] = ss[srow + 2u * c]; }
