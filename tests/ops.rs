@@ -387,7 +387,7 @@ fn flash_combine_merges_split_partials() {
     use flash_attention::CombineParams;
     let (rows, d, n_split) = (37usize, 64usize, 3usize);
     let mut r = rng(77);
-    let mut o = randn(&mut r, n_split * rows * d, 1.0);
+    let o = randn(&mut r, n_split * rows * d, 1.0);
     let mut ml = vec![0f32; n_split * rows * 4];
     let maxes = randn(&mut r, n_split * rows, 4.0);
     let sums = randn(&mut r, n_split * rows, 1.0);

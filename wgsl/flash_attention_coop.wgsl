@@ -23,8 +23,8 @@
 // For 64 dimensions the next tile's K and V are loaded into registers while this tile
 // computes (PREFETCH), so the loads' latency hides behind the multiply-adds.
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
-// Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128). The chunk of
-// rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
+// Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), PREFETCH. The
+// chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
 
 struct Params {
     m: u32,
@@ -88,10 +88,9 @@ fn put4(t: u32, h: vec4<f16>, which: u32) {
 // vec4s of a K or V tile each invocation stages (BK x D halves: 8 for 64 dimensions and 4
 // subgroups, 32 for 128 and 2).
 const KV_PER: u32 = BK * D / 4u / WG;
-// Where that is a few registers, the next tile's K and V are loaded while this tile computes
-// (held in registers, written to workgroup memory at the next tile); else each is loaded
-// when it is staged.
-const PREFETCH: bool = KV_PER <= 8u;
+// PREFETCH (header, `flash_attention::coop_prefetches`): where that is a few registers, the
+// next tile's K and V are loaded while this tile computes (held in registers, written to
+// workgroup memory at the next tile); else each is loaded when it is staged.
 // The registers that hold them (one, unused, without PREFETCH).
 const PF_LEN: u32 = select(1u, KV_PER, PREFETCH);
 

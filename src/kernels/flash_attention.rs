@@ -109,13 +109,17 @@ pub const COOP_KEYS: u32 = 64;
 /// queries at 3584: 2,313 / 2,122 / 2,083 / 1,840 µs in 1 / 2 / 3 / 4; pp4096 4,591 / 4,704 /
 /// 4,742 / 4,866 tok/s).
 pub const SPLIT_TARGET_WORKGROUPS: u32 = 2048;
-/// Heads of more dimensions than this split: the cooperative kernel stages their K and V
-/// tiles without loading ahead, so more workgroups in flight hide the loads (run 173 on an
-/// H200: Llama-7B's heads, 512 queries at position 3584, 2,369 -> 2,170 µs in 2 splits; pp4096
-/// 4,534 -> 4,652 tok/s). TinyLlama's 64-dimension heads, whose next tiles are loaded during
-/// this one's, ran slower split (175 -> 213 µs in 4; run 176: 170 / 187 / 200 / 207 µs in 1-4,
-/// pp4096 34,410 / 34,285 -> 34,119 / 34,158 in 2).
-pub const SPLIT_MIN_HEAD_DIM: u32 = 65;
+/// Whether the cooperative kernel loads the next tile's K and V while this one computes (its
+/// PREFETCH): where an invocation's share of a tile is at most 8 vec4s (64-dimension heads;
+/// holding 128-dimension heads' 32 cost Llama-7B 14% of pp512 on an H200, run 118). Only the
+/// kernels that stage each tile without loading ahead split their keys: more workgroups in
+/// flight hide those loads (run 173: Llama-7B's heads, 512 queries at position 3584, 2,369 ->
+/// 2,170 µs in 2 splits; pp4096 4,534 -> 4,652 tok/s), while TinyLlama's 64-dimension heads,
+/// loading ahead, ran slower split (175 -> 213 µs in 4; run 176: 170 / 187 / 200 / 207 µs in
+/// 1-4, pp4096 34,410 / 34,285 -> 34,119 / 34,158 in 2).
+pub fn coop_prefetches(head_dim: u32) -> bool {
+    COOP_KEYS * head_dim / 4 / (2 * coop_rows(head_dim)) <= 8
+}
 /// Keys a split takes at least: shorter contexts are not split.
 pub const SPLIT_MIN_KEYS: u32 = 512;
 /// Splits at most.
@@ -139,7 +143,7 @@ pub fn split_room(kv: KvKind, shape: &AttnShape, ubatch: u32, caps: &crate::gpu:
 }
 
 /// Into how many workgroups a one-sequence flash attention of `m` queries at `pos0` splits
-/// each row tile's keys: for heads of `SPLIT_MIN_HEAD_DIM` dimensions and more, where the row
+/// each row tile's keys: where the kernel does not load ahead (`coop_prefetches`), the row
 /// tiles' workgroups are fewer than the GPU holds and the context is long (a long prompt's
 /// later steps), within `room` bytes of partial outputs; `KILN_FLASH_SPLIT=N` forces N (1: no
 /// split).
@@ -147,7 +151,7 @@ pub fn split_of(shape: &AttnShape, m: u32, pos0: u32, tile_rows: u32, room: u64)
     let workgroups = (m * shape.group()).div_ceil(tile_rows) * shape.n_kv_head;
     let wanted = match crate::config::flash_split() {
         Some(n) => n,
-        None if shape.head_dim < SPLIT_MIN_HEAD_DIM => 1,
+        None if coop_prefetches(shape.head_dim) => 1,
         None => SPLIT_TARGET_WORKGROUPS.div_ceil(workgroups).min((pos0 + m) / SPLIT_MIN_KEYS).min(SPLIT_MAX),
     };
     wanted.min((room / split_bytes(shape, m, 1).max(1)) as u32).max(1)

@@ -586,6 +586,7 @@ impl KernelKey {
                     .const_u32("BM", 16 * nsg)
                     .const_u32("BK", flash_attention::COOP_KEYS)
                     .const_u32("D", d)
+                    .const_bool("PREFETCH", flash_attention::coop_prefetches(d))
                     .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
                     .include("flash_attention_coop.wgsl")
