@@ -51,6 +51,12 @@ fn gpu_time(ctx: &GpuContext, timer: &mut PassTimer, ds: &[Dispatch], iters: u64
     Duration::from_secs_f64(t[0].1 * 1e-9)
 }
 
+/// The time of `iters` calls, from that of ceil(iters / copies) rounds over `copies` copies.
+fn per_call(t: Duration, iters: u64, copies: usize) -> Duration {
+    let calls = iters.div_ceil(copies as u64) * copies as u64;
+    t.mul_f64(iters as f64 / calls as f64)
+}
+
 fn benches(c: &mut Criterion) {
     let ctx = GpuContext::new(&ContextOptions::from_env().expect("env")).expect("GPU");
     eprintln!("bench adapter: {}  caps {:?}", ctx.describe(), ctx.caps);
@@ -171,14 +177,26 @@ fn benches(c: &mut Criterion) {
         });
         let shapes =
             custom.clone().unwrap_or(vec![(2048, 2048), (256, 2048), (5632, 2048), (2048, 5632), (32000, 2048)]);
-        let formats = if custom.is_some() {
+        // KILN_BENCH_DECODE_FORMATS=F16,Q4_K,...: these formats with the custom shapes.
+        let listed: Option<Vec<WeightFormat>> = std::env::var("KILN_BENCH_DECODE_FORMATS")
+            .ok()
+            .map(|v| WeightFormat::ALL.into_iter().filter(|f| v.split(',').any(|n| n.trim() == f.name())).collect());
+        let formats = if let Some(listed) = listed {
+            listed
+        } else if custom.is_some() {
             vec![WeightFormat::Q4K, WeightFormat::Q6K]
         } else {
             vec![WeightFormat::Q4K, WeightFormat::Q6K, WeightFormat::Q8_0, WeightFormat::F16]
         };
         for format in formats {
             for &(n, k) in &shapes {
-                let w = weights(&ctx, format, n, k);
+                // With the custom shapes, copies of the matrix enough to fill 192 MiB, read in
+                // turn, so that each GEMV reads its weights from memory as a decode step does,
+                // not from the last call's cache (an H200's L2 holds 50 MB: a TinyLlama matrix
+                // read again and again ran up to twice as fast as in the model).
+                let bytes = format.tensor_bytes(n, k).unwrap();
+                let copies = if custom.is_some() { (192usize << 20).div_ceil(bytes).clamp(1, 32) } else { 1 };
+                let ws: Vec<WeightTensor> = (0..copies).map(|_| weights(&ctx, format, n, k)).collect();
                 let x = ctx.upload_f32(&vec![0.01f32; 512 * k], "x").unwrap();
                 let y = ctx.storage((512 * n * 4) as u64, "y").unwrap();
                 g.throughput(Throughput::Bytes(format.tensor_bytes(n, k).unwrap() as u64));
@@ -196,6 +214,26 @@ fn benches(c: &mut Criterion) {
                 if custom.is_some() {
                     let ncaps = kiln::gpu::Caps { int8_dot: false, ..ctx.caps };
                     plans = vec![(1, plan_matmul(1, n as u32, k as u32, format, &ncaps))];
+                    // The float GEMV's shapes over one column, grouped ones included.
+                    // KILN_BENCH_GEMV_FLOAT=<wg>x<rows>x<groups>,...: these shapes instead.
+                    let float_shapes: Vec<GemvShape> = match std::env::var("KILN_BENCH_GEMV_FLOAT") {
+                        Ok(v) => v
+                            .split(',')
+                            .filter_map(|s| {
+                                let d: Vec<u32> = s.trim().split('x').filter_map(|d| d.parse().ok()).collect();
+                                (d.len() == 3).then(|| GemvShape::grouped(d[0], d[1], d[2]))
+                            })
+                            .collect(),
+                        Err(_) => [(128, 2, 1), (256, 2, 1), (64, 4, 1), (128, 4, 1)]
+                            .map(|(wg, rows, groups)| GemvShape::grouped(wg, rows, groups))
+                            .to_vec(),
+                    };
+                    for shape in float_shapes {
+                        let kernel = MatmulKernel::Gemv { ncols: 1, shape, q8: false };
+                        if !plans.iter().any(|(_, p)| *p == kernel) {
+                            plans.push((1, kernel));
+                        }
+                    }
                     if format.is_quantized() {
                         for (wg, rows) in [(32, 4), (64, 4), (128, 2), (256, 2)] {
                             let shape = GemvShape::new(wg, rows);
@@ -220,18 +258,32 @@ fn benches(c: &mut Criterion) {
                 let norm_w = ctx.upload_f32(&vec![1.0f32; k], "norm").unwrap();
                 let fused = std::env::var("KILN_BENCH_DECODE_NORM").as_deref() == Ok("1");
                 for (m, plan) in plans {
-                    let mm = Matmul { norm: fused.then_some((&norm_w, 1e-5)), ..Matmul::dense(&w, &x, &y, m) };
-                    let ds = matmul::prepare_with(&ctx, &mm, plan, "decode").unwrap();
+                    let per_copy: Vec<Vec<Dispatch>> = ws
+                        .iter()
+                        .map(|w| {
+                            let mm = Matmul { norm: fused.then_some((&norm_w, 1e-5)), ..Matmul::dense(w, &x, &y, m) };
+                            matmul::prepare_with(&ctx, &mm, plan, "decode").unwrap()
+                        })
+                        .collect();
+                    let ds: Vec<Dispatch> = per_copy.iter().flatten().cloned().collect();
                     let tag = if fused { "+norm" } else { "" };
                     g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}{tag}", format.name()), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                        b.iter_custom(|iters| {
+                            per_call(gpu_time(&ctx, &mut timer, &ds, iters.div_ceil(copies as u64)), iters, copies)
+                        })
                     });
                     // The int8 GEMV without its quantize dispatch: what it would cost where its
                     // input arrives quantized (or each workgroup quantizes it itself).
-                    if custom.is_some() && ds.len() > 1 {
-                        let alone = &ds[ds.len() - 1..];
+                    if custom.is_some() && per_copy[0].len() > 1 {
+                        let alone: Vec<Dispatch> = per_copy.iter().map(|d| d[d.len() - 1].clone()).collect();
                         g.bench_function(format!("{}/{n}x{k}/m{m}/{plan}{tag}/alone", format.name()), |b| {
-                            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, alone, iters))
+                            b.iter_custom(|iters| {
+                                per_call(
+                                    gpu_time(&ctx, &mut timer, &alone, iters.div_ceil(copies as u64)),
+                                    iters,
+                                    copies,
+                                )
+                            })
                         });
                     }
                 }

@@ -444,6 +444,7 @@ impl Bound {
 }
 
 /// A recorded-once kernel launch: pipeline, bind group, grid and a stage name for profiles.
+#[derive(Clone)]
 pub struct Dispatch {
     pub label: &'static str,
     pub pipeline: std::sync::Arc<wgpu::ComputePipeline>,
