@@ -213,6 +213,38 @@ pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
     })
 }
 
+/// `KILN_GEMV_FLOAT=[<n>x<k>=]<wg>x<rows>x<groups>,...`: the float GEMV's shape over one
+/// column (decode steps), for matrices of n rows of k (or every matrix, without `<n>x<k>=`);
+/// a knob for measurements. The first entry that applies wins; `None` where none does.
+pub fn gemv_float_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
+    type Rule = (Option<(u32, u32)>, crate::plan::GemvShape);
+    static RULES: std::sync::OnceLock<Vec<Rule>> = std::sync::OnceLock::new();
+    let dims = |s: &str| -> Vec<u32> { s.trim().split('x').filter_map(|d| d.parse().ok()).collect() };
+    let rules = RULES.get_or_init(|| {
+        let Ok(v) = std::env::var("KILN_GEMV_FLOAT") else { return Vec::new() };
+        v.split(',')
+            .filter_map(|rule| {
+                let (matrix, shape) = match rule.split_once('=') {
+                    Some((m, s)) => (Some(dims(m)), dims(s)),
+                    None => (None, dims(rule)),
+                };
+                let matrix = match matrix.as_deref() {
+                    None => None,
+                    Some(&[n, k]) => Some((n, k)),
+                    Some(_) => return None,
+                };
+                match shape[..] {
+                    [wg, rows, groups] if groups >= 1 && wg % groups == 0 && rows >= 1 => {
+                        Some((matrix, crate::plan::GemvShape::grouped(wg, rows, groups)))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    });
+    rules.iter().find(|(m, _)| m.is_none_or(|m| m == (n, k))).map(|&(_, shape)| shape)
+}
+
 /// `KILN_GEMV_Q8_SWIGLU=off|on|<wg>x<rows>x<groups>`: whether one-token decode steps run the
 /// gate/up projection with the int8 SwiGLU epilogue, and its shape (`on`: the planner's,
 /// `plan::GEMV_Q8_SWIGLU`; a knob for measurements). `None` where unset or unreadable.

@@ -383,6 +383,16 @@ pub const COOP_WIDE_MIN_M: u32 = 256;
 pub const COOP_WIDE_MIN_N: u32 = 512;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 
+/// Rows from which the float GEMV over one column (decode) takes `GEMV_FLOAT_MANY_ROWS_SHAPE`:
+/// 4 groups of 64 invocations, each its own 4 rows, so that a workgroup's fused RMSNorm and
+/// x slices serve 16 rows instead of 2. Below it, 128 invocations on 2 rows, or 256 on 2 for
+/// rows of 4,096 weights and more (fewer passes along the row per invocation). H200, TinyLlama
+/// F16 tg128 with one matrix's shape changed at a time (run 185, alternated twice): gate/up
+/// (11,264 x 2,048) 811 -> 876-880 tok/s, down (2,048 x 5,632) 811 -> 831-835, the LM head
+/// 811 -> 813-815; the Q/K/V and output projections' 2,048-2,560 rows stayed best on 128 x 2.
+pub const GEMV_FLOAT_MANY_ROWS: u32 = 8192;
+pub const GEMV_FLOAT_MANY_ROWS_SHAPE: GemvShape = GemvShape::grouped(256, 4, 4);
+
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
 /// SwiGLU in front) gets the same choice: the int8 GEMV applies it in its quantize dispatch
 /// (Llama-7B Q4_K_M decode on an H200: 141 t/s with fused inputs on the float GEMV, 211
@@ -398,9 +408,13 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         } else if n <= 512 {
             // K/V projections of GQA models: 256 invocations on 2 rows, the most parallel reduction.
             GemvShape::new(256, 2)
+        } else if n >= GEMV_FLOAT_MANY_ROWS && m == 1 {
+            GEMV_FLOAT_MANY_ROWS_SHAPE
         } else if n >= 16384 {
-            // The LM head: enough rows to fill the GPU either way; 4 rows per workgroup reuse x best.
+            // The LM head over several columns: 4 rows per workgroup reuse x best.
             GemvShape::new(128, 4)
+        } else if k >= 4096 && m == 1 {
+            GemvShape::new(256, 2)
         } else {
             GemvShape::new(128, 2)
         };
@@ -420,6 +434,7 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
         let shape = match (q8, n >= 8192 || many_cols) {
             (true, true) => GemvShape::new(64, 4),
             (true, false) => GemvShape::new(128, 2),
+            (false, _) if m == 1 => crate::config::gemv_float_from_env(n, k).unwrap_or(shape),
             (false, _) => shape,
         };
         // From 3 columns, the grouped shape, up to 8 columns a workgroup.
@@ -668,13 +683,20 @@ mod tests {
     #[test]
     fn small_matrices_get_more_workgroups() {
         let c = gpu();
-        let gemv = |n| match plan_matmul(1, n, 2048, WeightFormat::Q4K, &c) {
-            MatmulKernel::Gemv { shape, .. } => (shape.wg, shape.rows),
+        let shape = |m, n, k, format| match plan_matmul(m, n, k, format, &c) {
+            MatmulKernel::Gemv { shape, .. } => (shape.wg, shape.rows, shape.groups),
             k => panic!("{k}"),
         };
-        assert_eq!(gemv(256), (256, 2));
-        assert_eq!(gemv(2048), (128, 2));
-        assert_eq!(gemv(32000), (128, 4));
+        let gemv = |n| shape(1, n, 2048, WeightFormat::Q4K);
+        assert_eq!(gemv(256), (256, 2, 1));
+        assert_eq!(gemv(2048), (128, 2, 1));
+        // Many rows over one column: row groups; over several, 4 rows a workgroup.
+        assert_eq!(gemv(32000), (256, 4, 4));
+        assert_eq!(shape(1, 11264, 2048, WeightFormat::F16), (256, 4, 4));
+        assert_eq!(shape(3, 32000, 2048, WeightFormat::Q4K), (128, 4, 1));
+        // Long rows: 256 invocations along them.
+        assert_eq!(shape(1, 2048, 5632, WeightFormat::F16), (256, 2, 1));
+        assert_eq!(shape(2, 2048, 5632, WeightFormat::F16), (128, 2, 1));
         let gemm = |m, n| match plan_matmul(m, n, 2048, WeightFormat::Q4K, &c) {
             MatmulKernel::Gemm { tile } => tile,
             k => panic!("{k}"),

@@ -80,12 +80,17 @@ fn gemv_every_format() {
                 (8, GemvShape::new(128, 2)),
                 // Three groups of 8 columns (workgroup_id.z), the last ragged.
                 (19, GemvShape::new(64, 4)),
+                // One column on 4 groups of 16 invocations, each its own 2 rows: 8 rows a
+                // workgroup, the last of 37 ragged.
+                (1, GemvShape::grouped(64, 2, 4)),
             ] {
                 let k = k_for(format, 3, 171);
                 let n = 37;
                 let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_GROUP_COLS), shape, q8: false };
                 let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, m == 3, m >= 8, None));
+                let grouped = shape.groups > 1;
+                let (bias, accumulate) = (m == 3 || grouped, m >= 8 || grouped);
+                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, bias, accumulate, None));
             }
         }
     }
@@ -250,12 +255,14 @@ fn gemv_with_fused_rms_norm() {
     for g in gpus() {
         for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
             let (n, k) = (45usize, k_for(format, 2, 96));
-            for m in [1usize, 3, 10] {
+            // m = 1 also on row groups (4 of 32 invocations, 4 rows each), as decode runs it.
+            let grouped = MatmulKernel::Gemv { ncols: 1, shape: GemvShape::grouped(128, 4, 4), q8: false };
+            for (m, kernel) in [(1usize, gemv(1, false)), (3, gemv(3, false)), (10, gemv(10, false)), (1, grouped)] {
                 let c = case(format, n, k, m, 77);
                 let input = Input::Norm { gamma: randn(&mut rng(5), k, 1.0), eps: 1e-5 };
-                let run = Run { input, ..Run::plain(gemv(m, false), false, false) };
+                let run = Run { input, ..Run::plain(kernel, false, false) };
                 let (got, want, _) = run_one(&g.ctx, &c, &run);
-                assert_close(&format!("[{}] gemv+norm {} m={m}", g.name, format.name()), &got, &want, TOL);
+                assert_close(&format!("[{}] gemv+norm {} m={m} {kernel}", g.name, format.name()), &got, &want, TOL);
             }
         }
     }
@@ -378,6 +385,11 @@ fn fused_epilogues_match_reference() {
                 ("gemv m=1", 1, gemv(1, 64, 4, false)),
                 ("gemv m=3", 3, gemv(3, 128, 2, false)),
                 ("gemv groups of 8, m=11", 11, gemv(8, 64, 4, false)),
+                (
+                    "gemv row groups m=1",
+                    1,
+                    MatmulKernel::Gemv { ncols: 1, shape: GemvShape::grouped(128, 2, 4), q8: false },
+                ),
                 ("gemm m=13", 13, MatmulKernel::Gemm { tile: GemmTile::T32 }),
                 ("gemm 128x64 m=70", 70, MatmulKernel::Gemm { tile: GemmTile::T128x64 }),
             ];

@@ -2,15 +2,61 @@
 // NCOLS columns per workgroup (common/matmul_params.wgsl's col0),
 // one body for every weight format (the format file supplies the unit functions). Each
 // workgroup owns ROWS rows of one weight chunk; its invocations stride over the row's units.
+// One column (decode) may also take ROW_GROUPS > 1 groups of K_LANES invocations
+// (common/gemv_output.wgsl), each group its own ROWS rows: more rows a workgroup, so that its
+// x slices and fused RMSNorm are loaded and reduced once for many rows, not for two.
 // Parameters: common/matmul_params.wgsl; input (fused RMSNorm, SwiGLU): common/gemv_input.wgsl;
 // output and the final reduction: common/gemv_output.wgsl.
 
-var<workgroup> partial: array<f32, ROWS * NCOLS * LANE_GROUPS_MAX>;
+var<workgroup> partial: array<f32, PARTIALS>;
+const_assert ((GROUPED == 0u || NCOLS == 1u) && PARTIALS >= NCOLS * LANE_GROUPS_MAX);
+
+// One unit's slices of the (one) column of x: chunk 0 and, for two-chunk units, chunk 1, with
+// their sums (for the chunks' offsets).
+struct XUnit {
+    x0l: vec4<f32>,
+    x0h: vec4<f32>,
+    x1l: vec4<f32>,
+    x1h: vec4<f32>,
+    s0: f32,
+    s1: f32,
+}
+
+fn x_unit(xr: u32, u: u32) -> XUnit {
+    var x: XUnit;
+    let c0 = unit_chunk(u, 0u);
+    x.x0l = load_in(xr, c0, 0u, 1.0);
+    x.x0h = load_in(xr, c0, 1u, 1.0);
+    x.s0 = dot(x.x0l + x.x0h, vec4<f32>(1.0));
+    if (UNIT_CHUNKS == 2u) {
+        let c1 = unit_chunk(u, 1u);
+        x.x1l = load_in(xr, c1, 0u, 1.0);
+        x.x1h = load_in(xr, c1, 1u, 1.0);
+        x.s1 = dot(x.x1l + x.x1h, vec4<f32>(1.0));
+    }
+    return x;
+}
+
+// Row `row`'s products with unit u: its header unpacked once for its one or two chunks.
+fn unit_dot(row: u32, u: u32, x: XUnit) -> f32 {
+    let h = unit_header(row, u, p.k);
+    let ch0 = unit_decode(h, 0u);
+    var t = ch0.scale * (dot(ch0.lo, x.x0l) + dot(ch0.hi, x.x0h)) + ch0.offset * x.s0;
+    if (UNIT_CHUNKS == 2u) {
+        let ch1 = unit_decode(h, 1u);
+        t += ch1.scale * (dot(ch1.lo, x.x1l) + dot(ch1.hi, x.x1h)) + ch1.offset * x.s1;
+    }
+    return t;
+}
+
+// write_group_rows' hooks: nothing more to do with the row pairs here.
+fn keep_pair(i: u32, row: u32, inside: bool, t0: f32, t1: f32) {}
+fn pairs_kept(row0: u32, lane: Lane) {}
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     col0 = wid.z * NCOLS;
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS;
     let n_units = unit_count(p.k);
     var acc: array<f32, ROWS * NCOLS>;
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
@@ -24,42 +70,16 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         // Consecutive invocations take consecutive units of the row, so reads coalesce; each
         // unit's header (scales) is unpacked once for its one or two chunks, and its slice of x
         // is loaded once for all ROWS rows. Chunks are held in named variables, not arrays
-        // indexed by a loop counter, which drivers may move to slow local memory.
-        for (var u = lane.lid; u < n_units; u += WG) {
-            let c0 = unit_chunk(u, 0u);
-            let c1 = unit_chunk(u, 1u);
-            var x0l: array<vec4<f32>, NCOLS>;
-            var x0h: array<vec4<f32>, NCOLS>;
-            var x1l: array<vec4<f32>, NCOLS>;
-            var x1h: array<vec4<f32>, NCOLS>;
-            var s0: array<f32, NCOLS>;
-            var s1: array<f32, NCOLS>;
-            for (var m = 0u; m < NCOLS; m++) {
-                let xr = min(col0 + m, p.n_cols - 1u) * (p.x_stride / 4u);
-                x0l[m] = load_in(xr, c0, 0u, 1.0);
-                x0h[m] = load_in(xr, c0, 1u, 1.0);
-                s0[m] = dot(x0l[m] + x0h[m], vec4<f32>(1.0));
-                if (UNIT_CHUNKS == 2u) {
-                    x1l[m] = load_in(xr, c1, 0u, 1.0);
-                    x1h[m] = load_in(xr, c1, 1u, 1.0);
-                    s1[m] = dot(x1l[m] + x1h[m], vec4<f32>(1.0));
-                }
-            }
+        // indexed by a loop counter, which drivers may move to slow local memory. Grouped:
+        // group g's lanes stride over its rows' units.
+        let grow0 = row0 + (lane.lid / K_LANES) * ROWS;
+        let xr = min(col0, p.n_cols - 1u) * (p.x_stride / 4u);
+        for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
+            let xu = x_unit(xr, u);
             for (var r = 0u; r < ROWS; r++) {
-                let row = row0 + r;
-                if (row < p.n_rows) {
-                    let h = unit_header(row, u, p.k);
-                    let ch0 = unit_decode(h, 0u);
-                    for (var m = 0u; m < NCOLS; m++) {
-                        acc[r * NCOLS + m] += ch0.scale * (dot(ch0.lo, x0l[m]) + dot(ch0.hi, x0h[m])) + ch0.offset * s0[m];
-                    }
-                    if (UNIT_CHUNKS == 2u) {
-                        let ch1 = unit_decode(h, 1u);
-                        for (var m = 0u; m < NCOLS; m++) {
-                            acc[r * NCOLS + m] += ch1.scale * (dot(ch1.lo, x1l[m]) + dot(ch1.hi, x1h[m])) + ch1.offset * s1[m];
-                        }
-                    }
-                }
+                // Rows past the matrix's end (in its last workgroup) read its last row again,
+                // so that no load waits behind a branch; their sums are never stored.
+                acc[r] += unit_dot(min(grow0 + r, p.n_rows - 1u), u, xu);
             }
         }
     } else {
@@ -110,6 +130,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     if (NORM) {
         let rms = row_inv_rms(lane);
         for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= rms[i % NCOLS]; }
+    }
+    if (ROW_GROUPS > 1u) {
+        write_group_rows(acc, row0, lane);
+        return;
     }
     write_rows(acc, row0, lane);
 }

@@ -11,21 +11,15 @@
 // vec4s: common/weights_vec4.wgsl), so that one load instruction of a subgroup reads whole
 // cache lines. The format file supplies dot_unit_count, dot_unit_half (which 16 x values
 // part j of a unit multiplies), dot_header and dot_part; parameters:
-// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl (the
-// grouped shape's own: write_group_rows below).
+// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl
+// (write_rows, or the grouped shape's write_group_rows).
 
-// ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES,
-// each group its own ROWS rows, each invocation a K_LANES-th of their units; for many
+// ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES
+// (common/gemv_output.wgsl), each group its own ROWS rows; for many
 // columns (batched decode steps, short prompts), where every invocation holds the partial sums
 // of all NCOLS columns and a whole-workgroup reduction per output would cost more than the dot
 // products (see `main_grouped`). ROW_GROUPS 1: every invocation along K of the same rows.
-const K_LANES: u32 = WG / ROW_GROUPS;
-const GROUP_OUTS: u32 = ROW_GROUPS * ROWS * NCOLS;
-const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else 0
-// The reduction's workgroup memory: one slot per lane group and output (write_rows), or, grouped,
-// one per lane of a group and output, padded by one per lane so the lanes' stores spread
-// over banks (write_group_rows).
-var<workgroup> partial: array<f32, (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_MAX + GROUPED * K_LANES * (GROUP_OUTS + 1u)>;
+var<workgroup> partial: array<f32, PARTIALS>;
 // EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs ([output][column]), quantized by blocks of 32
 // once all are in (write_group_rows); Q8_OUT_BLOCKS blocks a column.
 var<workgroup> acts: array<f32, GROUP_OUTS / 2u + 1u>;
@@ -94,42 +88,19 @@ fn main_grouped(lane: Lane, row0: u32) {
     write_group_rows(acc, row0, lane);
 }
 
-// Adds up the K_LANES lanes' sums of each of the workgroup's ROW_GROUPS x ROWS rows and NCOLS
-// columns through workgroup memory (one barrier) and writes them as write_rows does.
-// Output o = row * NCOLS + m (row within the workgroup); lane j of a group stores its sums at
-// j (GROUP_OUTS + 1) + o, so the readers (one output each) read consecutive words.
-fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
-    let g = lane.lid / K_LANES;
-    let base = (lane.lid % K_LANES) * (GROUP_OUTS + 1u) + g * ROWS * NCOLS;
-    for (var i = 0u; i < ROWS * NCOLS; i++) { partial[base + i] = acc[i]; }
-    workgroupBarrier();
-    if (EPI != EPI_PLAIN) {
-        // Pairs of rows (ROWS is even, row0 too) through the epilogue.
-        for (var i = lane.lid; i < GROUP_OUTS / 2u; i += WG) {
-            let r = 2u * (i / NCOLS);
-            let m = i % NCOLS;
-            var t0 = 0.0;
-            var t1 = 0.0;
-            for (var j = 0u; j < K_LANES; j++) {
-                t0 += partial[j * (GROUP_OUTS + 1u) + r * NCOLS + m];
-                t1 += partial[j * (GROUP_OUTS + 1u) + (r + 1u) * NCOLS + m];
-            }
-            let inside = col0 + m < p.n_cols && row0 + r < p.n_rows;
-            if (inside) { store_pair(col0 + m, row0 + r, t0, t1); }
-            if (EPI == EPI_SWIGLU_Q8) {
-                var v = 0.0;
-                if (inside) { v = swiglu_pair(p.row_offset + row0 + r, t0, t1); }
-                acts[i] = v;
-            }
-        }
-        if (EPI == EPI_SWIGLU_Q8) { quantize_outputs(row0, lane); }
-        return;
+// The grouped reduction's hooks (common/gemv_output.wgsl, write_group_rows): with the int8
+// SwiGLU epilogue, each row pair's SwiGLU output is kept in acts, and once all are in, the
+// workgroup quantizes them.
+fn keep_pair(i: u32, row: u32, inside: bool, t0: f32, t1: f32) {
+    if (EPI == EPI_SWIGLU_Q8) {
+        var v = 0.0;
+        if (inside) { v = swiglu_pair(p.row_offset + row, t0, t1); }
+        acts[i] = v;
     }
-    for (var o = lane.lid; o < GROUP_OUTS; o += WG) {
-        var total = 0.0;
-        for (var j = 0u; j < K_LANES; j++) { total += partial[j * (GROUP_OUTS + 1u) + o]; }
-        write_one(col0 + o % NCOLS, row0 + o / NCOLS, total);
-    }
+}
+
+fn pairs_kept(row0: u32, lane: Lane) {
+    if (EPI == EPI_SWIGLU_Q8) { quantize_outputs(row0, lane); }
 }
 
 // EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs (in acts) quantized block by block into the

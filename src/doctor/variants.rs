@@ -115,14 +115,15 @@ mod tests {
     #[test]
     fn gpus_get_every_launch_shape_int8_and_matrix_cores_where_offered() {
         let plain = planned_matmuls(WeightFormat::Q4K, &gpu());
-        let gemv_shapes: Vec<(u32, u32)> = plain
+        let gemv_shapes: Vec<(u32, u32, u32)> = plain
             .iter()
             .filter_map(|k| match k {
-                MatmulKernel::Gemv { ncols: 1, shape, .. } => Some((shape.wg, shape.rows)),
+                MatmulKernel::Gemv { ncols: 1, shape, .. } => Some((shape.wg, shape.rows, shape.groups)),
                 _ => None,
             })
             .collect();
-        assert_eq!(gemv_shapes, vec![(128, 2), (128, 4), (256, 2)]);
+        // One column: 128 x 2, 256 x 2 (few rows, long rows) and row groups (many rows).
+        assert_eq!(gemv_shapes, vec![(128, 2, 1), (256, 2, 1), (256, 4, 4)]);
         assert_eq!(plain.iter().filter(|k| matches!(k, MatmulKernel::Gemv { .. })).count(), 24);
         let tiles: Vec<GemmTile> = plain
             .iter()

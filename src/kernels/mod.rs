@@ -439,10 +439,10 @@ impl KernelKey {
                         format!("the int8 SwiGLU epilogue needs the int8 GEMV's workgroups over whole blocks of 32 outputs, not {wg}x{rows}x{groups}"),
                     ));
                 }
-                if groups == 0 || (groups > 1 && !q8) || wg % groups as u16 != 0 {
+                if groups == 0 || (groups > 1 && !q8 && ncols != 1) || wg % groups as u16 != 0 {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
-                        format!("GEMV row groups: {groups} of {wg} invocations (the int8 GEMV only, a divisor of its workgroup)"),
+                        format!("GEMV row groups: {groups} of {wg} invocations (a divisor of its workgroup; the float GEMV's over one column only)"),
                     ));
                 }
                 let c = c

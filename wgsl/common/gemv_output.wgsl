@@ -1,10 +1,20 @@
 // The output side of both GEMV bodies (gemv.wgsl, gemv_q8.wgsl): Y, the bias, and the
 // reduction of every lane's partial sums (columns col0 + 0 .. NCOLS - 1); the values go out
 // through common/matmul_epilogue.wgsl (write_one, or store_pair for the other epilogues).
-// Header constants: WG, ROWS, NCOLS, EPI; the including body declares `partial` (workgroup
-// f32s, at least ROWS * NCOLS * LANE_GROUPS_MAX).
+// Header constants: WG, ROWS, NCOLS, ROW_GROUPS, EPI; the including body declares `partial`
+// (workgroup f32s, at least PARTIALS) and, for write_group_rows, keep_pair and pairs_kept.
 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+// ROW_GROUPS > 1: the invocations split into ROW_GROUPS groups of K_LANES, each group its own
+// ROWS rows, each invocation a K_LANES-th of their units (write_group_rows adds them up).
+const K_LANES: u32 = WG / ROW_GROUPS;
+const GROUP_OUTS: u32 = ROW_GROUPS * ROWS * NCOLS;
+const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else 0
+// The reduction's workgroup memory: one slot per lane group and output (write_rows), or, grouped,
+// one per lane of a group and output, padded by one per lane so the lanes' stores spread
+// over banks (write_group_rows).
+const PARTIALS: u32 = (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_MAX + GROUPED * K_LANES * (GROUP_OUTS + 1u);
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 // Adds up every lane's ROWS x NCOLS partial sums with a single barrier and writes the
@@ -34,5 +44,40 @@ fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
         var total = 0.0;
         for (var g = 0u; g < lane_groups(lane); g++) { total += partial[i * LANE_GROUPS_MAX + g]; }
         write_one(col0 + i % NCOLS, row0 + i / NCOLS, total);
+    }
+}
+
+// Adds up the K_LANES lanes' sums of each of the workgroup's ROW_GROUPS x ROWS rows and NCOLS
+// columns through workgroup memory (one barrier) and writes them as write_rows does.
+// Output o = row * NCOLS + m (row within the workgroup); lane j of a group stores its sums at
+// j (GROUP_OUTS + 1) + o, so the readers (one output each) read consecutive words. Each row
+// pair through the epilogue is also handed to the body's keep_pair, and pairs_kept follows.
+fn write_group_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {
+    let g = lane.lid / K_LANES;
+    let base = (lane.lid % K_LANES) * (GROUP_OUTS + 1u) + g * ROWS * NCOLS;
+    for (var i = 0u; i < ROWS * NCOLS; i++) { partial[base + i] = acc[i]; }
+    workgroupBarrier();
+    if (EPI != EPI_PLAIN) {
+        // Pairs of rows (ROWS is even, row0 too) through the epilogue.
+        for (var i = lane.lid; i < GROUP_OUTS / 2u; i += WG) {
+            let r = 2u * (i / NCOLS);
+            let m = i % NCOLS;
+            var t0 = 0.0;
+            var t1 = 0.0;
+            for (var j = 0u; j < K_LANES; j++) {
+                t0 += partial[j * (GROUP_OUTS + 1u) + r * NCOLS + m];
+                t1 += partial[j * (GROUP_OUTS + 1u) + (r + 1u) * NCOLS + m];
+            }
+            let inside = col0 + m < p.n_cols && row0 + r < p.n_rows;
+            if (inside) { store_pair(col0 + m, row0 + r, t0, t1); }
+            keep_pair(i, row0 + r, inside, t0, t1);
+        }
+        pairs_kept(row0, lane);
+        return;
+    }
+    for (var o = lane.lid; o < GROUP_OUTS; o += WG) {
+        var total = 0.0;
+        for (var j = 0u; j < K_LANES; j++) { total += partial[j * (GROUP_OUTS + 1u) + o]; }
+        write_one(col0 + o % NCOLS, row0 + o / NCOLS, total);
     }
 }
