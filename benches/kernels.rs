@@ -235,7 +235,7 @@ fn benches(c: &mut Criterion) {
                         }
                     }
                     if format.is_quantized() {
-                        for (wg, rows) in [(32, 4), (64, 4), (128, 2), (256, 2)] {
+                        for (wg, rows) in [(32, 4), (64, 4), (128, 2), (256, 2), (128, 4), (256, 4)] {
                             let shape = GemvShape::new(wg, rows);
                             plans.push((1, MatmulKernel::Gemv { ncols: 1, shape, q8: true }));
                         }

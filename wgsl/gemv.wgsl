@@ -20,21 +20,41 @@ struct XUnit {
     x1h: vec4<f32>,
     s0: f32,
     s1: f32,
+    ss: f32,   // with the fused RMSNorm: the sum of the raw values' squares
 }
 
 fn x_unit(xr: u32, u: u32) -> XUnit {
     var x: XUnit;
     let c0 = unit_chunk(u, 0u);
-    x.x0l = load_in(xr, c0, 0u, 1.0);
-    x.x0h = load_in(xr, c0, 1u, 1.0);
+    let a0 = load_x(xr, c0, 0u);
+    let b0 = load_x(xr, c0, 1u);
+    x.x0l = input_of(a0, xr, c0, 0u, 1.0);
+    x.x0h = input_of(b0, xr, c0, 1u, 1.0);
     x.s0 = dot(x.x0l + x.x0h, vec4<f32>(1.0));
+    if (NORM) { x.ss = dot(a0, a0) + dot(b0, b0); }
     if (UNIT_CHUNKS == 2u) {
         let c1 = unit_chunk(u, 1u);
-        x.x1l = load_in(xr, c1, 0u, 1.0);
-        x.x1h = load_in(xr, c1, 1u, 1.0);
+        let a1 = load_x(xr, c1, 0u);
+        let b1 = load_x(xr, c1, 1u);
+        x.x1l = input_of(a1, xr, c1, 0u, 1.0);
+        x.x1h = input_of(b1, xr, c1, 1u, 1.0);
         x.s1 = dot(x.x1l + x.x1h, vec4<f32>(1.0));
+        if (NORM) { x.ss += dot(a1, a1) + dot(b1, b1); }
     }
     return x;
+}
+
+// One column's fused-RMSNorm factor 1 / rms from each invocation's sum of squares over the x
+// values it loaded: every group of invocations loads the whole row once, so the workgroup's
+// total is ROW_GROUPS times the row's. Uniform control flow: it has barriers.
+fn inv_rms_from(ss: f32, lane: Lane) -> f32 {
+    let s = group_sum(ss, lane);
+    if (lane_is_leader(lane)) { partial[lane_group(lane)] = s; }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var g = 0u; g < lane_groups(lane); g++) { total += partial[g]; }
+    workgroupBarrier();
+    return 1.0 / sqrt(total / f32(ROW_GROUPS * p.k) + p.eps);
 }
 
 // Row `row`'s products with unit u: its header unpacked once for its one or two chunks.
@@ -62,7 +82,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
     // The fused RMSNorm's 1 / rms scales each column's sums at the end (the products take
     // x times the norm weights, load_in's factor 1): the weights' loads need not wait for the
-    // row's reduction.
+    // row's reduction. Over one column, the sum of squares comes from the x values the loop
+    // loads anyway (ss), not from a pass of its own.
+    var ss = 0.0;
 
     if (NCOLS == 1u) {
         // One column (decode): x's slice loaded once per unit for all rows, each row decoded
@@ -76,6 +98,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         let xr = min(col0, p.n_cols - 1u) * (p.x_stride / 4u);
         for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
             let xu = x_unit(xr, u);
+            ss += xu.ss;
             for (var r = 0u; r < ROWS; r++) {
                 // Rows past the matrix's end (in its last workgroup) read its last row again,
                 // so that no load waits behind a branch; their sums are never stored.
@@ -127,7 +150,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
 
-    if (NORM) {
+    if (NORM && NCOLS == 1u) {
+        let inv = inv_rms_from(ss, lane);
+        for (var i = 0u; i < ROWS; i++) { acc[i] *= inv; }
+    } else if (NORM) {
         let rms = row_inv_rms(lane);
         for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= rms[i % NCOLS]; }
     }

@@ -31,7 +31,11 @@ fn norm_scale(c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
 // The GEMV's input values 8c + 4 part .. +3 of the x row at row_base (in vec4s): x itself,
 // RMS-normalized x (NORM), or silu(gate) * up (GLU).
 fn load_in(row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
-    let v = load_x(row_base, c, part);
+    return input_of(load_x(row_base, c, part), row_base, c, part, inv_rms);
+}
+
+// load_in's value from x's values v (load_x's).
+fn input_of(v: vec4<f32>, row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec4<f32> {
     if (GLU) {
         let k0 = c * 8u + part * 4u;
         if (k0 >= p.k) { return vec4<f32>(0.0); }
