@@ -58,6 +58,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             }
         }
     }
+    let xs = x_scale(lane);
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
     write_rows(acc, row0, lane);
 }
 
@@ -85,6 +87,8 @@ fn main_grouped(lane: Lane, row0: u32) {
             }
         }
     }
+    let xs = x_scale(lane);
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
     write_group_rows(acc, row0, lane);
 }
 

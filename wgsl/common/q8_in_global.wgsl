@@ -5,6 +5,9 @@
 // Nothing to prepare: the quantize dispatch before the GEMV did.
 fn prepare_x(lane: Lane) {}
 
+// The factor the sums take (common/q8_in_local.wgsl's may be the fused RMSNorm's): none here.
+fn x_scale(lane: Lane) -> f32 { return 1.0; }
+
 // Values 16 half .. 16 half + 15 of quantized x row m.
 fn x_half(m: u32, half: u32) -> XHalf {
     let i = (m * (p.k / 32u) + half / 2u) * 3u;
