@@ -11,60 +11,46 @@
 var<workgroup> partial: array<f32, PARTIALS>;
 const_assert ((GROUPED == 0u || NCOLS == 1u) && PARTIALS >= NCOLS * LANE_GROUPS_MAX);
 
-// One unit's slices of the (one) column of x: chunk 0 and, for two-chunk units, chunk 1, with
-// their sums (for the chunks' offsets).
+// One chunk (8 values) of the (one) column of x as the products take it (load_in's values:
+// the fused RMSNorm's weights applied, not yet its 1 / rms), their sum (for the chunk's
+// offset) and, with the fused RMSNorm, the raw values' sum of squares.
+struct XChunk {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    sum: f32,
+    ss: f32,
+}
+
+fn x_chunk(xr: u32, c: u32) -> XChunk {
+    let a = load_x(xr, c, 0u);
+    let b = load_x(xr, c, 1u);
+    var x = XChunk(input_of(a, xr, c, 0u, 1.0), input_of(b, xr, c, 1u, 1.0), 0.0, 0.0);
+    x.sum = dot(x.lo + x.hi, vec4<f32>(1.0));
+    if (NORM) { x.ss = dot(a, a) + dot(b, b); }
+    return x;
+}
+
+// A unit's chunks of x: chunk 0 and, for two-chunk units, chunk 1.
 struct XUnit {
-    x0l: vec4<f32>,
-    x0h: vec4<f32>,
-    x1l: vec4<f32>,
-    x1h: vec4<f32>,
-    s0: f32,
-    s1: f32,
-    ss: f32,   // with the fused RMSNorm: the sum of the raw values' squares
+    c0: XChunk,
+    c1: XChunk,
 }
 
 fn x_unit(xr: u32, u: u32) -> XUnit {
     var x: XUnit;
-    let c0 = unit_chunk(u, 0u);
-    let a0 = load_x(xr, c0, 0u);
-    let b0 = load_x(xr, c0, 1u);
-    x.x0l = input_of(a0, xr, c0, 0u, 1.0);
-    x.x0h = input_of(b0, xr, c0, 1u, 1.0);
-    x.s0 = dot(x.x0l + x.x0h, vec4<f32>(1.0));
-    if (NORM) { x.ss = dot(a0, a0) + dot(b0, b0); }
-    if (UNIT_CHUNKS == 2u) {
-        let c1 = unit_chunk(u, 1u);
-        let a1 = load_x(xr, c1, 0u);
-        let b1 = load_x(xr, c1, 1u);
-        x.x1l = input_of(a1, xr, c1, 0u, 1.0);
-        x.x1h = input_of(b1, xr, c1, 1u, 1.0);
-        x.s1 = dot(x.x1l + x.x1h, vec4<f32>(1.0));
-        if (NORM) { x.ss += dot(a1, a1) + dot(b1, b1); }
-    }
+    x.c0 = x_chunk(xr, unit_chunk(u, 0u));
+    if (UNIT_CHUNKS == 2u) { x.c1 = x_chunk(xr, unit_chunk(u, 1u)); }
     return x;
-}
-
-// One column's fused-RMSNorm factor 1 / rms from each invocation's sum of squares over the x
-// values it loaded: every group of invocations loads the whole row once, so the workgroup's
-// total is ROW_GROUPS times the row's. Uniform control flow: it has barriers.
-fn inv_rms_from(ss: f32, lane: Lane) -> f32 {
-    let s = group_sum(ss, lane);
-    if (lane_is_leader(lane)) { partial[lane_group(lane)] = s; }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var g = 0u; g < lane_groups(lane); g++) { total += partial[g]; }
-    workgroupBarrier();
-    return 1.0 / sqrt(total / f32(ROW_GROUPS * p.k) + p.eps);
 }
 
 // Row `row`'s products with unit u: its header unpacked once for its one or two chunks.
 fn unit_dot(row: u32, u: u32, x: XUnit) -> f32 {
     let h = unit_header(row, u, p.k);
     let ch0 = unit_decode(h, 0u);
-    var t = ch0.scale * (dot(ch0.lo, x.x0l) + dot(ch0.hi, x.x0h)) + ch0.offset * x.s0;
+    var t = ch0.scale * (dot(ch0.lo, x.c0.lo) + dot(ch0.hi, x.c0.hi)) + ch0.offset * x.c0.sum;
     if (UNIT_CHUNKS == 2u) {
         let ch1 = unit_decode(h, 1u);
-        t += ch1.scale * (dot(ch1.lo, x.x1l) + dot(ch1.hi, x.x1h)) + ch1.offset * x.s1;
+        t += ch1.scale * (dot(ch1.lo, x.c1.lo) + dot(ch1.hi, x.c1.hi)) + ch1.offset * x.c1.sum;
     }
     return t;
 }
@@ -98,7 +84,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         let xr = min(col0, p.n_cols - 1u) * (p.x_stride / 4u);
         for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
             let xu = x_unit(xr, u);
-            ss += xu.ss;
+            ss += xu.c0.ss + xu.c1.ss;
             for (var r = 0u; r < ROWS; r++) {
                 // Rows past the matrix's end (in its last workgroup) read its last row again,
                 // so that no load waits behind a branch; their sums are never stored.
@@ -151,7 +137,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
 
     if (NORM && NCOLS == 1u) {
-        let inv = inv_rms_from(ss, lane);
+        // Every group of invocations loads the whole row once: the workgroup's sum of squares is
+        // ROW_GROUPS times the row's.
+        let inv = inv_rms_from(ss, f32(ROW_GROUPS * p.k), lane);
         for (var i = 0u; i < ROWS; i++) { acc[i] *= inv; }
     } else if (NORM) {
         let rms = row_inv_rms(lane);

@@ -42,13 +42,7 @@ fn prepare_x(lane: Lane) {
 // control flow: it has barriers (its reduction goes through gemv_q8.wgsl's `partial`).
 fn x_scale(lane: Lane) -> f32 {
     if (!NORM) { return 1.0; }
-    let s = group_sum(x_ss, lane);
-    if (lane_is_leader(lane)) { partial[lane_group(lane)] = s; }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var g = 0u; g < lane_groups(lane); g++) { total += partial[g]; }
-    workgroupBarrier();
-    return 1.0 / sqrt(total / f32(p.k) + p.eps);
+    return inv_rms_from(x_ss, f32(p.k), lane);
 }
 
 // Values 16 half .. 16 half + 15 of the quantized column (m is 0: one column).
