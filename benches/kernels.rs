@@ -217,13 +217,7 @@ fn benches(c: &mut Criterion) {
                     // The float GEMV's shapes over one column, grouped ones included.
                     // KILN_BENCH_GEMV_FLOAT=<wg>x<rows>x<groups>,...: these shapes instead.
                     let float_shapes: Vec<GemvShape> = match std::env::var("KILN_BENCH_GEMV_FLOAT") {
-                        Ok(v) => v
-                            .split(',')
-                            .filter_map(|s| {
-                                let d: Vec<u32> = s.trim().split('x').filter_map(|d| d.parse().ok()).collect();
-                                (d.len() == 3).then(|| GemvShape::grouped(d[0], d[1], d[2]))
-                            })
-                            .collect(),
+                        Ok(v) => v.split(',').filter_map(kiln::config::parse_gemv_shape).collect(),
                         Err(_) => [(128, 2, 1), (256, 2, 1), (64, 4, 1), (128, 4, 1)]
                             .map(|(wg, rows, groups)| GemvShape::grouped(wg, rows, groups))
                             .to_vec(),

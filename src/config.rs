@@ -147,6 +147,16 @@ mod tests {
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size("99999999999G"), None);
     }
+
+    #[test]
+    fn parses_gemv_shapes() {
+        assert_eq!(parse_gemv_shape(" 256x4x4"), Some(crate::plan::GemvShape::grouped(256, 4, 4)));
+        assert_eq!(parse_gemv_shape("128x2x1"), Some(crate::plan::GemvShape::new(128, 2)));
+        // Groups that do not divide the workgroup, no rows, or not three numbers.
+        for bad in ["128x2x3", "128x0x1", "128x2", "axbxc"] {
+            assert_eq!(parse_gemv_shape(bad), None, "{bad}");
+        }
+    }
 }
 
 /// `KILN_DECODE_BLOCK=<n>`: query heads per decode-attention workgroup, overriding the
@@ -191,6 +201,19 @@ pub fn gemv_q8_min_cols_from_env() -> Option<u32> {
     })
 }
 
+/// A GEMV launch shape written `<wg>x<rows>x<groups>` (the knobs below, the kernels bench):
+/// `groups` groups of `wg / groups` invocations, each its own `rows` rows. `None` where it does
+/// not read as one.
+pub fn parse_gemv_shape(s: &str) -> Option<crate::plan::GemvShape> {
+    let n: Vec<u32> = s.trim().split('x').filter_map(|d| d.trim().parse().ok()).collect();
+    match n[..] {
+        [wg, rows, groups] if groups >= 1 && wg % groups == 0 && rows >= 1 => {
+            Some(crate::plan::GemvShape::grouped(wg, rows, groups))
+        }
+        _ => None,
+    }
+}
+
 /// `KILN_GEMV_Q8_WIDE=off|<wg>x<rows>x<groups>`: the int8 GEMV's shape past 4 columns
 /// (`plan::gemv_q8_wide_shape`; a knob for measurements): `off` for groups of 4 columns on
 /// the ungrouped shapes. `None` where unset or unreadable.
@@ -203,13 +226,7 @@ pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
             "auto" => return None,
             _ => {}
         }
-        let n: Vec<u32> = v.trim().split('x').filter_map(|d| d.parse().ok()).collect();
-        match n[..] {
-            [wg, rows, groups] if groups >= 1 && wg % groups == 0 && rows >= 1 => {
-                Some(Some(crate::plan::GemvShape::grouped(wg, rows, groups)))
-            }
-            _ => None,
-        }
+        parse_gemv_shape(&v).map(Some)
     })
 }
 
@@ -219,26 +236,15 @@ pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
 pub fn gemv_float_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
     type Rule = (Option<(u32, u32)>, crate::plan::GemvShape);
     static RULES: std::sync::OnceLock<Vec<Rule>> = std::sync::OnceLock::new();
-    let dims = |s: &str| -> Vec<u32> { s.trim().split('x').filter_map(|d| d.parse().ok()).collect() };
     let rules = RULES.get_or_init(|| {
         let Ok(v) = std::env::var("KILN_GEMV_FLOAT") else { return Vec::new() };
         v.split(',')
             .filter_map(|rule| {
-                let (matrix, shape) = match rule.split_once('=') {
-                    Some((m, s)) => (Some(dims(m)), dims(s)),
-                    None => (None, dims(rule)),
+                let Some((matrix, shape)) = rule.split_once('=') else {
+                    return Some((None, parse_gemv_shape(rule)?));
                 };
-                let matrix = match matrix.as_deref() {
-                    None => None,
-                    Some(&[n, k]) => Some((n, k)),
-                    Some(_) => return None,
-                };
-                match shape[..] {
-                    [wg, rows, groups] if groups >= 1 && wg % groups == 0 && rows >= 1 => {
-                        Some((matrix, crate::plan::GemvShape::grouped(wg, rows, groups)))
-                    }
-                    _ => None,
-                }
+                let (n, k) = matrix.trim().split_once('x')?;
+                Some((Some((n.trim().parse().ok()?, k.trim().parse().ok()?)), parse_gemv_shape(shape)?))
             })
             .collect()
     });
@@ -257,14 +263,8 @@ pub fn gemv_q8_swiglu_from_env() -> Option<Option<crate::plan::GemvShape>> {
             "on" | "1" => return Some(Some(crate::plan::GEMV_Q8_SWIGLU)),
             _ => {}
         }
-        let n: Vec<u32> = v.trim().split('x').filter_map(|d| d.parse().ok()).collect();
-        match n[..] {
-            [wg, rows, groups] if groups >= 1 && wg % groups == 0 => {
-                let shape = crate::plan::GemvShape::grouped(wg, rows, groups);
-                crate::plan::covers_q8_blocks(shape).then_some(Some(shape))
-            }
-            _ => None,
-        }
+        let shape = parse_gemv_shape(&v)?;
+        crate::plan::covers_q8_blocks(shape).then_some(Some(shape))
     })
 }
 

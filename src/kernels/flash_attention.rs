@@ -7,7 +7,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{KilnError, Result};
-use crate::gpu::{bind, Dispatch, GpuContext};
+use crate::gpu::{bind, grid, Dispatch, GpuContext};
 use crate::kernels::attention::AttnShape;
 use crate::kernels::{KernelKey, KvKind};
 
@@ -172,8 +172,7 @@ pub fn split(mut l: FlashLaunch, shape: &AttnShape, n_split: u32) -> FlashLaunch
     let rows = m * shape.n_head;
     let d4 = shape.head_dim / 4;
     let groups = (rows * d4).div_ceil(crate::kernels::WG_ELT);
-    let grid = [groups.min(65535), groups.div_ceil(65535), 1];
-    l.combine = Some((CombineParams { rows, d4, n_split, _pad: 0 }, grid));
+    l.combine = Some((CombineParams { rows, d4, n_split, _pad: 0 }, grid(groups)));
     l
 }
 
