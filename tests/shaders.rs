@@ -24,8 +24,9 @@ fn every_variant_validates_and_translates() {
         if needs_subgroup {
             vcaps |= naga::valid::Capabilities::SUBGROUP;
         }
+        // Cooperative-matrix variants may use subgroup barriers too (`Caps::coopmat`).
         if key.needs_coopmat() {
-            vcaps |= naga::valid::Capabilities::COOPERATIVE_MATRIX;
+            vcaps |= naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SUBGROUP_BARRIER;
         }
         // Fallback variants must validate without the capability they avoid.
         let (module, info) = match validate(&src, vcaps) {

@@ -5,14 +5,14 @@
 // A workgroup takes BM = 16 NSG rows of one KV head's GQA group (row r = token * group +
 // head-in-group, as flash_attention.wgsl), 16 per subgroup (NSG subgroups: 4 for 64
 // dimensions, 2 for 128, within 48 KiB of workgroup memory). Q (pre-scaled by log2(e) /
-// sqrt(D), as f16) is staged in workgroup memory, each subgroup loading its fragments once;
+// sqrt(D), as f16) is staged in K's tile, each subgroup loading its fragments once;
 // per tile of 64 keys:
 // - K is staged as f16 and each subgroup computes its 16 x 64 scores (4 accumulators over 4
 //   K steps of 16 dimensions), stored to its slice of workgroup memory;
 // - lanes 2r and 2r + 1 of each subgroup take row r's 64 scores, 32 each (16-byte reads of
 //   chunks h, h + 2, ..., h = lane % 2), and write the row's probabilities as f16;
-// - V is staged as f16 in K's place and each subgroup adds P·V to its output, which stays in
-//   D / 16 accumulators for the whole loop.
+// - V is staged as f16 (in a tile of its own, or in K's place) and each subgroup adds P·V to
+//   its output, which stays in D / 16 accumulators for the whole loop.
 // An accumulator cannot be scaled row by row, so the online softmax raises a row's max (the
 // one its probabilities are taken against) only when a tile's max exceeds it by more than
 // TH: probabilities stay below 2^TH (f16 holds them as precisely at any size), and only then
@@ -21,7 +21,11 @@
 // plain registers and P·V went through workgroup memory every tile (run 169 on an H200: the
 // kernel at TinyLlama's heads over 4,096 tokens 953 -> 858 µs, Llama-7B's 8,605 -> 8,348).
 // For 64 dimensions the next tile's K and V are loaded into registers while this tile
-// computes (PREFETCH), so the loads' latency hides behind the multiply-adds.
+// computes (PREFETCH), so the loads' latency hides behind the multiply-adds, and K and V have
+// tiles of their own (SEP), Q staged through K's before the loop: the subgroups meet at two
+// workgroup barriers a tile instead of four, each subgroup's scores and probabilities passing
+// through its own slices behind subgroup barriers (run 195 on an H200: TinyLlama's heads over
+// 4,096 tokens 835 -> 801 µs, pp4096 34,105 / 34,151 -> 34,496 / 34,399 tok/s).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), PREFETCH. The
 // chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
@@ -50,7 +54,7 @@ struct Params {
 // max and sum ([split][row], as (max, sum, 0, 0)), for flash_combine.wgsl.
 @group(0) @binding(6) var<storage, read_write> partial: array<vec4<f32>>;
 
-const LDS: u32 = D + 8u;       // f16 row stride of Q and K/V tiles (bank padding)
+const LDS: u32 = D + 8u;       // f16 row stride of the Q, K and V tiles (bank padding)
 // Row strides, in vec4s, of a subgroup's probabilities (f16, 16 x BK) and of its scores (f32,
 // 16 x BK) or output (16 x D): 2 mod 8 vec4s, so that the lanes of a quarter of a subgroup
 // (4 rows x 2 halves of a row) reach 8 different 16-byte banks.
@@ -61,8 +65,14 @@ const SS4: u32 = (max(BK, D) + 8u) / 4u;
 // (base 2), so probabilities stay below 2^TH and most tiles rescale nothing.
 const TH: f32 = 8.0;
 
-var<workgroup> qs: array<f16, BM * LDS>;
+// SEP (64 dimensions): K and V tiles in buffers of their own, so that both are staged at once
+// and the subgroups meet at two workgroup barriers a tile; within a subgroup, its scores and
+// probabilities pass through workgroup memory behind subgroup barriers only. 128 dimensions:
+// V in K's place (the tiles would not fit in 48 KiB), four workgroup barriers a tile. Q is
+// staged through kv before the loop.
+const SEP: bool = D == 64u;
 var<workgroup> kv: array<f16, BK * LDS>;
+var<workgroup> vs: array<f16, select(8u, BK * LDS, SEP)>;
 var<workgroup> ss: array<vec4<f32>, NSG * 16u * SS4>;
 var<workgroup> ps: array<vec4<f16>, NSG * 16u * PS4>;
 
@@ -70,13 +80,13 @@ alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
-// Four halves at t of qs (which == 0) or kv.
+// Four halves at t of vs (which == 2, SEP) or kv.
 fn put4(t: u32, h: vec4<f16>, which: u32) {
-    if (which == 0u) {
-        qs[t] = h.x;
-        qs[t + 1u] = h.y;
-        qs[t + 2u] = h.z;
-        qs[t + 3u] = h.w;
+    if (SEP && which == 2u) {
+        vs[t] = h.x;
+        vs[t + 1u] = h.y;
+        vs[t + 2u] = h.z;
+        vs[t + 3u] = h.w;
     } else {
         kv[t] = h.x;
         kv[t + 1u] = h.y;
@@ -114,8 +124,8 @@ fn fetch_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> arra
 }
 
 // ... and written into the tile in kv.
-fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>) {
-    for (var u = 0u; u < PF_LEN; u++) { put4(tile_at(lid + u * WG), r[u], 1u); }
+fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>, which: u32) {
+    for (var u = 0u; u < PF_LEN; u++) { put4(tile_at(lid + u * WG), r[u], which); }
 }
 
 // Without PREFETCH, the tile loaded and stored value by value (holding a whole tile's share
@@ -178,10 +188,21 @@ fn scores(q0: TileA, q1: TileA, q2: TileA, q3: TileA, q4: TileA, q5: TileA, q6: 
 fn weigh(pslice4: u32) {
     for (var c0 = 0u; c0 < BK; c0 += 16u) {
         let a = coopLoadT<TileA>(&ps[pslice4 + c0 / 4u], PS4);
-        let b0 = coopLoadT<TileB>(&kv[c0 * LDS], LDS);
-        let b1 = coopLoadT<TileB>(&kv[c0 * LDS + 16u], LDS);
-        let b2 = coopLoadT<TileB>(&kv[c0 * LDS + 32u], LDS);
-        let b3 = coopLoadT<TileB>(&kv[c0 * LDS + 48u], LDS);
+        var b0: TileB;
+        var b1: TileB;
+        var b2: TileB;
+        var b3: TileB;
+        if (SEP) {
+            b0 = coopLoadT<TileB>(&vs[c0 * LDS], LDS);
+            b1 = coopLoadT<TileB>(&vs[c0 * LDS + 16u], LDS);
+            b2 = coopLoadT<TileB>(&vs[c0 * LDS + 32u], LDS);
+            b3 = coopLoadT<TileB>(&vs[c0 * LDS + 48u], LDS);
+        } else {
+            b0 = coopLoadT<TileB>(&kv[c0 * LDS], LDS);
+            b1 = coopLoadT<TileB>(&kv[c0 * LDS + 16u], LDS);
+            b2 = coopLoadT<TileB>(&kv[c0 * LDS + 32u], LDS);
+            b3 = coopLoadT<TileB>(&kv[c0 * LDS + 48u], LDS);
+        }
         o0 = coopMultiplyAdd(a, b0, o0);
         o1 = coopMultiplyAdd(a, b1, o1);
         o2 = coopMultiplyAdd(a, b2, o2);
@@ -269,7 +290,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         if (rr < rows) {
             v = q[((seg.row0 + rr / g) * p.q_stride + (kvh * g + rr % g) * D) / 4u + d4] * p.scale;
         }
-        put4(r * LDS + d4 * 4u, vec4<f16>(v), 0u);
+        put4(r * LDS + d4 * 4u, vec4<f16>(v), 1u);
     }
 
     // Lanes 2r and 2r + 1 take row r of the subgroup's 16: its last visible key, the max its
@@ -288,14 +309,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // The subgroup's Q fragments (64 dimensions: the last four repeat the first, unused).
     let qa = sg * 16u * LDS;
     workgroupBarrier();
-    let qf0 = coopLoadT<TileA>(&qs[qa], LDS);
-    let qf1 = coopLoadT<TileA>(&qs[qa + 16u], LDS);
-    let qf2 = coopLoadT<TileA>(&qs[qa + 32u], LDS);
-    let qf3 = coopLoadT<TileA>(&qs[qa + 48u], LDS);
-    let qf4 = coopLoadT<TileA>(&qs[qa + select(0u, 64u, D == 128u)], LDS);
-    let qf5 = coopLoadT<TileA>(&qs[qa + select(0u, 80u, D == 128u)], LDS);
-    let qf6 = coopLoadT<TileA>(&qs[qa + select(0u, 96u, D == 128u)], LDS);
-    let qf7 = coopLoadT<TileA>(&qs[qa + select(0u, 112u, D == 128u)], LDS);
+    let qf0 = coopLoadT<TileA>(&kv[qa], LDS);
+    let qf1 = coopLoadT<TileA>(&kv[qa + 16u], LDS);
+    let qf2 = coopLoadT<TileA>(&kv[qa + 32u], LDS);
+    let qf3 = coopLoadT<TileA>(&kv[qa + 48u], LDS);
+    let qf4 = coopLoadT<TileA>(&kv[qa + select(0u, 64u, D == 128u)], LDS);
+    let qf5 = coopLoadT<TileA>(&kv[qa + select(0u, 80u, D == 128u)], LDS);
+    let qf6 = coopLoadT<TileA>(&kv[qa + select(0u, 96u, D == 128u)], LDS);
+    let qf7 = coopLoadT<TileA>(&kv[qa + select(0u, 112u, D == 128u)], LDS);
 
     // The next tile's share of K and V (PREFETCH).
     var k_next: array<vec4<f16>, PF_LEN>;
@@ -306,12 +327,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
     for (var j0 = k_begin; j0 < k_end; j0 += BK) {
         workgroupBarrier();
-        if (PREFETCH) { put_kv(lid, k_next); } else { stage_kv(lid, j0, n_keys, kv_base, false); }
+        if (PREFETCH) { put_kv(lid, k_next, 1u); } else { stage_kv(lid, j0, n_keys, kv_base, false); }
+        if (SEP) { put_kv(lid, v_next, 2u); }
         workgroupBarrier();
-        // The next tile's K, in flight while this one's scores are taken.
+        // The next tile's K (and with SEP its V), in flight while this one's scores are taken.
         if (PREFETCH) { k_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, false); }
+        if (SEP) { v_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, true); }
         scores(qf0, qf1, qf2, qf3, qf4, qf5, qf6, qf7, slice4);
-        workgroupBarrier();
+        if (SEP) { subgroupBarrier(); } else { workgroupBarrier(); }
 
         // Online softmax of row orow, half a tile per lane (16-byte reads); masked keys get
         // probability 0.
@@ -340,13 +363,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         // output is still zero): out to ss (its scores are all read), scaled, back.
         let rescale = subgroupAny(raise) && j0 > k_begin;
         if (rescale) { store_o(slice4); }
-        workgroupBarrier();
-        if (PREFETCH) { put_kv(lid, v_next); } else { stage_kv(lid, j0, n_keys, kv_base, true); }
+        if (SEP) { subgroupBarrier(); } else { workgroupBarrier(); }
+        if (!SEP) {
+            if (PREFETCH) { put_kv(lid, v_next, 1u); } else { stage_kv(lid, j0, n_keys, kv_base, true); }
+        }
         if (rescale) {
             for (var c = 0u; c < D / 8u; c++) { ss[srow + 2u * c] *= alpha; }
         }
-        workgroupBarrier();
-        if (PREFETCH) { v_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, true); }
+        if (SEP) { subgroupBarrier(); } else { workgroupBarrier(); }
+        if (PREFETCH && !SEP) { v_next = fetch_kv(lid, j0 + BK, n_keys, kv_base, true); }
         if (rescale) { load_o(slice4); }
         weigh(pslice4);
     }

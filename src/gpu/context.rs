@@ -16,7 +16,8 @@ pub struct Caps {
     pub timestamps_in_passes: bool,
     /// Cooperative matrices kiln's GEMM can run: EXPERIMENTAL_COOPERATIVE_MATRIX with 16x16x16
     /// f16 -> f32 multiply-adds, SHADER_F16, subgroups of exactly 32 invocations (each
-    /// subgroup of gemm_coop.wgsl owns one block of the tile) and 48 KiB of workgroup memory.
+    /// subgroup of gemm_coop.wgsl owns one block of the tile) with subgroup barriers
+    /// (SUBGROUP_BARRIER) and 48 KiB of workgroup memory.
     pub coopmat: bool,
     /// Packed 4x8-bit integer dot products run natively: Vulkan, where wgpu turns on
     /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
@@ -399,7 +400,7 @@ impl GpuContext {
             wanted |= wgpu::Features::SHADER_F16;
         }
         if !opts.disable.subgroup {
-            wanted |= wgpu::Features::SUBGROUP;
+            wanted |= wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER;
         }
         if !opts.disable.coopmat {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -433,6 +434,9 @@ impl GpuContext {
             timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             coopmat: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
                 && features.contains(wgpu::Features::SHADER_F16)
+                // The cooperative attention kernels pass a subgroup's tiles through workgroup
+                // memory behind subgroup barriers.
+                && features.contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER)
                 && info.subgroup_min_size == 32
                 && info.subgroup_max_size == 32
                 // gemm_coop.wgsl's largest tile takes 48 KiB of workgroup memory.

@@ -29,7 +29,7 @@ pub const FLASH_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
 pub const COOP_HEAD_DIMS: [u16; 2] = [64, 128];
 
 /// Query rows per workgroup of the cooperative variant for heads of `head_dim`: 16 per
-/// subgroup, 4 subgroups for 64 dimensions, 2 for 128 (its tiles then fill 45 and 47 KiB of
+/// subgroup, 4 subgroups for 64 dimensions, 2 for 128 (its tiles then fill 45 and 39 KiB of
 /// the 48 KiB of workgroup memory the adapter guarantees for cooperative matrices).
 pub fn coop_rows(head_dim: u32) -> u32 {
     if head_dim > 64 {
