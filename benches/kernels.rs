@@ -428,11 +428,12 @@ fn attention_benches(c: &mut Criterion) {
     // repeated back to back: its latency, which is what a decode step pays.
     let mut g = c.benchmark_group("attention_decode");
     g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
-    // TinyLlama's also at 16,384 positions (where sharing K/V reads among a GQA block may pay).
+    // TinyLlama's also at 16,384 positions (where sharing K/V reads among a GQA block may pay);
+    // Llama-3-8B's (GQA groups of 4 at 128 dimensions) for the cooperative kernel's wider heads.
     let (short, long): (&[u32], &[u32]) =
         if small() { (&[100, 700], &[100, 700]) } else { (&[128, 512, 1024, 4096], &[128, 512, 1024, 4096, 16384]) };
     for (name, n_head, n_kv_head, head_dim, contexts) in
-        [("tinyllama", 32u32, 4u32, 64u32, long), ("llama-7b", 32, 32, 128, short)]
+        [("tinyllama", 32u32, 4u32, 64u32, long), ("llama-7b", 32, 32, 128, short), ("llama3-8b", 32, 8, 128, short)]
     {
         let n_ctx = *contexts.iter().max().unwrap();
         let shape = AttnShape { n_head, n_kv_head, head_dim, n_ctx };
@@ -444,30 +445,42 @@ fn attention_benches(c: &mut Criterion) {
         let out = ctx.storage((n_head * head_dim * 4) as u64, "out").unwrap();
         let partial = ctx.storage(shape.decode_scratch_len() as u64 * 4, "partials").unwrap();
         for &kv_len in contexts {
-            let a = attention::DecodeArgs {
-                q: &q,
-                k_cache: &k_cache,
-                v_cache: &v_cache,
-                partial: &partial,
-                out: &out,
-                kv_len,
-                kv_base: 0,
-                columns: None,
-                block: None,
-                q8_out: None,
-            };
-            let ds = attention::prepare_decode(&ctx, kv, &shape, &a).unwrap();
-            g.throughput(Throughput::Bytes(kv_bytes / n_ctx as u64 * kv_len as u64 * 2));
-            g.bench_function(
-                format!("{name}/{kv_len} positions/block {}/{} dispatches", shape.decode_block(kv_len), ds.len()),
-                |b| b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters)),
-            );
-            // Split over the context: the split kernel and the combine pass, each alone.
-            if ds.len() == 2 {
-                for (part, d) in [("splits", &ds[..1]), ("combine", &ds[1..])] {
-                    g.bench_function(format!("{name}/{kv_len} positions/{part} alone"), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, d, iters))
-                    });
+            // The plain kernel, and the cooperative one where the adapter has it.
+            for coop in [false, true] {
+                if coop && !attention::decode_coop_takes(&ctx.caps, kv, &shape, kv_len) {
+                    continue;
+                }
+                let choice =
+                    if coop { attention::CoopChoice::Always { keys: None } } else { attention::CoopChoice::Never };
+                let a = attention::DecodeArgs {
+                    q: &q,
+                    k_cache: &k_cache,
+                    v_cache: &v_cache,
+                    partial: &partial,
+                    out: &out,
+                    kv_len,
+                    kv_base: 0,
+                    columns: None,
+                    block: None,
+                    q8_out: None,
+                    coop: choice,
+                };
+                let ds = attention::prepare_decode(&ctx, kv, &shape, &a).unwrap();
+                g.throughput(Throughput::Bytes(kv_bytes / n_ctx as u64 * kv_len as u64 * 2));
+                let kernel = match coop {
+                    true => format!("coop {}", attention::decode_coop_keys(&shape, kv_len)),
+                    false => format!("block {}", shape.decode_block(kv_len)),
+                };
+                g.bench_function(format!("{name}/{kv_len} positions/{kernel}/{} dispatches", ds.len()), |b| {
+                    b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                });
+                // Split over the context: the split kernel and the combine pass, each alone.
+                if ds.len() == 2 {
+                    for (part, d) in [("splits", &ds[..1]), ("combine", &ds[1..])] {
+                        g.bench_function(format!("{name}/{kv_len} positions/{kernel}/{part} alone"), |b| {
+                            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, d, iters))
+                        });
+                    }
                 }
             }
         }

@@ -180,6 +180,27 @@ pub fn decode_wg_from_env() -> Option<u32> {
     *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[128, 256, 512]))
 }
 
+/// `KILN_DECODE_COOP_FROM=N|off`: the context from which one sequence's decode attention runs
+/// on cooperative matrices (`attention::decode_coop_from`; a knob for measurements). Some(None):
+/// off.
+pub fn decode_coop_from_env() -> Option<Option<u32>> {
+    static FROM: std::sync::OnceLock<Option<Option<u32>>> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| {
+        let v = std::env::var("KILN_DECODE_COOP_FROM").ok()?;
+        match v.trim() {
+            "off" => Some(None),
+            n => n.parse().ok().map(Some),
+        }
+    })
+}
+
+/// `KILN_DECODE_COOP_KEYS=16|32|64`: keys of a cooperative decode subgroup's tile
+/// (`attention::decode_coop_keys`; a knob for measurements).
+pub fn decode_coop_keys_from_env() -> Option<u32> {
+    static KEYS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| one_of("KILN_DECODE_COOP_KEYS", &[16, 32, 64]))
+}
+
 /// A knob set to one of `allowed`; None where unset or anything else.
 fn one_of(name: &str, allowed: &[u32]) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|v| allowed.contains(v))

@@ -285,6 +285,80 @@ fn decode_attention_blocks_and_splits() {
     }
 }
 
+/// One sequence's decode attention on cooperative matrices (the kernel long contexts take where
+/// the adapter has them; skipped elsewhere), against the f64 reference: TinyLlama's,
+/// Llama-7B's and Qwen2.5-0.5B's heads (GQA groups of 8, 1 and 7) and groups of 16 at 64 and
+/// 128 dimensions; tiles of 16, 32 and 64 keys; contexts of one tile of 64 keys, a tile and one
+/// key (a last tile moved back to end at the context, its first keys masked), one split and one
+/// key, several splits with a ragged last one; keys growing along the context (scores of very
+/// different sizes from tile to tile and split to split). Split always (the combine pass
+/// normalizes, and writes the output projection's int8 blocks where asked). Tolerance 5e-3: Q
+/// and the probabilities are rounded to f16, as in flash attention on cooperative matrices.
+#[test]
+fn decode_attention_on_cooperative_matrices() {
+    for g in gpus() {
+        for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (14, 2, 64), (16, 1, 64), (16, 1, 128)] {
+            let n_ctx = 1100;
+            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
+            let kv = KvKind::for_cache(true, &g.ctx.caps);
+            if !attention::decode_coop_takes(&g.ctx.caps, kv, &shape, n_ctx) {
+                continue;
+            }
+            let mut r = rng((nh * hd + nkv) as u64);
+            let kvn = (n_ctx * nkv * hd) as usize;
+            let mut k = randn(&mut r, kvn, 1.0);
+            for (j, row) in k.chunks_mut((nkv * hd) as usize).enumerate() {
+                row.iter_mut().for_each(|x| *x *= 1.0 + j as f32 / 256.0);
+            }
+            let (kb, k_vals) = cache_bytes(&k, kv);
+            let (vb, v_vals) = cache_bytes(&randn(&mut r, kvn, 1.0), kv);
+            let k_cache = g.ctx.upload(&kb, "k").unwrap();
+            let v_cache = g.ctx.upload(&vb, "v").unwrap();
+            let partial = g.ctx.storage(shape.decode_scratch_len() as u64 * 4, "partials").unwrap();
+            let width = nh * hd;
+            let blocks = g.ctx.storage(kiln::kernels::matmul::q8_input_bytes(1, width), "int8 output").unwrap();
+            for (keys, kv_len) in attention::DECODE_COOP_TILES.into_iter().flat_map(|keys| {
+                let chunk = attention::DECODE_COOP_SUBGROUPS * keys;
+                [64, 65, 100, chunk, chunk + 1, 3 * chunk + 77, n_ctx].map(|l| (keys, l))
+            }) {
+                let chunk = attention::DECODE_COOP_SUBGROUPS * keys;
+                let q = randn(&mut r, width as usize, 1.0);
+                let want = attention::reference(&shape, &q, &k_vals, &v_vals, 1, kv_len as usize - 1);
+                let what = format!("[{}] coop decode nh={nh} kv={nkv} hd={hd} tiles of {keys} kv_len={kv_len}", g.name);
+                let qb = g.ctx.upload_f32(&q, "q").unwrap();
+                let q8 = attention::takes_q8_out(&shape);
+                let out = g.ctx.upload_f32(&vec![f32::NAN; want.len()], "out").unwrap();
+                let a = attention::DecodeArgs {
+                    q: &qb,
+                    k_cache: &k_cache,
+                    v_cache: &v_cache,
+                    partial: &partial,
+                    out: &out,
+                    kv_len,
+                    kv_base: 0,
+                    columns: None,
+                    block: None,
+                    q8_out: q8.then_some(&blocks),
+                    coop: attention::CoopChoice::Always { keys: Some(keys) },
+                };
+                let ds = attention::prepare_decode(&g.ctx, kv, &shape, &a).unwrap();
+                // The cooperative kernel's grid (splits x KV heads), and the combine pass.
+                assert_eq!(ds.len(), 2, "{what}: dispatches");
+                assert_eq!(ds[0].workgroups, [kv_len.div_ceil(chunk), nkv, 1], "{what}: grid");
+                kiln::gpu::run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();
+                let got = g.ctx.read_f32(&out, want.len()).unwrap();
+                assert_close(&what, &got, &want, 5e-3);
+                if q8 {
+                    let bytes = g.ctx.read_bytes(&blocks, 0, kiln::kernels::matmul::q8_input_bytes(1, width)).unwrap();
+                    if let Err(e) = kiln::doctor::matmul::check_q8_blocks(&bytes, &got) {
+                        panic!("{what}: int8 output: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Flash attention (prefill's one-dispatch attention) against the f64 reference on ragged
 /// shapes: query counts that are not multiples of the 64-row tile (or of a GQA group's rows
 /// in it), GQA groups 1 to 7, head dims of every variant class (and between classes), f32

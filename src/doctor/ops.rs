@@ -146,6 +146,8 @@ pub struct AttnCase {
     /// Query heads per decode workgroup: None for the planner's choice, or a block variant
     /// the planner would not pick at this context (every block is checked whatever the policy).
     pub block: Option<u32>,
+    /// Whether decode attention takes the cooperative kernel.
+    pub coop: attention::CoopChoice,
     k_cache: wgpu::Buffer,
     v_cache: wgpu::Buffer,
 }
@@ -156,7 +158,7 @@ impl AttnCase {
         let (kb, k_vals) = cache_bytes(&r.normal(n, 1.0), kv);
         let (vb, v_vals) = cache_bytes(&r.normal(n, 1.0), kv);
         let (k_cache, v_cache) = (ctx.upload(&kb, "k")?, ctx.upload(&vb, "v")?);
-        Ok(AttnCase { shape, kv, k_vals, v_vals, block: None, k_cache, v_cache })
+        Ok(AttnCase { shape, kv, k_vals, v_vals, block: None, coop: attention::CoopChoice::Planned, k_cache, v_cache })
     }
 
     /// The f64 reference for m queries at positions pos0...
@@ -246,6 +248,7 @@ impl AttnCase {
             columns: batched.then_some(cols),
             block: self.block,
             q8_out,
+            coop: self.coop,
         };
         let ds = attention::prepare_decode(ctx, self.kv, &s, &a)?;
         run(ctx, &ds)?;

@@ -72,6 +72,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("softmax.wgsl", include_str!("../../wgsl/softmax.wgsl")),
     ("flash_attention.wgsl", include_str!("../../wgsl/flash_attention.wgsl")),
     ("attention_decode.wgsl", include_str!("../../wgsl/attention_decode.wgsl")),
+    ("attention_decode_coop.wgsl", include_str!("../../wgsl/attention_decode_coop.wgsl")),
     ("attention_combine.wgsl", include_str!("../../wgsl/attention_combine.wgsl")),
     ("rope.wgsl", include_str!("../../wgsl/rope.wgsl")),
     ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
@@ -195,9 +196,18 @@ pub fn validate(
 ) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
     let module = naga::front::wgsl::parse_str(&src.text)
         .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-        .validate(&module)
-        .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
+    let info =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).map_err(|e| {
+            // The span says where; the chain of causes says what (an invalid entry point's
+            // function, then its expression).
+            let mut message = e.emit_to_string(&src.text);
+            let mut cause = std::error::Error::source(e.as_inner());
+            while let Some(c) = cause {
+                message.push_str(&format!("\ncaused by: {c}"));
+                cause = c.source();
+            }
+            KilnError::Shader { label: src.label.clone(), message }
+        })?;
     Ok((module, info))
 }
 

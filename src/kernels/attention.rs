@@ -89,7 +89,8 @@ impl AttnShape {
     }
     /// Splits the partials buffer has room for: the most any context length can need.
     fn max_splits(&self) -> u32 {
-        self.n_ctx.div_ceil(self.decode_chunk()).max(1)
+        let coop_chunk = DECODE_COOP_SUBGROUPS * DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1];
+        self.n_ctx.div_ceil(self.decode_chunk().min(coop_chunk)).max(1)
     }
     /// Scratch floats the decode kernel needs for its partial results (per column of a
     /// batched step).
@@ -105,6 +106,73 @@ pub const DECODE_SHARE_FROM: u32 = 2048;
 /// The most query heads a decode workgroup takes past `DECODE_SHARE_FROM` (8, a whole
 /// TinyLlama GQA group, was slower than 4 at 4,096 and 16,384 positions).
 pub const DECODE_SHARE_BLOCK: u32 = 4;
+
+/// Contexts from which one sequence's decode attention runs on cooperative matrices where
+/// the adapter has them (`decode_coop_takes`; attention_decode_coop.wgsl) and the GQA groups
+/// are large enough (`DECODE_COOP_MIN_GROUP`), or `KILN_DECODE_COOP_FROM` where set. On an
+/// H200 (run 198, one layer's attention with its combine pass, coop / plain kernel):
+/// TinyLlama's heads at 512 / 1,024 / 4,096 / 16,384 positions 7.8 / 7.8 / 9.1 / 17.5 µs against
+/// 7.1 / 8.4 / 12.2 / 28.6, Llama-3-8B's at 1,024 / 4,096 9.4 / 15.1 against 11.6 / 25.5;
+/// TinyLlama Q4_K_M tg128 at depth 1024 / 2048 / 4096 935-938 / 915-921 / 905-908 tok/s from
+/// 1,024, 915 / 869 / 840 without (from 512: the same at depth 512, 936-940).
+pub const DECODE_COOP_FROM: u32 = 1024;
+/// Query heads per KV head from which the planner takes the cooperative kernel: its 16-row
+/// tiles hold a group's heads, so smaller groups leave most of each product unused (Llama-7B's
+/// groups of 1 at 4,096 positions: 50.0 µs against 35.4, tg128 at depth 4096 213 against 250
+/// tok/s; Llama-3-8B's heads, groups of 4: 15.2 against 25.3 µs; run 196).
+pub const DECODE_COOP_MIN_GROUP: u32 = 4;
+/// Subgroups of a cooperative decode workgroup, each taking its own tile of keys.
+pub const DECODE_COOP_SUBGROUPS: u32 = 4;
+/// The keys a cooperative decode subgroup's tile may hold, largest first.
+pub const DECODE_COOP_TILES: [u32; 3] = [64, 32, 16];
+/// Workgroups the cooperative decode kernel aims at: it takes the largest tile whose splits
+/// make at least this many (H200, run 197, one layer's attention with its combine pass, tiles of
+/// 16 / 32 / 64 keys: TinyLlama's heads at 1,024 positions 7.7 / 8.8 / 10.3 µs, at 4,096 9.8 /
+/// 9.1 / 10.6, at 16,384 23.6 / 21.8 / 17.4; Llama-3-8B's at 1,024 9.5 / 10.9 / 14.6, at 4,096
+/// 23.2 / 18.0 / 15.1; TinyLlama Q4_K_M tg128 at depth 4096 901 / 912-913 / 884 tok/s).
+pub const DECODE_COOP_TARGET_WORKGROUPS: u32 = 128;
+
+/// How one sequence's decode attention picks its kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CoopChoice {
+    /// The planner's: cooperative matrices from `decode_coop_from` positions, for GQA groups
+    /// of `DECODE_COOP_MIN_GROUP` heads or more, with its own block of heads.
+    #[default]
+    Planned,
+    /// The plain kernel.
+    Never,
+    /// Cooperative matrices wherever they take the step (`decode_coop_takes`), with tiles of
+    /// `keys` (None: `decode_coop_keys`' choice).
+    Always { keys: Option<u32> },
+}
+
+/// Keys of each cooperative decode subgroup's tile at `kv_len` positions: the largest tile
+/// whose splits make `DECODE_COOP_TARGET_WORKGROUPS`, else the smallest; or
+/// `KILN_DECODE_COOP_KEYS` (16, 32 or 64).
+pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
+    crate::config::decode_coop_keys_from_env().unwrap_or_else(|| {
+        let workgroups = |keys: u32| kv_len.div_ceil(DECODE_COOP_SUBGROUPS * keys) * shape.n_kv_head;
+        DECODE_COOP_TILES.into_iter().find(|&k| workgroups(k) >= DECODE_COOP_TARGET_WORKGROUPS).unwrap_or(16)
+    })
+}
+
+/// `DECODE_COOP_FROM`, or `KILN_DECODE_COOP_FROM` (None: off).
+pub fn decode_coop_from() -> Option<u32> {
+    crate::config::decode_coop_from_env().unwrap_or(Some(DECODE_COOP_FROM))
+}
+
+/// Whether decode attention of `shape` over a `kv` cache can run on cooperative matrices on
+/// an adapter with `caps`: heads of 64 or 128 dimensions over an f16 cache read as f16, GQA
+/// groups of at most 16 heads (one 16-row tile), contexts of at least a tile.
+pub fn decode_coop_takes(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> bool {
+    caps.coopmat
+        && caps.subgroups
+        && !caps.cpu_adapter
+        && kv == KvKind::F16Native
+        && matches!(shape.head_dim, 64 | 128)
+        && shape.group() <= 16
+        && kv_len >= DECODE_COOP_TILES[0]
+}
 
 /// The decode kernel's head-dim class for heads of `head_dim` dimensions: the smallest of
 /// `ATTN_DECODE_HEAD_DIMS` that holds them.
@@ -294,7 +362,7 @@ pub fn decode_launch(
     kv_len: u32,
     q8_out: bool,
 ) -> Result<DecodeLaunch> {
-    launch_columns(ctx_caps, kv, shape, kv_len, None, None, q8_out)
+    launch_columns(ctx_caps, kv, shape, kv_len, None, None, q8_out, CoopChoice::Planned)
 }
 
 /// Whether decode attention can write its output as int8 blocks of 32 values
@@ -314,7 +382,7 @@ pub fn decode_launch_batched(
     kv_len: u32,
     cols: u32,
 ) -> Result<DecodeLaunch> {
-    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None, false)
+    launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None, false, CoopChoice::Never)
 }
 
 /// The decode kernel's variant for `shape` with blocks of `block` query heads.
@@ -339,7 +407,8 @@ pub fn decode_key(
 
 /// `cols`: a batched step's columns (None: one sequence); `block`: query heads per
 /// workgroup, None for `AttnShape::decode_block`'s choice; `q8_out`: one sequence's output
-/// also as int8 blocks.
+/// also as int8 blocks; `coop`: whether one sequence's step takes the cooperative kernel.
+#[allow(clippy::too_many_arguments)]
 fn launch_columns(
     ctx_caps: &crate::gpu::Caps,
     kv: KvKind,
@@ -348,6 +417,7 @@ fn launch_columns(
     cols: Option<u32>,
     block: Option<u32>,
     q8_out: bool,
+    coop: CoopChoice,
 ) -> Result<DecodeLaunch> {
     shape.check()?;
     if q8_out && (cols.is_some() || !takes_q8_out(shape)) {
@@ -368,6 +438,7 @@ fn launch_columns(
     if kv_len == 0 || kv_len > shape.n_ctx {
         return Err(KilnError::invalid("attention", format!("kv length {kv_len} outside 1..={}", shape.n_ctx)));
     }
+    let planned_block = block.is_none();
     let block = match block {
         None => shape.decode_block(kv_len),
         Some(b) if shape.takes_block(b) => b,
@@ -378,6 +449,45 @@ fn launch_columns(
             ))
         }
     };
+    let (wanted, keys) = match coop {
+        CoopChoice::Planned => (
+            planned_block
+                && shape.group() >= DECODE_COOP_MIN_GROUP
+                && decode_coop_from().is_some_and(|from| kv_len >= from),
+            None,
+        ),
+        CoopChoice::Never => (false, None),
+        CoopChoice::Always { keys } => (true, keys),
+    };
+    if cols.is_none() && wanted && decode_coop_takes(ctx_caps, kv, shape, kv_len) {
+        // Split always: the combine pass normalizes (and writes the int8 output).
+        let keys = keys.unwrap_or_else(|| decode_coop_keys(shape, kv_len));
+        if !DECODE_COOP_TILES.contains(&keys) {
+            return Err(KilnError::invalid("attention", format!("cooperative decode tiles of {keys} keys")));
+        }
+        let chunk = DECODE_COOP_SUBGROUPS * keys;
+        let splits = kv_len.div_ceil(chunk);
+        let params = AttnDecodeParams {
+            head_dim: shape.head_dim,
+            n_head: shape.n_head,
+            group: shape.group(),
+            kv_len: 0,
+            kv_stride: shape.kv_stride(),
+            n_splits: shape.max_splits(),
+            q_stride: shape.head_dim,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            chunk,
+            _pad: [0; 3],
+        };
+        let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched: false, q8_out };
+        return Ok(DecodeLaunch {
+            params,
+            key: KernelKey::AttnDecodeCoop { head_dim: shape.head_dim as u16, keys: keys as u8 },
+            grid: [splits, shape.n_kv_head, 1],
+            combine: Some([shape.n_head, 1, 1]),
+            combine_key,
+        });
+    }
     let splits = shape.decode_splits(kv_len);
     let params = AttnDecodeParams {
         head_dim: shape.head_dim,
@@ -417,6 +527,8 @@ pub struct DecodeArgs<'a> {
     pub block: Option<u32>,
     /// The output also as int8 blocks here (one sequence; `takes_q8_out`).
     pub q8_out: Option<&'a wgpu::Buffer>,
+    /// Whether one sequence's step takes the cooperative kernel.
+    pub coop: CoopChoice,
 }
 
 /// One dispatch (a context of one split), or the split attention and the combine pass.
@@ -425,11 +537,20 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let (l, step_bytes) = match a.columns {
         Some(cols) => {
             let kv_len = cols.iter().map(|c| c.kv_len).max().unwrap_or(0);
-            let l = launch_columns(&ctx.caps, kv, shape, kv_len, Some(cols.len() as u32), a.block, a.q8_out.is_some())?;
+            let l = launch_columns(
+                &ctx.caps,
+                kv,
+                shape,
+                kv_len,
+                Some(cols.len() as u32),
+                a.block,
+                a.q8_out.is_some(),
+                a.coop,
+            )?;
             (l, step_table(cols))
         }
         None => {
-            let l = launch_columns(&ctx.caps, kv, shape, a.kv_len, None, a.block, a.q8_out.is_some())?;
+            let l = launch_columns(&ctx.caps, kv, shape, a.kv_len, None, a.block, a.q8_out.is_some(), a.coop)?;
             let state = StepState { n_tokens: 1, pos0: a.kv_len - 1, kv_len: a.kv_len, kv_base: a.kv_base };
             (l, bytemuck::bytes_of(&state).to_vec())
         }

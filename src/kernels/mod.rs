@@ -246,6 +246,14 @@ pub enum KernelKey {
         /// output projection's int8 GEMV (heads of a multiple of 32 dimensions).
         q8_out: bool,
     },
+    /// One sequence's decode attention over a long context on cooperative matrices
+    /// (attention_decode_coop.wgsl): heads of 64 or 128 dimensions over an f16 cache read as
+    /// f16, always split (its partials merged by `AttnCombine`).
+    AttnDecodeCoop {
+        head_dim: u16,
+        /// Keys of a subgroup's tile (`attention::DECODE_COOP_TILES`).
+        keys: u8,
+    },
     AttnCombine {
         subgroups: bool,
         batched: bool,
@@ -354,7 +362,10 @@ impl KernelKey {
             }
             // The int8 output last, bound (to a placeholder) whether or not the variant writes
             // it, so that every variant takes one bind group.
-            KernelKey::AttnDecode { .. } => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
+            // The cooperative variant leaves the int8 output unused, sharing the bind groups.
+            KernelKey::AttnDecode { .. } | KernelKey::AttnDecodeCoop { .. } => {
+                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite]
+            }
             // The chunks' table (unused by the one-sequence variants, so that both share the
             // bind group), then the split keys' partial outputs (the cooperative variant's).
             KernelKey::AttnFlash { .. } | KernelKey::AttnFlashCoop { .. } => {
@@ -388,6 +399,7 @@ impl KernelKey {
             KernelKey::AttnFlashCoop { .. } => "flash_attention_coop",
             KernelKey::FlashCombine => "flash_combine",
             KernelKey::AttnDecode { .. } => "attention_decode",
+            KernelKey::AttnDecodeCoop { .. } => "attention_decode_coop",
             KernelKey::AttnCombine { .. } => "attention_combine",
             KernelKey::Rope { .. } | KernelKey::KvWrite { .. } => "rope",
             KernelKey::RmsNorm { .. } => "rms_norm",
@@ -617,6 +629,16 @@ impl KernelKey {
             )
             .include("attention_decode.wgsl")
             .build(),
+            KernelKey::AttnDecodeCoop { head_dim, keys } => c
+                .enable_f16(true)
+                .enable_coopmat(true)
+                .const_u32("D", head_dim as u32)
+                .const_u32("BK", keys as u32)
+                .const_u32("NSG", attention::DECODE_COOP_SUBGROUPS)
+                .const_u32("WG", 32 * attention::DECODE_COOP_SUBGROUPS)
+                .include("common/step_one.wgsl")
+                .include("attention_decode_coop.wgsl")
+                .build(),
             KernelKey::FlashCombine => c.const_u32("WG", WG_ELT).include("flash_combine.wgsl").build(),
             KernelKey::AttnCombine { subgroups, batched, q8_out } => step_file(
                 c.const_u32("WG", ATTN_WG_DECODE)
@@ -692,7 +714,12 @@ impl KernelKey {
     /// 16x16x16 f16 -> f32, subgroups of 32: `Caps::coopmat`; it needs SHADER_F16 too).
     pub fn needs_coopmat(&self) -> bool {
         matches!(self, KernelKey::Gemm { tile, .. } if tile.is_coop())
-            || matches!(self, KernelKey::Probe { kind: ProbeKind::CoopMma } | KernelKey::AttnFlashCoop { .. })
+            || matches!(
+                self,
+                KernelKey::Probe { kind: ProbeKind::CoopMma }
+                    | KernelKey::AttnFlashCoop { .. }
+                    | KernelKey::AttnDecodeCoop { .. }
+            )
     }
 
     /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
@@ -713,7 +740,7 @@ impl KernelKey {
             KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
             KernelKey::AttnCombine { subgroups, .. } => (false, subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
-            KernelKey::AttnFlashCoop { .. } => (true, true),
+            KernelKey::AttnFlashCoop { .. } | KernelKey::AttnDecodeCoop { .. } => (true, true),
             KernelKey::Rope { to_cache, .. } => (to_cache.map(|k| k.needs_f16()).unwrap_or(false), false),
             KernelKey::KvWrite { kv, .. } => (kv.needs_f16(), false),
             _ => (false, false),
@@ -843,6 +870,9 @@ impl KernelKey {
         for head_dim in flash_attention::COOP_HEAD_DIMS {
             for segments in [false, true] {
                 v.push(KernelKey::AttnFlashCoop { head_dim, segments });
+            }
+            for keys in attention::DECODE_COOP_TILES {
+                v.push(KernelKey::AttnDecodeCoop { head_dim, keys: keys as u8 });
             }
         }
         v.push(KernelKey::FlashCombine);

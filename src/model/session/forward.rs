@@ -262,9 +262,12 @@ impl Session {
                     );
                 }
                 if m == 1 {
-                    let split = if self.shape.decode_splits(kv_len) > 1 { "+combine" } else { "" };
+                    let launch = attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len, l.wo_q8.is_some());
+                    let coop = launch.as_ref().is_ok_and(|l| matches!(l.key, KernelKey::AttnDecodeCoop { .. }));
+                    let coop = if coop { "_coop" } else { "" };
+                    let split = if launch.is_ok_and(|l| l.combine.is_some()) { "+combine" } else { "" };
                     let q8 = if l.wo_q8.is_some() { "+q8out" } else { "" };
-                    let kernel = format!("attn_decode{split}{q8}");
+                    let kernel = format!("attn_decode{coop}{split}{q8}");
                     return StageWork::other(
                         &kernel,
                         format!("{}h x {kv_len}", c.n_head),

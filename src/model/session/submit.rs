@@ -227,6 +227,15 @@ impl Session {
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
         }
+        // Decode attention at the longest context: its variant (blocks of heads, or on
+        // cooperative matrices) and the combine pass.
+        let q8_out = self.layers.iter().any(|l| l.wo_q8.is_some());
+        let longest =
+            crate::kernels::attention::decode_launch(&ctx.caps, self.kv, &self.shape, self.shape.n_ctx, q8_out)?;
+        ctx.pipeline(&longest.key)?;
+        if longest.combine.is_some() {
+            ctx.pipeline(&longest.combine_key)?;
+        }
         let wide = self.batch_cols as u32;
         if wide > 1 {
             let widths = (1..=wide.min(crate::plan::GEMV_GROUP_COLS)).chain([wide]);
