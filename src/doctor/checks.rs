@@ -144,6 +144,12 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     v.push(check("attention prefill", Uses::BOTH, attention_prefill));
     v.push(check("attention decode", Uses::BOTH, attention_decode));
     v.push(check("attention decode, batched", Uses::BOTH, attention_decode_batched));
+    let coop_decode = "attention decode, cooperative matrices";
+    if caps.coopmat && caps.subgroups && !caps.cpu_adapter {
+        v.push(check(coop_decode, Uses::NONE, attention_decode_coop));
+    } else {
+        v.push(skip(coop_decode, "no cooperative matrices with 16x16 f16 tiles and 32-wide subgroups".into()));
+    }
     v.push(check("argmax", Uses::SUBGROUPS, argmax_rows));
     v.push(check("nll", Uses::SUBGROUPS, nll_rows));
     v.push(check("sampler", Uses::SUBGROUPS, sampler));
@@ -525,6 +531,47 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
             }
             ck.ran(1);
         }
+    }
+    Ok(())
+}
+
+/// One sequence's decode attention on cooperative matrices (long contexts' kernel), with
+/// TinyLlama's heads and Llama-3-8B's (GQA groups of 8 and 4 at 64 and 128 dimensions), every
+/// tile size, contexts of a tile and one key (a last tile moved back), several splits and the
+/// longest; the output and the output projection's int8 blocks. Tolerance 5e-3 (Q and the
+/// probabilities rounded to f16, as the matrix cores take them).
+fn attention_decode_coop(ck: &mut Checker) -> Result<()> {
+    use crate::kernels::attention::{self, AttnShape, CoopChoice};
+    for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (32, 8, 128)] {
+        let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx: 1100 };
+        let kv = KvKind::for_cache(true, &ck.ctx.caps);
+        if !attention::decode_coop_takes(&ck.ctx.caps, kv, &shape, shape.n_ctx) {
+            continue;
+        }
+        let mut r = Rng::new((nh * hd + nkv) as u64 + 991);
+        let mut case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
+        for keys in attention::DECODE_COOP_TILES {
+            case.coop = CoopChoice::Always { keys: Some(keys) };
+            for kv_len in [65, attention::DECODE_COOP_SUBGROUPS * keys * 3 + 1, shape.n_ctx] {
+                let q = r.normal((nh * hd) as usize, 1.0);
+                let (got, _) = case.decode(ck.ctx, &q, kv_len)?;
+                let what = format!("heads {nh} / {nkv} KV of {hd}, tiles of {keys} keys, {kv_len} positions");
+                ck.close(what.clone(), &got, &case.reference(&q, 1, kv_len as usize - 1), 5e-3);
+                if attention::takes_q8_out(&shape) {
+                    let (got8, blocks, _) = case.decode_q8(ck.ctx, &q, kv_len)?;
+                    let blocks_ok = crate::doctor::matmul::check_q8_blocks(&blocks, &got);
+                    ck.expect(
+                        format!("{what}: int8 output"),
+                        got8 == got && blocks_ok.is_ok(),
+                        match blocks_ok {
+                            Err(e) => e.to_string(),
+                            Ok(()) => "its float output differs".to_string(),
+                        },
+                    );
+                }
+            }
+        }
+        ck.ran(1);
     }
     Ok(())
 }
