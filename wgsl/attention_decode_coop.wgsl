@@ -19,7 +19,7 @@
 // and weigh 0 when masked); contexts are at least 64 positions (`attention::decode_coop_takes`).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: D (64 or 128), BK (16, 32 or 64), NSG (subgroups), WG (32 NSG). Needs
-// common/step_one.wgsl.
+// common/step_one.wgsl and common/coop_out.wgsl.
 
 struct Params {
     head_dim: u32,
@@ -62,7 +62,8 @@ alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
 // The subgroup's fragments, each named (arrays of cooperative matrices may live in slow
-// memory): K's kDC (16 dimensions D, 16 keys C), V's vCD, the output's oD.
+// memory): K's kDC (16 dimensions D, 16 keys C), V's vCD; the output's (oD) are in
+// common/coop_out.wgsl.
 var<private> k00: TileB; var<private> k01: TileB; var<private> k02: TileB; var<private> k03: TileB;
 var<private> k10: TileB; var<private> k11: TileB; var<private> k12: TileB; var<private> k13: TileB;
 var<private> k20: TileB; var<private> k21: TileB; var<private> k22: TileB; var<private> k23: TileB;
@@ -79,15 +80,6 @@ var<private> v20: TileB; var<private> v21: TileB; var<private> v22: TileB; var<p
 var<private> v24: TileB; var<private> v25: TileB; var<private> v26: TileB; var<private> v27: TileB;
 var<private> v30: TileB; var<private> v31: TileB; var<private> v32: TileB; var<private> v33: TileB;
 var<private> v34: TileB; var<private> v35: TileB; var<private> v36: TileB; var<private> v37: TileB;
-var<private> o0: TileC;
-var<private> o1: TileC;
-var<private> o2: TileC;
-var<private> o3: TileC;
-var<private> o4: TileC;
-var<private> o5: TileC;
-var<private> o6: TileC;
-var<private> o7: TileC;
-
 // The cooperative operations and subgroup barriers run in subgroup-uniform control flow; in
 // functions so that naga (whose analysis knows workgroup uniformity only) accepts them there.
 
@@ -230,20 +222,6 @@ fn weigh(pslice4: u32) {
             o4 = coopMultiplyAdd(a3, v34, o4); o5 = coopMultiplyAdd(a3, v35, o5);
             o6 = coopMultiplyAdd(a3, v36, o6); o7 = coopMultiplyAdd(a3, v37, o7);
         }
-    }
-}
-
-// The output accumulators into the subgroup's slice of ss (16 x D, row-major).
-fn store_o(slice4: u32) {
-    coopStoreT(o0, &ss[slice4], SS4);
-    coopStoreT(o1, &ss[slice4 + 4u], SS4);
-    coopStoreT(o2, &ss[slice4 + 8u], SS4);
-    coopStoreT(o3, &ss[slice4 + 12u], SS4);
-    if (D == 128u) {
-        coopStoreT(o4, &ss[slice4 + 16u], SS4);
-        coopStoreT(o5, &ss[slice4 + 20u], SS4);
-        coopStoreT(o6, &ss[slice4 + 24u], SS4);
-        coopStoreT(o7, &ss[slice4 + 28u], SS4);
     }
 }
 

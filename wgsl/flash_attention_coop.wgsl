@@ -28,7 +28,8 @@
 // 4,096 tokens 835 -> 801 µs, pp4096 34,105 / 34,151 -> 34,496 / 34,399 tok/s).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), PREFETCH. The
-// chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl.
+// chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl. Needs
+// common/coop_out.wgsl.
 
 struct Params {
     m: u32,
@@ -135,16 +136,8 @@ fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
 }
 
 
-// The output of a subgroup's 16 rows: D / 16 accumulators of 16 x 16, across the whole loop
-// (named, as gemm_coop.wgsl's: arrays of cooperative matrices may live in slow memory).
-var<private> o0: TileC;
-var<private> o1: TileC;
-var<private> o2: TileC;
-var<private> o3: TileC;
-var<private> o4: TileC;
-var<private> o5: TileC;
-var<private> o6: TileC;
-var<private> o7: TileC;
+// The output of a subgroup's 16 rows, in accumulators across the whole loop:
+// common/coop_out.wgsl.
 
 // The cooperative operations below run in subgroup-uniform control flow; in functions so that
 // naga (whose analysis knows workgroup uniformity only) accepts them under a subgroup's branch.
@@ -218,44 +211,6 @@ fn weigh(pslice4: u32) {
             o7 = coopMultiplyAdd(a, b7, o7);
         }
     }
-}
-
-// The output accumulators into this subgroup's slice of ss (16 x D, row-major) and back.
-fn store_o(slice4: u32) {
-    coopStoreT(o0, &ss[slice4], SS4);
-    coopStoreT(o1, &ss[slice4 + 4u], SS4);
-    coopStoreT(o2, &ss[slice4 + 8u], SS4);
-    coopStoreT(o3, &ss[slice4 + 12u], SS4);
-    if (D == 128u) {
-        coopStoreT(o4, &ss[slice4 + 16u], SS4);
-        coopStoreT(o5, &ss[slice4 + 20u], SS4);
-        coopStoreT(o6, &ss[slice4 + 24u], SS4);
-        coopStoreT(o7, &ss[slice4 + 28u], SS4);
-    }
-}
-
-fn load_o(slice4: u32) {
-    o0 = coopLoadT<TileC>(&ss[slice4], SS4);
-    o1 = coopLoadT<TileC>(&ss[slice4 + 4u], SS4);
-    o2 = coopLoadT<TileC>(&ss[slice4 + 8u], SS4);
-    o3 = coopLoadT<TileC>(&ss[slice4 + 12u], SS4);
-    if (D == 128u) {
-        o4 = coopLoadT<TileC>(&ss[slice4 + 16u], SS4);
-        o5 = coopLoadT<TileC>(&ss[slice4 + 20u], SS4);
-        o6 = coopLoadT<TileC>(&ss[slice4 + 24u], SS4);
-        o7 = coopLoadT<TileC>(&ss[slice4 + 28u], SS4);
-    }
-}
-
-fn clear_o() {
-    o0 = TileC();
-    o1 = TileC();
-    o2 = TileC();
-    o3 = TileC();
-    o4 = TileC();
-    o5 = TileC();
-    o6 = TileC();
-    o7 = TileC();
 }
 
 @compute @workgroup_size(WG)

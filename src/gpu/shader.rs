@@ -51,6 +51,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("gemv_q8.wgsl", include_str!("../../wgsl/gemv_q8.wgsl")),
     ("quantize_q8.wgsl", include_str!("../../wgsl/quantize_q8.wgsl")),
     ("common/q8_block.wgsl", include_str!("../../wgsl/common/q8_block.wgsl")),
+    ("common/coop_out.wgsl", include_str!("../../wgsl/common/coop_out.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
     ("common/q8_in_global.wgsl", include_str!("../../wgsl/common/q8_in_global.wgsl")),

@@ -87,6 +87,23 @@ impl AttnShape {
     pub fn decode_splits(&self, kv_len: u32) -> u32 {
         kv_len.div_ceil(self.decode_chunk()).max(1)
     }
+    /// The decode kernels' parameters for splits of `chunk` positions. The kernels read the
+    /// step's length from the step state: the parameters stay the same from step to step, so
+    /// nothing is rewritten per step.
+    fn decode_params(&self, chunk: u32) -> AttnDecodeParams {
+        AttnDecodeParams {
+            head_dim: self.head_dim,
+            n_head: self.n_head,
+            group: self.group(),
+            kv_len: 0,
+            kv_stride: self.kv_stride(),
+            n_splits: self.max_splits(),
+            q_stride: self.head_dim,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            chunk,
+            _pad: [0; 3],
+        }
+    }
     /// Splits the partials buffer has room for: the most any context length can need.
     fn max_splits(&self) -> u32 {
         let coop_chunk = DECODE_COOP_SUBGROUPS * DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1];
@@ -467,18 +484,7 @@ fn launch_columns(
         }
         let chunk = DECODE_COOP_SUBGROUPS * keys;
         let splits = kv_len.div_ceil(chunk);
-        let params = AttnDecodeParams {
-            head_dim: shape.head_dim,
-            n_head: shape.n_head,
-            group: shape.group(),
-            kv_len: 0,
-            kv_stride: shape.kv_stride(),
-            n_splits: shape.max_splits(),
-            q_stride: shape.head_dim,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
-            chunk,
-            _pad: [0; 3],
-        };
+        let params = shape.decode_params(chunk);
         let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched: false, q8_out };
         return Ok(DecodeLaunch {
             params,
@@ -489,20 +495,7 @@ fn launch_columns(
         });
     }
     let splits = shape.decode_splits(kv_len);
-    let params = AttnDecodeParams {
-        head_dim: shape.head_dim,
-        n_head: shape.n_head,
-        group: shape.group(),
-        // The kernels read the step's length from the step state: the parameters stay
-        // the same from step to step, so nothing is rewritten per step.
-        kv_len: 0,
-        kv_stride: shape.kv_stride(),
-        n_splits: shape.max_splits(),
-        q_stride: shape.head_dim,
-        scale: 1.0 / (shape.head_dim as f32).sqrt(),
-        chunk: shape.decode_chunk(),
-        _pad: [0; 3],
-    };
+    let params = shape.decode_params(shape.decode_chunk());
     let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
     let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out);
     let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };

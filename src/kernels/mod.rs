@@ -601,6 +601,7 @@ impl KernelKey {
                     .const_bool("PREFETCH", flash_attention::coop_prefetches(d))
                     .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
+                    .include("common/coop_out.wgsl")
                     .include("flash_attention_coop.wgsl")
                     .build()
             }
@@ -637,6 +638,7 @@ impl KernelKey {
                 .const_u32("NSG", attention::DECODE_COOP_SUBGROUPS)
                 .const_u32("WG", 32 * attention::DECODE_COOP_SUBGROUPS)
                 .include("common/step_one.wgsl")
+                .include("common/coop_out.wgsl")
                 .include("attention_decode_coop.wgsl")
                 .build(),
             KernelKey::FlashCombine => c.const_u32("WG", WG_ELT).include("flash_combine.wgsl").build(),
