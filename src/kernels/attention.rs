@@ -106,6 +106,7 @@ impl AttnShape {
     }
     /// Splits the partials buffer has room for: the most any context length can need.
     fn max_splits(&self) -> u32 {
+        // The cooperative kernel's smallest tiles make the shortest splits.
         let coop_chunk = DECODE_COOP_SUBGROUPS * DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1];
         self.n_ctx.div_ceil(self.decode_chunk().min(coop_chunk)).max(1)
     }
@@ -169,7 +170,10 @@ pub enum CoopChoice {
 pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
     crate::config::decode_coop_keys_from_env().unwrap_or_else(|| {
         let workgroups = |keys: u32| kv_len.div_ceil(DECODE_COOP_SUBGROUPS * keys) * shape.n_kv_head;
-        DECODE_COOP_TILES.into_iter().find(|&k| workgroups(k) >= DECODE_COOP_TARGET_WORKGROUPS).unwrap_or(16)
+        DECODE_COOP_TILES
+            .into_iter()
+            .find(|&k| workgroups(k) >= DECODE_COOP_TARGET_WORKGROUPS)
+            .unwrap_or(DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1])
     })
 }
 
@@ -591,4 +595,49 @@ pub fn reference(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32], m: usize, p
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coop_gpu() -> crate::gpu::Caps {
+        crate::gpu::Caps { subgroups: true, f16: true, coopmat: true, ..crate::gpu::Caps::baseline() }
+    }
+
+    fn shape(n_head: u32, n_kv_head: u32, head_dim: u32) -> AttnShape {
+        AttnShape { n_head, n_kv_head, head_dim, n_ctx: 32768 }
+    }
+
+    #[test]
+    fn long_contexts_take_cooperative_decode_attention_with_tiles_for_enough_workgroups() {
+        let (caps, kv) = (coop_gpu(), KvKind::F16Native);
+        let coop = |s: &AttnShape, kv_len: u32| {
+            let l = decode_launch(&caps, kv, s, kv_len, false).unwrap();
+            match l.key {
+                KernelKey::AttnDecodeCoop { keys, .. } => Some((keys as u32, l.grid, l.combine.is_some())),
+                _ => None,
+            }
+        };
+        let tinyllama = shape(32, 4, 64);
+        assert_eq!(coop(&tinyllama, DECODE_COOP_FROM - 1), None);
+        // Tiles of 16 keys up to where 32 make 128 workgroups (4 KV heads), of 64 from 8,193.
+        assert_eq!(coop(&tinyllama, 1024), Some((16, [16, 4, 1], true)));
+        assert_eq!(coop(&tinyllama, 4096), Some((32, [32, 4, 1], true)));
+        assert_eq!(coop(&tinyllama, 16384), Some((64, [64, 4, 1], true)));
+        // Llama-3-8B's 8 KV heads make 128 workgroups of 64-key tiles at 4,096 positions.
+        assert_eq!(coop(&shape(32, 8, 128), 4096).map(|c| c.0), Some(64));
+        // Groups of 1 (Llama-7B), other head sizes, adapters without cooperative matrices and
+        // f32 caches keep the plain kernel; batched steps too.
+        assert_eq!(coop(&shape(32, 32, 128), 4096), None);
+        assert_eq!(coop(&shape(32, 4, 80), 4096), None);
+        let plain = decode_launch(&crate::gpu::Caps { coopmat: false, ..caps }, kv, &tinyllama, 4096, false).unwrap();
+        assert!(matches!(plain.key, KernelKey::AttnDecode { .. }));
+        let f32_cache = decode_launch(&caps, KvKind::F32, &tinyllama, 4096, false).unwrap();
+        assert!(matches!(f32_cache.key, KernelKey::AttnDecode { .. }));
+        let batched = decode_launch_batched(&caps, kv, &tinyllama, 4096, 2).unwrap();
+        assert!(matches!(batched.key, KernelKey::AttnDecode { .. }));
+        // The partials buffer has room for the shortest splits at the longest context.
+        assert!(tinyllama.max_splits() >= 32768 / (DECODE_COOP_SUBGROUPS * 16));
+    }
 }
