@@ -52,6 +52,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("quantize_q8.wgsl", include_str!("../../wgsl/quantize_q8.wgsl")),
     ("common/q8_block.wgsl", include_str!("../../wgsl/common/q8_block.wgsl")),
     ("common/coop_out.wgsl", include_str!("../../wgsl/common/coop_out.wgsl")),
+    ("common/decode_coop_direct.wgsl", include_str!("../../wgsl/common/decode_coop_direct.wgsl")),
+    ("common/decode_coop_staged.wgsl", include_str!("../../wgsl/common/decode_coop_staged.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
     ("common/q8_in_global.wgsl", include_str!("../../wgsl/common/q8_in_global.wgsl")),

@@ -150,6 +150,19 @@ pub const DECODE_COOP_TILES: [u32; 3] = [64, 32, 16];
 /// 23.2 / 18.0 / 15.1; TinyLlama Q4_K_M tg128 at depth 4096 901 / 912-913 / 884 tok/s).
 pub const DECODE_COOP_TARGET_WORKGROUPS: u32 = 128;
 
+/// How the cooperative decode kernel's subgroups load a tile of `keys` keys of `head_dim`
+/// dimensions: 64-dimension heads in tiles of up to 32 keys through workgroup memory (the
+/// 64-key tiles of those would not fit it with the rest), the others straight from the cache
+/// into fragments (H200, runs 205-206: the split kernel at 1,024 / 4,096 positions 4.5 / 5.6
+/// -> 3.9 / 4.8 µs staged).
+pub fn decode_coop_tile_file(head_dim: u32, keys: u32) -> &'static str {
+    if head_dim == 64 && keys <= 32 {
+        "common/decode_coop_staged.wgsl"
+    } else {
+        "common/decode_coop_direct.wgsl"
+    }
+}
+
 /// How one sequence's decode attention picks its kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CoopChoice {

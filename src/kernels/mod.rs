@@ -639,6 +639,7 @@ impl KernelKey {
                 .const_u32("WG", 32 * attention::DECODE_COOP_SUBGROUPS)
                 .include("common/step_one.wgsl")
                 .include("common/coop_out.wgsl")
+                .include(attention::decode_coop_tile_file(head_dim as u32, keys as u32))
                 .include("attention_decode_coop.wgsl")
                 .build(),
             KernelKey::FlashCombine => c.const_u32("WG", WG_ELT).include("flash_combine.wgsl").build(),
