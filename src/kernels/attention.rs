@@ -107,7 +107,7 @@ impl AttnShape {
     /// Splits the partials buffer has room for: the most any context length can need.
     fn max_splits(&self) -> u32 {
         // The cooperative kernel's smallest tiles make the shortest splits.
-        let coop_chunk = DECODE_COOP_SUBGROUPS * DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1];
+        let coop_chunk = DECODE_COOP_SUBGROUPS * DECODE_COOP_SMALLEST_TILE;
         self.n_ctx.div_ceil(self.decode_chunk().min(coop_chunk)).max(1)
     }
     /// Scratch floats the decode kernel needs for its partial results (per column of a
@@ -143,6 +143,7 @@ pub const DECODE_COOP_MIN_GROUP: u32 = 4;
 pub const DECODE_COOP_SUBGROUPS: u32 = 4;
 /// The keys a cooperative decode subgroup's tile may hold, largest first.
 pub const DECODE_COOP_TILES: [u32; 3] = [64, 32, 16];
+const DECODE_COOP_SMALLEST_TILE: u32 = DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1];
 /// Workgroups the cooperative decode kernel aims at: it takes the largest tile whose splits
 /// make at least this many (H200, run 197, one layer's attention with its combine pass, tiles of
 /// 16 / 32 / 64 keys: TinyLlama's heads at 1,024 positions 7.7 / 8.8 / 10.3 µs, at 4,096 9.8 /
@@ -186,7 +187,7 @@ pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
         DECODE_COOP_TILES
             .into_iter()
             .find(|&k| workgroups(k) >= DECODE_COOP_TARGET_WORKGROUPS)
-            .unwrap_or(DECODE_COOP_TILES[DECODE_COOP_TILES.len() - 1])
+            .unwrap_or(DECODE_COOP_SMALLEST_TILE)
     })
 }
 
@@ -196,14 +197,15 @@ pub fn decode_coop_from() -> Option<u32> {
 }
 
 /// Whether decode attention of `shape` over a `kv` cache can run on cooperative matrices on
-/// an adapter with `caps`: heads of 64 or 128 dimensions over an f16 cache read as f16, GQA
-/// groups of at most 16 heads (one 16-row tile), contexts of at least a tile.
+/// an adapter with `caps`: heads of cooperative flash attention's sizes (64 or 128 dimensions:
+/// common/coop_out.wgsl's accumulators) over an f16 cache read as f16, GQA groups of at most 16
+/// heads (one 16-row tile), contexts of at least a tile.
 pub fn decode_coop_takes(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, kv_len: u32) -> bool {
     caps.coopmat
         && caps.subgroups
         && !caps.cpu_adapter
         && kv == KvKind::F16Native
-        && matches!(shape.head_dim, 64 | 128)
+        && crate::kernels::flash_attention::COOP_HEAD_DIMS.iter().any(|&d| d as u32 == shape.head_dim)
         && shape.group() <= 16
         && kv_len >= DECODE_COOP_TILES[0]
 }

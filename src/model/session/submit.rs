@@ -227,14 +227,18 @@ impl Session {
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
         }
-        // Decode attention at the longest context: its variant (blocks of heads, or on
-        // cooperative matrices) and the combine pass.
+        // Decode attention's variant changes with the context (blocks of heads, cooperative
+        // matrices and their tiles, the combine pass), only where a length crosses a multiple
+        // of 64 positions: each one the session's contexts take, so that none compiles in the
+        // middle of a generation.
         let q8_out = self.layers.iter().any(|l| l.wo_q8.is_some());
-        let longest =
-            crate::kernels::attention::decode_launch(&ctx.caps, self.kv, &self.shape, self.shape.n_ctx, q8_out)?;
-        ctx.pipeline(&longest.key)?;
-        if longest.combine.is_some() {
-            ctx.pipeline(&longest.combine_key)?;
+        let mut decode_keys = std::collections::HashSet::new();
+        for kv_len in std::iter::once(1).chain((64..=self.shape.n_ctx).step_by(64)).chain([self.shape.n_ctx]) {
+            let l = crate::kernels::attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len, q8_out)?;
+            let keys = [Some(l.key), l.combine.map(|_| l.combine_key)];
+            for key in keys.into_iter().flatten().filter(|k| decode_keys.insert(*k)) {
+                ctx.pipeline(&key)?;
+            }
         }
         let wide = self.batch_cols as u32;
         if wide > 1 {
