@@ -351,7 +351,9 @@ pub struct BenchOptions {
     pub repetitions: u32,
     /// llama.cpp's -b, recorded; kiln's prompt processing runs in ubatches of `ubatch`.
     pub n_batch: u32,
-    pub ubatch: u32,
+    /// -ub; None: the planner's for the model and adapter (`sizes::planned_ubatch`), chosen
+    /// when the model's tests start.
+    pub ubatch: Option<u32>,
     pub f16_kv: bool,
     pub warmup: bool,
     pub profile: bool,
@@ -363,6 +365,13 @@ pub struct BenchOptions {
     /// Generation tests also run with this many sequences decoded together (`bench_parallel`;
     /// 1: one sequence stepped as `kiln serve` steps it).
     pub parallel: Vec<u32>,
+}
+
+impl BenchOptions {
+    /// Tokens a prompt step takes (llama.cpp's 512 where the planner has not chosen yet).
+    pub fn ubatch(&self) -> u32 {
+        self.ubatch.unwrap_or(crate::plan::DEFAULT_UBATCH)
+    }
 }
 
 /// The timed repetitions of one test (after a warm-up run, unless `opts.warmup` is off), the
@@ -422,7 +431,7 @@ fn timed_record(opts: &BenchOptions, timed: Timed) -> BenchRecord {
         git_commit: env!("KILN_GIT_COMMIT").into(),
         date: utc_now(),
         n_batch: opts.n_batch,
-        ubatch: opts.ubatch,
+        ubatch: opts.ubatch(),
         kv_type: if opts.f16_kv { "f16" } else { "f32" }.into(),
         samples_ts: timed.samples,
         avg_ts: avg,
@@ -464,8 +473,13 @@ fn bench_session(
 ) -> Result<(crate::model::Session, GpuMemory, Vec<u32>)> {
     let ctx = &model.ctx;
     let before = ctx.buffers_alive().bytes;
-    let mut s =
-        model.session(SessionOptions { n_ctx, ubatch: opts.ubatch, f16_kv: opts.f16_kv, all_logits: false, n_seq })?;
+    let mut s = model.session(SessionOptions {
+        n_ctx,
+        ubatch: opts.ubatch(),
+        f16_kv: opts.f16_kv,
+        all_logits: false,
+        n_seq,
+    })?;
     let session_bytes = ctx.buffers_alive().bytes.saturating_sub(before);
     s.build_pipelines()?;
     let kv_cache =
@@ -491,6 +505,14 @@ pub fn bench_model(
     let ctx: &Arc<GpuContext> = &model.ctx;
     let depths: &[u32] = if opts.depths.is_empty() { &[0] } else { &opts.depths };
     let n_ctx = opts.tests.iter().flat_map(|t| depths.iter().map(|&d| t.positions(d))).max().unwrap_or(1).max(1);
+    let planned = BenchOptions {
+        ubatch: Some(opts.ubatch.unwrap_or_else(|| {
+            let (cfg, weights) = (&model.cfg, model.weight_gpu_bytes);
+            crate::model::sizes::planned_ubatch(ctx, cfg, weights, n_ctx, opts.f16_kv, false, opts.n_batch)
+        })),
+        ..opts.clone()
+    };
+    let opts = &planned;
     let (mut s, gpu_memory, prompt) = bench_session(model, opts, n_ctx, 1)?;
     let adapter = AdapterRecord::of(ctx);
     let model_rec = ModelRecord::of(model, synthetic);
@@ -511,7 +533,7 @@ pub fn bench_model(
         let t = Instant::now();
         while t.elapsed().as_secs_f64() < 0.3 {
             s.reset();
-            s.forward(&prompt[..(n_ctx as usize).min(opts.ubatch as usize).max(1)], Output::Argmax)?;
+            s.forward(&prompt[..(n_ctx as usize).min(opts.ubatch() as usize).max(1)], Output::Argmax)?;
         }
     }
     let mut warm = Vec::new();

@@ -268,6 +268,36 @@ pub fn attn_q8_out() -> bool {
 /// equal its prefill to 1e-3.
 pub const ATTN_Q8_OUT_MIN_WEIGHTS: u64 = 1 << 20;
 
+/// Tokens a prompt step takes where -ub does not say: llama.cpp's 512.
+pub const DEFAULT_UBATCH: u32 = 512;
+
+/// Larger prompt steps the planner takes, largest first, where the adapter has cooperative
+/// matrices and memory to spare: a 2,048-token step gives the GEMMs four times the tiles of a
+/// 512-token one (no split along K, fuller waves) and flash attention four times the query
+/// blocks (H200, run 211: TinyLlama Q4_K_M pp4096 34,738 / 36,155 / 39,661 tok/s at 512 /
+/// 1,024 / 2,048, pp2048 36,852 -> 42,126; F16 pp4096 39,514 -> 46,331).
+pub const LARGE_UBATCHES: [u32; 2] = [2048, 1024];
+
+/// A larger step's activations may take at most this fraction (1/n) of the memory the weights
+/// leave, so that the KV cache keeps the rest (TinyLlama at 2,048: 333 MiB).
+pub const UBATCH_MEMORY_SHARE: u64 = 16;
+
+/// The prompt step where none is asked for: the largest of `LARGE_UBATCHES` within -b
+/// (`batch`) whose activations (`activation_bytes(ubatch)`) fit `UBATCH_MEMORY_SHARE` of
+/// `memory_left`, on a GPU with cooperative matrices (where it was measured); else
+/// `DEFAULT_UBATCH` (within -b). Unknown memory keeps the default.
+pub fn default_ubatch(caps: &Caps, memory_left: Option<u64>, batch: u32, activation_bytes: impl Fn(u32) -> u64) -> u32 {
+    let small = DEFAULT_UBATCH.min(batch.max(1));
+    let Some(left) = memory_left.filter(|_| caps.coopmat && !caps.cpu_adapter) else {
+        return small;
+    };
+    LARGE_UBATCHES
+        .into_iter()
+        .filter(|&u| u <= batch && u > small)
+        .find(|&u| activation_bytes(u) <= left / UBATCH_MEMORY_SHARE)
+        .unwrap_or(small)
+}
+
 /// Whether one-token decode attention writes the int8 input of an output projection of
 /// `q_dim` inputs and `n_embd` outputs on an adapter with `caps` (everywhere with
 /// `Caps::int8_gemv_always`, as tests of the int8 path ask).
@@ -582,6 +612,25 @@ mod tests {
 
     fn gpu() -> Caps {
         Caps { subgroups: true, f16: true, ..Caps::baseline() }
+    }
+
+    #[test]
+    fn prompt_steps_grow_where_cooperative_matrices_and_memory_allow() {
+        let coop = Caps { coopmat: true, ..gpu() };
+        // 100 bytes an activation token: 2,048 tokens take 204,800.
+        let act = |u: u32| u as u64 * 100;
+        assert_eq!(default_ubatch(&coop, Some(16 * 204_800), 2048, act), 2048);
+        // Too little memory for 2,048 takes 1,024, then llama.cpp's 512.
+        assert_eq!(default_ubatch(&coop, Some(16 * 204_800 - 1), 2048, act), 1024);
+        assert_eq!(default_ubatch(&coop, Some(16 * 102_400 - 1), 2048, act), DEFAULT_UBATCH);
+        // -b caps it, as it caps -ub.
+        assert_eq!(default_ubatch(&coop, Some(1 << 40), 1024, act), 1024);
+        assert_eq!(default_ubatch(&coop, Some(1 << 40), 1500, act), 1024);
+        assert_eq!(default_ubatch(&coop, Some(1 << 40), 256, act), 256);
+        // Unknown memory, no cooperative matrices, or a CPU adapter: the default.
+        assert_eq!(default_ubatch(&coop, None, 2048, act), DEFAULT_UBATCH);
+        assert_eq!(default_ubatch(&gpu(), Some(1 << 40), 2048, act), DEFAULT_UBATCH);
+        assert_eq!(default_ubatch(&Caps { cpu_adapter: true, ..coop }, Some(1 << 40), 2048, act), DEFAULT_UBATCH);
     }
 
     #[test]

@@ -82,10 +82,12 @@ fn full_size_sessions_fit_webgpu_default_limits() {
         let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap())
             .unwrap_or_else(|e| panic!("{spec}: weights: {e}"));
         // The defaults, then `--ubatch 1`, `-c 1` and `--kv-type f32`.
-        for (ctx_size, ubatch, f16_kv) in [(None, 512, true), (None, 1, true), (Some(1), 512, true), (None, 512, false)]
+        for (ctx_size, ubatch, f16_kv) in
+            [(None, None, true), (None, Some(1), true), (Some(1), None, true), (None, None, false)]
         {
-            let req = SessionRequest { ctx_size, min_ctx: 1, ubatch, f16_kv, all_logits: false };
-            let what = format!("{spec} -c {ctx_size:?} --ubatch {ubatch} f16 KV {f16_kv}");
+            let req = SessionRequest { ctx_size, min_ctx: 1, ubatch, batch: 2048, f16_kv, all_logits: false };
+            let what = format!("{spec} -c {ctx_size:?} --ubatch {ubatch:?} f16 KV {f16_kv}");
+            let ubatch = ubatch.unwrap_or(2048);
             let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req)
                 .unwrap_or_else(|e| panic!("{what}: fitting: {e}"));
             // Model::session captures validation errors: any would fail here.
@@ -106,7 +108,8 @@ fn full_size_sessions_fit_webgpu_default_limits() {
     // binding, and bring it down to 496.
     let (preset, ft) = kiln::synth::parse_spec("tinyllama-1.1b:q4_k_m").unwrap();
     let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
-    let req = SessionRequest { ctx_size: None, min_ctx: 1, ubatch: 512, f16_kv: true, all_logits: false };
+    let req =
+        SessionRequest { ctx_size: None, min_ctx: 1, ubatch: Some(512), batch: 2048, f16_kv: true, all_logits: false };
     let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
     let want = match kiln::config::prefill_attention_from_env() {
         PrefillAttention::Flash => 512,
@@ -122,7 +125,14 @@ fn full_size_sessions_fit_webgpu_default_limits() {
     // of at most 128 MiB (220 rows fit).
     let (preset, ft) = kiln::synth::parse_spec("qwen3-0.6b:q8_0").unwrap();
     let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
-    let req = SessionRequest { ctx_size: Some(2048), min_ctx: 1, ubatch: 512, f16_kv: true, all_logits: true };
+    let req = SessionRequest {
+        ctx_size: Some(2048),
+        min_ctx: 1,
+        ubatch: Some(512),
+        batch: 2048,
+        f16_kv: true,
+        all_logits: true,
+    };
     let fitted = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap();
     assert_eq!((fitted.opts.n_ctx, fitted.opts.ubatch), (2048, 208));
     let session = model.session(fitted.opts).unwrap();
@@ -142,7 +152,14 @@ fn a_session_that_cannot_fit_is_refused_with_the_sizes() {
     let model = Model::allocate(ctx.clone(), kiln::synth::layout(&preset, ft).unwrap()).unwrap();
     // f32 keys of 40960 positions x 1024 are 160 MiB, over one 128 MiB binding; 32768 of
     // them are exactly 128 MiB (KV-cache layers carry no tail pad).
-    let req = SessionRequest { ctx_size: Some(40960), min_ctx: 1, ubatch: 512, f16_kv: false, all_logits: false };
+    let req = SessionRequest {
+        ctx_size: Some(40960),
+        min_ctx: 1,
+        ubatch: Some(512),
+        batch: 2048,
+        f16_kv: false,
+        all_logits: false,
+    };
     let err = fit_request(&ctx, &model.cfg, model.weight_gpu_bytes, &req).unwrap_err().to_string();
     assert!(err.contains("KV cache of 40960 positions") && err.contains("-c 32768 would fit"), "{err}");
     assert!(err.contains("134217728"), "{err}");

@@ -68,8 +68,9 @@ pub struct BenchArgs {
     #[arg(short = 'b', long = "batch-size", value_delimiter = ',', default_value = "2048")]
     pub batch: Vec<u32>,
     /// Most tokens per forward pass during prompt processing (llama-bench's -ub,
-    /// comma-separated: each value is its own set of tests).
-    #[arg(long = "ubatch-size", visible_alias = "ubatch", value_delimiter = ',', default_value = "512")]
+    /// comma-separated: each value is its own set of tests; default: the planner's, as `kiln
+    /// run`'s, 2048 on GPUs with cooperative matrices and memory to spare, else 512).
+    #[arg(long = "ubatch-size", visible_alias = "ubatch", value_delimiter = ',')]
     pub ubatch: Vec<u32>,
     /// Layers on the GPU (llama-bench's -ngl). Accepted; kiln keeps every layer on the GPU.
     #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_gpu_layers)]
@@ -191,15 +192,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if tests.is_empty() {
         return Err(KilnError::invalid("-p/-n/-pg", "no test to run (every size is 0)"));
     }
-    // (-b, effective ubatch) pairs: llama.cpp caps the ubatch at the batch.
-    let mut batches: Vec<(u32, u32)> = Vec::new();
+    // (-b, effective ubatch) pairs: llama.cpp caps the ubatch at the batch; None: the
+    // planner's, chosen per model.
+    let ubatches: Vec<Option<u32>> =
+        if args.ubatch.is_empty() { vec![None] } else { args.ubatch.iter().map(|&u| Some(u)).collect() };
+    let mut batches: Vec<(u32, Option<u32>)> = Vec::new();
     for &b in &args.batch {
-        for &ub in &args.ubatch {
-            if b == 0 || ub == 0 {
+        for &ub in &ubatches {
+            if b == 0 || ub == Some(0) {
                 return Err(KilnError::invalid("-b/-ub", "batch sizes must be at least 1"));
             }
-            if !batches.contains(&(b, ub.min(b))) {
-                batches.push((b, ub.min(b)));
+            let pair = (b, ub.map(|u| u.min(b)));
+            if !batches.contains(&pair) {
+                batches.push(pair);
             }
         }
     }
@@ -269,7 +274,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let mut out = Output { format, show_ubatch: batches.iter().any(|&(_, ub)| ub != 512), rows: 0 };
+    let mut out = Output { format, show_ubatch: batches.iter().any(|&(_, ub)| ub != Some(512)), rows: 0 };
     let mut stdout = std::io::stdout();
     let mut emit = |text: &str| -> Result<()> {
         bar.suspend(|| -> Result<()> {

@@ -25,9 +25,10 @@ pub struct ModelArgs {
     /// Context length (default: the model's, capped by memory).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
-    /// Most tokens per forward pass during prompt processing (llama.cpp's -ub).
-    #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512)]
-    pub ubatch: u32,
+    /// Most tokens per forward pass during prompt processing (llama.cpp's -ub; default: the
+    /// planner's, 2048 on GPUs with cooperative matrices and memory to spare, else 512).
+    #[arg(long = "ubatch-size", visible_alias = "ubatch")]
+    pub ubatch: Option<u32>,
     /// Most tokens per prompt-processing call (llama.cpp's -b); kiln feeds the prompt in
     /// ubatches, so this only caps -ub, as in llama.cpp.
     #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
@@ -52,7 +53,7 @@ impl ModelArgs {
         if self.batch == 0 {
             return Err(KilnError::invalid("-b", "the batch size must be at least 1"));
         }
-        self.ubatch = self.ubatch.min(self.batch);
+        self.ubatch = self.ubatch.map(|u| u.min(self.batch));
         let path = model_path(self.model.as_ref(), &self.hub)?;
         self.model = Some(path.clone());
         Ok(path)
@@ -118,7 +119,8 @@ pub fn open_session(model: &Model, args: &ModelArgs, min_ctx: u32, all_logits: b
     };
     let c = &model.cfg;
     let ctx = &model.ctx;
-    let request = SessionRequest { ctx_size: args.ctx_size, min_ctx, ubatch: args.ubatch, f16_kv, all_logits };
+    let request =
+        SessionRequest { ctx_size: args.ctx_size, min_ctx, ubatch: args.ubatch, batch: args.batch, f16_kv, all_logits };
     let fitted = fit_request(ctx, c, model.weight_gpu_bytes, &request)?;
     for note in &fitted.notes {
         eprintln!("kiln: {note}");

@@ -99,7 +99,7 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     let template = ChatTemplate::select(&model.file, template, bos, eos)?;
     // The engine feeds at most prefill_budget() tokens per step: a larger ubatch would only
     // take memory.
-    let ubatch = margs.ubatch.min(prefill_budget() as u32);
+    let ubatch = margs.ubatch.unwrap_or(crate::plan::DEFAULT_UBATCH).min(prefill_budget() as u32);
     // Batched slots (one KV cache, decode steps over every generating slot at once) unless
     // KILN_SERVE_SLOTS=sessions asks for a session per slot.
     let batched = !crate::config::serve_session_slots_from_env();

@@ -234,6 +234,24 @@ pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) ->
     Ok(with(fitted))
 }
 
+/// The planner's prompt step (`plan::default_ubatch`) for a session of `n_ctx` positions (with
+/// every position's logits where `all_logits`) on `ctx`, within -b (`batch`), against the memory `weight_bytes` of weights leave.
+pub fn planned_ubatch(
+    ctx: &GpuContext,
+    cfg: &ModelConfig,
+    weight_bytes: u64,
+    n_ctx: u32,
+    f16_kv: bool,
+    all_logits: bool,
+    batch: u32,
+) -> u32 {
+    let left = ctx.device_memory.map(|m| m.saturating_sub(weight_bytes));
+    crate::plan::default_ubatch(&ctx.caps, left, batch, |ubatch| {
+        let opts = SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 };
+        SessionSizes::new(cfg, &opts, &ctx.caps).activation_bytes()
+    })
+}
+
 /// What a caller asks of a session, before it is fitted to the adapter.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionRequest {
@@ -242,7 +260,10 @@ pub struct SessionRequest {
     pub ctx_size: Option<u32>,
     /// The least context the caller can work with (the prompt, say).
     pub min_ctx: u32,
-    pub ubatch: u32,
+    /// `-ub`: tokens a prompt step takes; None: the planner's (`planned_ubatch`).
+    pub ubatch: Option<u32>,
+    /// `-b`: caps the ubatch.
+    pub batch: u32,
     pub f16_kv: bool,
     pub all_logits: bool,
 }
@@ -263,7 +284,6 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
     let mut notes = Vec::new();
     let (f16_kv, all_logits) = (req.f16_kv, req.all_logits);
     let mut n_ctx = req.ctx_size.unwrap_or(cfg.n_ctx_train).max(req.min_ctx).max(1);
-    let mut ubatch = req.ubatch.max(1);
     let sizes = |n_ctx: u32, ubatch: u32| {
         SessionSizes::new(cfg, &SessionOptions { n_ctx, ubatch, f16_kv, all_logits, n_seq: 1 }, &ctx.caps)
     };
@@ -292,6 +312,10 @@ pub fn fit_request(ctx: &GpuContext, cfg: &ModelConfig, weight_bytes: u64, req: 
         ));
         n_ctx = lo;
     }
+    let mut ubatch = match req.ubatch {
+        Some(u) => u.min(req.batch).max(1),
+        None => planned_ubatch(ctx, cfg, weight_bytes, n_ctx, f16_kv, all_logits, req.batch),
+    };
     // The KV cache and activations must fit the memory the weights left.
     if let Some(total) = ctx.device_memory {
         let left = total.saturating_sub(weight_bytes);
