@@ -188,7 +188,12 @@ fn bench_writes_markdown_and_csv() {
     let md = kiln().arg("bench").args(args).output().unwrap();
     assert!(md.status.success(), "{}", String::from_utf8_lossy(&md.stderr));
     let md = String::from_utf8(md.stdout).unwrap();
-    assert!(md.starts_with("| model | size | params | formats | backend | GPU | test | t/s |"), "{md}");
+    // Without -ub the planner picks the prompt step: the table says which (llama-bench's
+    // n_ubatch column, which it shows for a step other than its default 512).
+    assert!(md.starts_with("| model | size | params | formats | backend | GPU | n_ubatch | test | t/s |"), "{md}");
+    let ub = kiln().arg("bench").args(args).args(["-ub", "512"]).output().unwrap();
+    let ub = String::from_utf8(ub.stdout).unwrap();
+    assert!(ub.starts_with("| model | size | params | formats | backend | GPU | test | t/s |"), "{ub}");
     assert_eq!(md.lines().filter(|l| l.starts_with("| tiny-test:q8_0 (synthetic)")).count(), 2, "{md}");
     let csv = kiln().arg("bench").args(args).args(["-o", "csv"]).output().unwrap();
     let csv = String::from_utf8(csv.stdout).unwrap();

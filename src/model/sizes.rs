@@ -235,7 +235,8 @@ pub fn fit_session(ctx: &GpuContext, cfg: &ModelConfig, opts: SessionOptions) ->
 }
 
 /// The planner's prompt step (`plan::default_ubatch`) for a session of `n_ctx` positions (with
-/// every position's logits where `all_logits`) on `ctx`, within -b (`batch`), against the memory `weight_bytes` of weights leave.
+/// every position's logits where `all_logits`) on `ctx`, within -b (`batch`), against the
+/// memory that `weight_bytes` of weights leave.
 pub fn planned_ubatch(
     ctx: &GpuContext,
     cfg: &ModelConfig,
