@@ -98,8 +98,8 @@ fn load_slots(mut margs: ModelArgs, parallel: u32, template: Option<&str>) -> Re
     let eos = tokenizer.eos().and_then(|b| tokenizer.token_str(b)).unwrap_or("").to_string();
     let template = ChatTemplate::select(&model.file, template, bos, eos)?;
     // The engine feeds at most prefill_budget() tokens per step: a larger ubatch would only
-    // take memory.
-    let ubatch = margs.ubatch.unwrap_or(crate::plan::DEFAULT_UBATCH).min(prefill_budget() as u32);
+    // take memory. Without -ub, llama.cpp's default, within -b as an explicit -ub is.
+    let ubatch = margs.ubatch.unwrap_or(crate::plan::DEFAULT_UBATCH.min(margs.batch)).min(prefill_budget() as u32);
     // Batched slots (one KV cache, decode steps over every generating slot at once) unless
     // KILN_SERVE_SLOTS=sessions asks for a session per slot.
     let batched = !crate::config::serve_session_slots_from_env();
