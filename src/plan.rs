@@ -431,6 +431,34 @@ pub const GEMV_FLOAT_MANY_ROWS_SHAPE: GemvShape = GemvShape::grouped(256, 4, 4);
 /// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
 /// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
 /// latency, not bandwidth, so what matters is enough workgroups in flight.
+/// The formats a stacked Q/K/V projection's second part takes in llama.cpp's K-quant mixes
+/// (V in Q6_K in Q4_K_M and Q5_K_M files, in Q5_K in some layers of Q4_K_S ones), for which
+/// the GEMV over two formats is built (`KernelKey::Gemv::second`).
+pub const QKV_SECOND_FORMATS: [WeightFormat; 2] = [WeightFormat::Q5K, WeightFormat::Q6K];
+
+/// The one dispatch over a one-token step of a Q/K/V projection stacked from two quantized
+/// formats (`first_rows` rows of `format`, the rest of `second`), where it takes the step:
+/// the planner's GEMV for the whole matrix in the first format (int8 or float as for it),
+/// whose workgroups each stay in one part (`first_rows` a multiple of their rows).
+/// Two dispatches cost a launch and a barrier more: on an H200, 5 µs in each of TinyLlama
+/// Q4_K_M's 10 layers with V in Q6_K (run 222).
+pub fn plan_two_formats(
+    n: u32,
+    first_rows: u32,
+    k: u32,
+    format: WeightFormat,
+    second: WeightFormat,
+    caps: &Caps,
+) -> Option<MatmulKernel> {
+    if !format.is_quantized() || format == second || !QKV_SECOND_FORMATS.contains(&second) || first_rows >= n {
+        return None;
+    }
+    match plan_matmul(1, n, k, format, caps) {
+        kernel @ MatmulKernel::Gemv { shape, .. } if first_rows % shape.rows_per_workgroup() == 0 => Some(kernel),
+        _ => None,
+    }
+}
+
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
     if gemv_takes(m, caps) {
         let shape = if caps.cpu_adapter {

@@ -552,3 +552,74 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
         }
     }
 }
+
+/// One GEMV dispatch over a Q/K/V projection stacked from two formats (decode's path for
+/// Q4_K_M's and Q5_K_M's V in Q6_K, Q4_K_S's in Q5_K): Q, K and V against the CPU reference
+/// for each pair of formats, through every one-column kernel the planner gives it (the float
+/// GEMV through the RMSNorm, the int8 GEMV after its quantize dispatch where the adapter has
+/// it), with heads whose V rows are whole workgroups' rows and heads whose V rows are not
+/// (18 or 24 of them: the second part's last workgroup reads its last row again); a first part
+/// that is not whole workgroups' rows is refused.
+#[test]
+fn q_k_and_v_in_two_formats_take_one_dispatch() {
+    let k = 256;
+    let pairs = [
+        (WeightFormat::Q4K, WeightFormat::Q6K),
+        (WeightFormat::Q5K, WeightFormat::Q6K),
+        (WeightFormat::Q4K, WeightFormat::Q5K),
+    ];
+    for g in gpus() {
+        let mut kernels: Vec<MatmulKernel> =
+            [GemvShape::new(128, 2), GemvShape::new(64, 4), kiln::plan::GEMV_FLOAT_MANY_ROWS_SHAPE]
+                .into_iter()
+                .map(|shape| MatmulKernel::Gemv { ncols: 1, shape, q8: false })
+                .collect();
+        if g.ctx.caps.int8_dot {
+            kernels.extend([GemvShape::new(64, 4), GemvShape::new(128, 2)].map(|shape| MatmulKernel::Gemv {
+                ncols: 1,
+                shape,
+                q8: true,
+            }));
+        }
+        let default = qkv_v_part_shape(g.ctx.caps.f16);
+        // (query heads, head dimension): V rows 128 (whole), 24 (not whole 16-row workgroups),
+        // 18 (not whole 4-row ones); first parts of 384, 240 and 144 rows.
+        let heads = [(4, 64), (9, 24), (7, 18)];
+        for (i, &(first, second)) in pairs.iter().enumerate() {
+            for (j, &kernel) in kernels.iter().enumerate() {
+                let (n_head, head_dim) = heads[(i + j) % heads.len()];
+                let s = kiln::doctor::matmul::QkvShape {
+                    n_head,
+                    n_kv_head: if head_dim == 64 { 2 } else { 1 },
+                    head_dim,
+                    n_rot: head_dim,
+                    v_format: Some(second),
+                    one_dispatch: true,
+                    ..default
+                };
+                let c = case(first, s.rows(), k, 1, (i * 7 + j) as u64);
+                let gamma = kiln::doctor::data::Rng::new(j as u64).normal(k, 1.0);
+                let input = Input::Norm { gamma, eps: 1e-5 };
+                let run = Run { kernel, bias: true, accumulate: false, input, epi: Epi::Qkv(s), splits: 1 };
+                let tol = epilogue_tol(kernel);
+                for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
+                    let what = format!("[{}] {first}+{second} {kernel} heads {n_head}x{head_dim}: {}", g.name, o.what);
+                    assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
+                }
+            }
+        }
+        // 126 first rows: not whole 4-row workgroups.
+        let s = kiln::doctor::matmul::QkvShape {
+            n_head: 6,
+            n_kv_head: 1,
+            head_dim: 18,
+            n_rot: 18,
+            one_dispatch: true,
+            ..default
+        };
+        let kernel = MatmulKernel::Gemv { ncols: 1, shape: GemvShape::new(64, 4), q8: false };
+        let run = Run { kernel, bias: false, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits: 1 };
+        let err = mm::run(&g.ctx, &case(WeightFormat::Q4K, s.rows(), k, 1, 3), &run).err().expect("126 rows");
+        assert!(err.to_string().contains("whole workgroups' rows"), "{err}");
+    }
+}

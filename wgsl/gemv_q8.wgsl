@@ -10,15 +10,15 @@
 // Each invocation streams units of one aligned 16-byte vector of quants (weights bound as
 // vec4s: common/weights_vec4.wgsl), so that one load instruction of a subgroup reads whole
 // cache lines. The format file supplies dot_unit_count, dot_unit_half (which 16 x values
-// part j of a unit multiplies), dot_header and dot_part; parameters:
-// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl
-// (write_rows, or the grouped shape's write_group_rows).
+// part j of a unit multiplies), dot_header and dot_part; the products:
+// common/gemv_q8_rows.wgsl; parameters: common/matmul_params.wgsl; output and the final
+// reduction: common/gemv_output.wgsl (write_rows, or the grouped shape's write_group_rows).
 
 // ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES
 // (common/gemv_output.wgsl), each group its own ROWS rows; for many
 // columns (batched decode steps, short prompts), where every invocation holds the partial sums
 // of all NCOLS columns and a whole-workgroup reduction per output would cost more than the dot
-// products (see `main_grouped`). ROW_GROUPS 1: every invocation along K of the same rows.
+// products (common/gemv_q8_rows.wgsl). ROW_GROUPS 1: every invocation along K of the same rows.
 var<workgroup> partial: array<f32, PARTIALS>;
 // EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs ([output][column]), quantized by blocks of 32
 // once all are in (write_group_rows); Q8_OUT_BLOCKS blocks a column.
@@ -29,67 +29,15 @@ const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / 64u;
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     col0 = wid.z * NCOLS;
     prepare_x(lane);
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS;
+    var acc = row_sums(row0, lane).acc;
+    let xs = x_scale(lane);
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
     if (ROW_GROUPS > 1u) {
-        main_grouped(lane, (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS);
+        write_group_rows(acc, row0, lane);
         return;
     }
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    var acc: array<f32, ROWS * NCOLS>;
-    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
-
-    // Consecutive invocations take consecutive units of the row, so weight reads coalesce;
-    // a unit's x values are loaded once for all ROWS rows.
-    let n_units = dot_unit_count(p.k);
-    for (var u = lane.lid; u < n_units; u += WG) {
-        var xa: array<XHalf, NCOLS>;
-        var xb: array<XHalf, NCOLS>;
-        for (var m = 0u; m < NCOLS; m++) {
-            let xm = min(col0 + m, p.n_cols - 1u);
-            xa[m] = x_half(xm, dot_unit_half(u, 0u));
-            xb[m] = x_half(xm, dot_unit_half(u, 1u));
-        }
-        for (var r = 0u; r < ROWS; r++) {
-            let row = row0 + r;
-            if (row < p.n_rows) {
-                let h = dot_header(row, u, p.k);
-                for (var m = 0u; m < NCOLS; m++) {
-                    acc[r * NCOLS + m] += dot_part(h, 0u, xa[m]) + dot_part(h, 1u, xb[m]);
-                }
-            }
-        }
-    }
-    let xs = x_scale(lane);
-    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
     write_rows(acc, row0, lane);
-}
-
-// ROW_GROUPS > 1: group g = lid / K_LANES takes rows row0 + g ROWS ..; its lanes stride over
-// the rows' units. Per unit the ROWS rows' headers are unpacked once and held, and each
-// column's x slice is loaded in turn (NCOLS slices held at once would not fit in registers
-// at 8 or 16 columns). Rows past the chunk read its last row; their sums are not stored.
-fn main_grouped(lane: Lane, row0: u32) {
-    let g = lane.lid / K_LANES;
-    let rows0 = row0 + g * ROWS;
-    var acc: array<f32, ROWS * NCOLS>;
-    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
-    let n_units = dot_unit_count(p.k);
-    for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
-        var h: array<DotHeader, ROWS>;
-        for (var r = 0u; r < ROWS; r++) { h[r] = dot_header(min(rows0 + r, p.n_rows - 1u), u, p.k); }
-        let ha = dot_unit_half(u, 0u);
-        let hb = dot_unit_half(u, 1u);
-        for (var m = 0u; m < NCOLS; m++) {
-            let xm = min(col0 + m, p.n_cols - 1u);
-            let xa = x_half(xm, ha);
-            let xb = x_half(xm, hb);
-            for (var r = 0u; r < ROWS; r++) {
-                acc[r * NCOLS + m] += dot_part(h[r], 0u, xa) + dot_part(h[r], 1u, xb);
-            }
-        }
-    }
-    let xs = x_scale(lane);
-    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
-    write_group_rows(acc, row0, lane);
 }
 
 // The grouped reduction's hooks (common/gemv_output.wgsl, write_group_rows): with the int8

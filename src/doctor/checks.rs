@@ -265,6 +265,7 @@ pub fn qkv_shapes(f16_shaders: bool) -> Vec<QkvShape> {
         freq_base: 10000.0,
         freq_scale: 0.5,
         v_format: None,
+        one_dispatch: false,
         kv_base: 0,
         batched: false,
     };

@@ -45,6 +45,9 @@ pub struct QkvShape {
     /// engine runs them, the Q and K rows from row 0, the V rows from row q + kv, each
     /// binding a placeholder for the outputs its rows do not reach.
     pub v_format: Option<WeightFormat>,
+    /// With `v_format`: both parts through one GEMV dispatch (`BoundMatmul::two_formats_in`,
+    /// as one-token decode steps run them; one-column GEMV kernels only).
+    pub one_dispatch: bool,
     /// The first cache row of the sequence's region (a slot of a shared cache).
     pub kv_base: usize,
     /// A batched decode step's epilogue: column r is its own sequence (`QkvShape::column`).
@@ -323,30 +326,47 @@ fn run_qkv(
         dequantize(vf, &v_bytes, (n - qk_rows) * k, &mut w_ref[qk_rows * k..]).map_err(bad)?;
         parts.push((qk_rows, vf, v_bytes));
     }
+    let mut tensors = Vec::new();
     for (row_base, format, bytes) in &parts {
         let part_rows = bytes.len() / format.row_bytes(k).unwrap_or(1).max(1);
-        let w = WeightTensor::upload(ctx, "qkv part", *format, part_rows, k, bytes)?;
-        // Outputs the part's rows do not reach get a placeholder (as the engine binds them).
-        let unused = ctx.storage(16, "unused output")?;
-        let reaches = |from: usize, to: usize| *row_base < to && row_base + part_rows > from;
-        let mm = Matmul {
-            bias: run.bias.then_some(&b),
-            x_stride: xs as u32,
-            y_stride: qd as u32,
-            norm,
-            glu: up,
-            epi: Epilogue::Qkv {
-                k_cache: if reaches(qd, qd + kvd) { &kc } else { &unused },
-                v_cache: if reaches(qd + kvd, n) { &vc } else { &unused },
-                kv: s.kv,
-                neox: s.neox,
-                rope: &rope,
-                step: &step,
-                row_base: *row_base as u32,
-            },
-            ..Matmul::dense(&w, x, if reaches(0, qd) { &q } else { &unused }, m as u32)
+        tensors.push((*row_base, part_rows, WeightTensor::upload(ctx, "qkv part", *format, part_rows, k, bytes)?));
+    }
+    // Outputs a part's rows do not reach get a placeholder (as the engine binds them).
+    let unused = tensors.iter().map(|_| ctx.storage(16, "unused output")).collect::<Result<Vec<_>>>()?;
+    let qkv = |w, y, k_cache, v_cache, row_base: usize| Matmul {
+        bias: run.bias.then_some(&b),
+        x_stride: xs as u32,
+        y_stride: qd as u32,
+        norm,
+        glu: up,
+        epi: Epilogue::Qkv {
+            k_cache,
+            v_cache,
+            kv: s.kv,
+            neox: s.neox,
+            rope: &rope,
+            step: &step,
+            row_base: row_base as u32,
+        },
+        ..Matmul::dense(w, x, y, m as u32)
+    };
+    if s.one_dispatch {
+        let [(_, _, first), (_, _, second)] = &tensors[..] else {
+            return Err(crate::KilnError::invalid(
+                "check",
+                "one dispatch over two formats needs V in a part of its own",
+            ));
         };
-        dispatch_columns(ctx, &mm, run, s.batched)?;
+        let ds = matmul::prepare_two_formats(ctx, &qkv(first, &q, &kc, &vc, 0), second, run.kernel, "doctor")?;
+        run_dispatches(ctx, &ds.iter().collect::<Vec<_>>())?;
+    } else {
+        for ((row_base, part_rows, w), unused) in tensors.iter().zip(&unused) {
+            let reaches = |from: usize, to: usize| *row_base < to && row_base + part_rows > from;
+            let y = if reaches(0, qd) { &q } else { unused };
+            let k_cache = if reaches(qd, qd + kvd) { &kc } else { unused };
+            let v_cache = if reaches(qd + kvd, n) { &vc } else { unused };
+            dispatch_columns(ctx, &qkv(w, y, k_cache, v_cache, *row_base), run, s.batched)?;
+        }
     }
     let plain = matmul::reference(&w_ref, n, k, input, m, bias_values, None);
     let positions: Vec<usize> = cols.iter().map(|c| c.pos as usize).collect();

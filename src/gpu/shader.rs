@@ -10,6 +10,7 @@ use crate::error::{KilnError, Result};
 /// Every WGSL file kiln ships, embedded at build time. Composition can only name these.
 pub const FILES: &[(&str, &str)] = &[
     ("common/quant.wgsl", include_str!("../../wgsl/common/quant.wgsl")),
+    ("common/quant_words.wgsl", include_str!("../../wgsl/common/quant_words.wgsl")),
     ("common/reduce_subgroup.wgsl", include_str!("../../wgsl/common/reduce_subgroup.wgsl")),
     ("common/reduce_shared.wgsl", include_str!("../../wgsl/common/reduce_shared.wgsl")),
     ("common/kv_f32.wgsl", include_str!("../../wgsl/common/kv_f32.wgsl")),
@@ -35,6 +36,10 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/matmul_params.wgsl", include_str!("../../wgsl/common/matmul_params.wgsl")),
     ("common/gemv_input.wgsl", include_str!("../../wgsl/common/gemv_input.wgsl")),
     ("common/gemv_output.wgsl", include_str!("../../wgsl/common/gemv_output.wgsl")),
+    ("common/gemv_rows.wgsl", include_str!("../../wgsl/common/gemv_rows.wgsl")),
+    ("common/gemv_q8_rows.wgsl", include_str!("../../wgsl/common/gemv_q8_rows.wgsl")),
+    ("common/gemv_one_format.wgsl", include_str!("../../wgsl/common/gemv_one_format.wgsl")),
+    ("common/gemv_two_formats.wgsl", include_str!("../../wgsl/common/gemv_two_formats.wgsl")),
     ("common/gemm_io.wgsl", include_str!("../../wgsl/common/gemm_io.wgsl")),
     ("common/matmul_epilogue.wgsl", include_str!("../../wgsl/common/matmul_epilogue.wgsl")),
     ("common/epilogue_qkv.wgsl", include_str!("../../wgsl/common/epilogue_qkv.wgsl")),
@@ -129,6 +134,18 @@ pub struct ShaderSource {
     pub overrides: Vec<(&'static str, f64)>,
 }
 
+/// What a composed shader is made of after its header.
+#[derive(Debug)]
+enum Part {
+    File(&'static str),
+    /// Files composed a second time under other names (`Composer::include_renamed`).
+    Renamed {
+        files: Vec<&'static str>,
+        suffix: &'static str,
+        binding: u32,
+    },
+}
+
 /// Builds a shader from a header of constants and a list of files.
 #[derive(Debug, Default)]
 pub struct Composer {
@@ -136,7 +153,7 @@ pub struct Composer {
     enable_f16: bool,
     enable_coopmat: bool,
     header: Vec<String>,
-    files: Vec<&'static str>,
+    files: Vec<Part>,
     overrides: Vec<(&'static str, f64)>,
 }
 
@@ -168,7 +185,15 @@ impl Composer {
         self
     }
     pub fn include(mut self, name: &'static str) -> Self {
-        self.files.push(name);
+        self.files.push(Part::File(name));
+        self
+    }
+    /// `files` once more, every name they declare at module scope given `suffix` and their
+    /// weights binding (1) moved to `binding`: a second copy of a format's decoding and of a
+    /// body over another weights buffer (a GEMV over two formats). The files must declare
+    /// module-scope items unindented and bind nothing but the weights.
+    pub fn include_renamed(mut self, files: &[&'static str], suffix: &'static str, binding: u32) -> Self {
+        self.files.push(Part::Renamed { files: files.to_vec(), suffix, binding });
         self
     }
     pub fn build(self) -> Result<ShaderSource> {
@@ -184,12 +209,95 @@ impl Composer {
             text.push_str(line);
             text.push('\n');
         }
-        for name in &self.files {
-            text.push_str(&format!("\n// ---- {name} ----\n"));
-            text.push_str(&file(name)?);
+        for part in &self.files {
+            match part {
+                Part::File(name) => {
+                    text.push_str(&format!("\n// ---- {name} ----\n"));
+                    text.push_str(&file(name)?);
+                }
+                Part::Renamed { files, suffix, binding } => {
+                    let texts = files.iter().map(|n| file(n)).collect::<Result<Vec<_>>>()?;
+                    let names: std::collections::HashSet<String> =
+                        texts.iter().flat_map(|t| declared_names(t)).collect();
+                    for (name, t) in files.iter().zip(&texts) {
+                        text.push_str(&format!("\n// ---- {name} (names{suffix}, binding {binding}) ----\n"));
+                        let t = t.replace("@binding(1)", &format!("@binding({binding})"));
+                        text.push_str(&rename(&t, &names, suffix));
+                    }
+                }
+            }
         }
         Ok(ShaderSource { label: self.label, text, overrides: self.overrides })
     }
+}
+
+/// The names a WGSL file declares at module scope (unindented `fn`, `const`, `struct`,
+/// `alias`, `override` and `var` items, after any attributes).
+fn declared_names(text: &str) -> Vec<String> {
+    let ident = |s: &str| -> Option<String> {
+        let s = s.trim_start();
+        let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+        (end > 0).then(|| s[..end].to_string())
+    };
+    text.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .filter_map(|l| {
+            let mut rest = l.trim_end();
+            // Attributes: @group(0) @binding(1) ...
+            while let Some(r) = rest.strip_prefix('@') {
+                rest = r.split_once(char::is_whitespace).map(|(_, r)| r.trim_start()).unwrap_or("");
+            }
+            for kw in ["fn ", "const ", "struct ", "alias ", "override "] {
+                if let Some(r) = rest.strip_prefix(kw) {
+                    return ident(r);
+                }
+            }
+            let r = rest.strip_prefix("var")?;
+            let r = match r.strip_prefix('<') {
+                Some(r) => r.split_once('>')?.1,
+                None => r,
+            };
+            ident(r)
+        })
+        .collect()
+}
+
+/// `text` with every identifier in `names` given `suffix` (not field names after a `.`).
+fn rename(text: &str, names: &std::collections::HashSet<String>, suffix: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    let mut word = String::new();
+    let mut prev = ' ';
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let flush = |word: &mut String, out: &mut String, after_dot: bool| {
+        if !word.is_empty() {
+            out.push_str(word);
+            if !after_dot && names.contains(word.as_str()) {
+                out.push_str(suffix);
+            }
+            word.clear();
+        }
+    };
+    let mut word_after_dot = false;
+    for c in text.chars() {
+        if is_ident(c) {
+            if word.is_empty() {
+                // Digits start no identifier (1u, 0x10).
+                if c.is_ascii_digit() || is_ident(prev) {
+                    out.push(c);
+                    prev = c;
+                    continue;
+                }
+                word_after_dot = prev == '.';
+            }
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out, word_after_dot);
+            out.push(c);
+        }
+        prev = c;
+    }
+    flush(&mut word, &mut out, word_after_dot);
+    out
 }
 
 /// Parses and validates a composed shader with naga, as every backend would.
@@ -217,6 +325,22 @@ pub fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renamed_files_rename_their_own_declarations_only() {
+        let text = "const N: u32 = 4u;\n@group(0) @binding(1) var<storage, read> wq: array<u32>;\nstruct H { n: u32 }\n\
+                    fn w32(i: u32) -> u32 { return wq[i]; }\n\
+                    fn f(h: H) -> u32 {\n    let w32x = 1u;\n    return w32(h.n + N) + w32x + other(0x1u);\n}\n";
+        let names: std::collections::HashSet<String> = declared_names(text).into_iter().collect();
+        let want: std::collections::HashSet<String> = ["N", "wq", "H", "w32", "f"].map(String::from).into();
+        assert_eq!(names, want);
+        let out = rename(text, &names, "_b");
+        assert!(out.contains("const N_b: u32 = 4u;"), "{out}");
+        assert!(out.contains("var<storage, read> wq_b: array<u32>;"), "{out}");
+        assert!(out.contains("fn f_b(h: H_b) -> u32"), "{out}");
+        // Fields, other names, longer names and numbers stay.
+        assert!(out.contains("return w32_b(h.n + N_b) + w32x + other(0x1u);"), "{out}");
+    }
 
     #[test]
     fn a_wgsl_dir_replaces_only_files_kiln_has() {

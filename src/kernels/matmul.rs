@@ -24,7 +24,9 @@ pub struct MatmulParams {
     /// Split-K: K ranges, and weights per range (GEMM partials and gemm_reduce.wgsl).
     pub splits: u32,
     pub split_k: u32,
-    pub _pad: u32,
+    /// Rows from the weights at binding 1: n_rows, but for a GEMV over two formats, whose
+    /// rows from here on come from the second weights (`KernelKey::Gemv::second`).
+    pub first_rows: u32,
 }
 
 /// One matmul: which buffers, and how X and Y are laid out.
@@ -175,6 +177,16 @@ impl<'a> Matmul<'a> {
     }
 }
 
+/// `key` reading the rows from `first_rows` on from the second weights, where `second` says.
+fn with_second(key: KernelKey, second: Option<SecondPart>) -> KernelKey {
+    match (key, second) {
+        (KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, .. }, Some(s)) => {
+            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, second: Some(s.format) }
+        }
+        _ => key,
+    }
+}
+
 /// A matmul's five bindings after the parameters, then the epilogue's.
 fn with_extra<'b>(base: [&'b wgpu::Buffer; 5], extra: &[&'b wgpu::Buffer]) -> Vec<&'b wgpu::Buffer> {
     base.into_iter().chain(extra.iter().copied()).collect()
@@ -220,6 +232,7 @@ pub fn launch(
                 glu,
                 q8,
                 epi,
+                second: None,
             };
             // One workgroup per ROWS x ROW_GROUPS rows and group of ncols columns (grid z).
             let [gx, gy, _] = grid(rows.div_ceil(shape.rows_per_workgroup()));
@@ -486,6 +499,19 @@ pub struct BoundMatmul {
     /// One sequence's one-token steps find the int8 input already written by the dispatch
     /// before (decode attention, `Caps::attn_q8_out`): the int8 GEMV at any size.
     fed_q8: bool,
+    /// The rows past the first part's in a second format, from a second buffer
+    /// (`two_formats_in`): one GEMV dispatch over both.
+    second: Option<SecondPart>,
+}
+
+/// The rows of a stacked matrix from `first_rows` on, in `format` (`BoundMatmul::two_formats_in`),
+/// and the GEMV that runs over both parts.
+#[derive(Clone, Copy, Debug)]
+struct SecondPart {
+    format: crate::quant::WeightFormat,
+    first_rows: u32,
+    rows: u32,
+    kernel: MatmulKernel,
 }
 
 impl BoundMatmul {
@@ -541,7 +567,7 @@ impl BoundMatmul {
         blocks: Option<wgpu::Buffer>,
     ) -> Result<BoundMatmul> {
         let halves = scratch.halves_for(ctx, mm)?;
-        let mut b = Self::bind(ctx, mm, stage, blocks, halves, scratch.partials(ctx)?)?;
+        let mut b = Self::bind(ctx, mm, stage, blocks, halves, scratch.partials(ctx)?, None)?;
         b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
         Ok(b)
     }
@@ -554,7 +580,7 @@ impl BoundMatmul {
         scratch: &MatmulScratch,
     ) -> Result<BoundMatmul> {
         let halves = scratch.halves_for(ctx, mm)?;
-        let mut b = Self::bind(ctx, mm, stage, None, halves, scratch.partials(ctx)?)?;
+        let mut b = Self::bind(ctx, mm, stage, None, halves, scratch.partials(ctx)?, None)?;
         b.gemv_cols = 0;
         Ok(b)
     }
@@ -563,7 +589,7 @@ impl BoundMatmul {
     pub fn with_q8(ctx: &GpuContext, mm: &Matmul, stage: &'static str, q8: bool) -> Result<BoundMatmul> {
         let blocks = if q8 { Some(q8_blocks(ctx, mm.w.k)?) } else { None };
         let halves = own_halves(ctx, mm)?;
-        Self::bind(ctx, mm, stage, blocks, halves, None)
+        Self::bind(ctx, mm, stage, blocks, halves, None, None)
     }
 
     /// Binds matmuls that read the same input (the same X through the same fused RMSNorm or
@@ -599,6 +625,7 @@ impl BoundMatmul {
                     blocks.clone().filter(|_| wants_q8(ctx, mm)),
                     halves.clone().filter(|_| wants_halves(ctx, mm)),
                     partials.clone(),
+                    None,
                 )?;
                 b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
                 Ok(b)
@@ -606,10 +633,84 @@ impl BoundMatmul {
             .collect()
     }
 
+    /// One dispatch over a Q/K/V projection stacked from two formats: `mm.w` its first rows
+    /// (`Epilogue::Qkv`, binding every output the rows reach), `second` the rest, which the
+    /// GEMV reads from a buffer of its own (`KernelKey::Gemv::second`; Q4_K_M files store V in
+    /// Q6_K). For one sequence's one-token steps where the planner takes them
+    /// (`plan::plan_two_formats`, `takes_step`); the parts' own matmuls run the others. None
+    /// where it never runs: no such step, weights split into chunks, or too few storage
+    /// buffers a shader stage for its bindings.
+    pub fn two_formats_in(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        second: &WeightTensor,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+    ) -> Result<Option<BoundMatmul>> {
+        let Epilogue::Qkv { row_base, .. } = mm.epi else {
+            return Err(KilnError::invalid("matmul", "a GEMV over two formats is the Q/K/V projection's"));
+        };
+        if second.k != mm.w.k || row_base != 0 {
+            return Err(KilnError::invalid("matmul", "two formats' parts must share k and start at row 0"));
+        }
+        let (first_rows, n) = (mm.w.rows, mm.w.rows + second.rows);
+        let Some(kernel) = crate::plan::plan_two_formats(n, first_rows, mm.w.k, mm.w.format, second.format, &ctx.caps)
+        else {
+            return Ok(None);
+        };
+        let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
+        let blocks = if q8 { Some(scratch.blocks(ctx, mm.w.k)?) } else { None };
+        Self::bind_two_formats(ctx, mm, second, kernel, stage, blocks)
+    }
+
+    /// `two_formats_in` on `kernel` (a one-column GEMV; the int8 one reading `blocks`).
+    fn bind_two_formats(
+        ctx: &GpuContext,
+        mm: &Matmul,
+        second: &WeightTensor,
+        kernel: MatmulKernel,
+        stage: &'static str,
+        blocks: Option<wgpu::Buffer>,
+    ) -> Result<Option<BoundMatmul>> {
+        let first_rows = mm.w.rows;
+        let part = SecondPart { format: second.format, first_rows, rows: second.rows, kernel };
+        let MatmulKernel::Gemv { ncols: 1, shape, q8 } = kernel else {
+            return Err(KilnError::invalid("matmul", format!("a GEMV over two formats is one column's, not {kernel}")));
+        };
+        if first_rows % shape.rows_per_workgroup() != 0 || q8 != blocks.is_some() {
+            return Err(KilnError::invalid(
+                "matmul",
+                format!("{kernel} over two formats: {first_rows} first rows are not whole workgroups' rows"),
+            ));
+        }
+        // The int8 GEMV's RMSNorm belongs to its quantize dispatch.
+        let (key, _) = launch(
+            ctx,
+            kernel,
+            mm.w.format,
+            first_rows + second.rows,
+            1,
+            mm.norm.is_some() && !q8,
+            false,
+            mm.epi.key(),
+        )?;
+        let key = with_second(key, Some(part));
+        let storage = key.bindings().iter().filter(|b| **b != super::Binding::Uniform).count() as u32;
+        if mm.w.chunks.len() != 1
+            || second.chunks.len() != 1
+            || ctx.limits.max_storage_buffers_per_shader_stage < storage
+        {
+            return Ok(None);
+        }
+        let b = Self::bind(ctx, mm, stage, blocks, None, None, Some((part, &second.chunks[0].buffer, key)))?;
+        Ok(Some(b))
+    }
+
     /// Binds `mm`; with `blocks`, also the int8 GEMV reading them and the quantize dispatch
     /// writing them; with `halves`, the cooperative GEMM reading them and the dispatch
     /// rounding X into them; with `partials`, the split-K GEMM writing its partial sums there
-    /// and the pass adding them up.
+    /// and the pass adding them up; with `second`, the rows after `mm.w`'s from that buffer
+    /// through that kernel (`two_formats_in`).
     fn bind(
         ctx: &GpuContext,
         mm: &Matmul,
@@ -617,6 +718,7 @@ impl BoundMatmul {
         blocks: Option<wgpu::Buffer>,
         halves: Option<wgpu::Buffer>,
         partials: Option<wgpu::Buffer>,
+        second: Option<(SecondPart, &wgpu::Buffer, KernelKey)>,
     ) -> Result<BoundMatmul> {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
         let y_cols = match mm.epi {
@@ -649,14 +751,23 @@ impl BoundMatmul {
         // Any matmul key with this epilogue has the same bindings; the pipeline is chosen per
         // step.
         let epi = mm.epi.key();
-        let key = KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi };
+        // (A GEMV over two formats: its own bindings, and the one kernel it runs.)
+        let key = match second {
+            Some((.., key)) => key,
+            None => KernelKey::Gemm { format: mm.w.format, tile: crate::plan::GemmTile::T32, epi },
+        };
         if epi != Epi::Plain && (mm.accumulate || mm.w.rows % 2 != 0 || mm.w.chunks.iter().any(|c| c.rows % 2 != 0)) {
             return Err(KilnError::invalid("matmul", "a fused epilogue needs whole row pairs and no accumulation"));
         }
-        let extra: Vec<&wgpu::Buffer> = match &mm.epi {
+        let mut extra: Vec<&wgpu::Buffer> = match &mm.epi {
             Epilogue::Qkv { k_cache, v_cache, rope, step, .. } => vec![k_cache, v_cache, rope, step],
             _ => Vec::new(),
         };
+        // The second format's weights after the epilogue's buffers (`SECOND_WEIGHTS_BINDING`).
+        if let Some((_, buffer, _)) = second {
+            extra.push(buffer);
+        }
+        let second = second.map(|(part, ..)| part);
         // One binding of `key` per weight chunk: the chunk's weights at 1, then `rest` (X, Y,
         // bias, fused-input weights), then the epilogue's buffers (from binding 6).
         let bind_chunks = |key: &KernelKey, rest: [&wgpu::Buffer; 4], epilogue: &[&wgpu::Buffer]| {
@@ -672,7 +783,7 @@ impl BoundMatmul {
         let chunks = bind_chunks(&key, [mm.x, mm.y, bias, norm_w], &extra)?
             .into_iter()
             .zip(&mm.w.chunks)
-            .map(|(b, c)| (b, c.row_start, c.rows))
+            .map(|(b, c)| (b, c.row_start, c.rows + second.map_or(0, |s| s.rows)))
             .collect();
         let q8 = if let Some(blocks) = blocks {
             if !mm.w.format.is_quantized() {
@@ -720,6 +831,7 @@ impl BoundMatmul {
                     glu: false,
                     q8: true,
                     epi: Epi::SwiGluQ8,
+                    second: None,
                 };
                 let (x_in, norm_in) = if local_input { (mm.x, norm_w) } else { (&input.blocks, &dummy) };
                 let chunks = bind_chunks(&okey, [x_in, mm.y, bias, norm_in], &[out])?;
@@ -802,7 +914,8 @@ impl BoundMatmul {
             stage,
             format: mm.w.format,
             k: mm.w.k,
-            n: mm.w.rows,
+            n: mm.w.rows + second.map_or(0, |s| s.rows),
+            second,
             chunks,
             x_stride: mm.x_stride,
             y_stride: mm.y_stride,
@@ -832,7 +945,7 @@ impl BoundMatmul {
             eps: self.norm_eps.unwrap_or(0.0),
             splits: 1,
             split_k: self.k,
-            _pad: 0,
+            first_rows: self.second.map_or(rows, |s| s.first_rows),
         }
     }
 
@@ -849,6 +962,13 @@ impl BoundMatmul {
         }
     }
 
+    /// Whether this matmul runs a step over m columns (`batched`: a batched decode step's):
+    /// every step, but one over two formats (`two_formats_in`) only one sequence's one-token
+    /// steps.
+    pub fn takes_step(&self, m: u32, batched: bool) -> bool {
+        self.second.is_none() || (!batched && m == 1)
+    }
+
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
         if m > self.gemv_cols {
@@ -863,6 +983,9 @@ impl BoundMatmul {
     /// GEMV, the int8 SwiGLU epilogue's shape where this matmul has it and the adapter takes it
     /// (`Caps::q8_swiglu`).
     fn plan_step(&self, ctx: &GpuContext, m: u32, batched: bool) -> MatmulKernel {
+        if let Some(s) = self.second {
+            return s.kernel;
+        }
         let kernel = if batched {
             crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
         } else if self.fed_q8 && m == 1 {
@@ -901,7 +1024,16 @@ impl BoundMatmul {
             (_, true) => "+swiglu",
             _ => "",
         };
-        let w_bytes = self.format.gpu_tensor_bytes(self.n as usize, self.k as usize).unwrap_or(0) as f64;
+        let bytes = |format: crate::quant::WeightFormat, rows: u32| {
+            format.gpu_tensor_bytes(rows as usize, self.k as usize).unwrap_or(0) as f64
+        };
+        let (w_bytes, formats) = match self.second {
+            Some(s) => (
+                bytes(self.format, s.first_rows) + bytes(s.format, s.rows),
+                format!("{}+{}", self.format.name(), s.format.name()),
+            ),
+            None => (bytes(self.format, self.n), self.format.name().to_string()),
+        };
         let (m64, k64, n64) = (m as f64, self.k as f64, self.n as f64);
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
@@ -922,7 +1054,7 @@ impl BoundMatmul {
             _ => String::new(),
         };
         crate::profile::StageWork {
-            kernel: format!("{kernel}{split}{fused}{q8_out} {}", self.format.name()),
+            kernel: format!("{kernel}{split}{fused}{q8_out} {formats}"),
             shape: format!("{m}x{}·{}", self.k, self.n),
             bytes: w_bytes + x_bytes + y_bytes,
             flops: 2.0 * m64 * k64 * n64,
@@ -1128,8 +1260,15 @@ impl BoundMatmul {
                 None => self.chunks.iter().map(|(b, ..)| b).collect(),
             },
         };
+        if self.second.is_some_and(|s| s.kernel != kernel) || !self.takes_step(m, batched) {
+            return Err(KilnError::invalid(
+                "matmul",
+                format!("{}: no GEMV over two formats for this step", self.stage),
+            ));
+        }
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m, kernel_norm, kernel_glu, epi)?;
+            let key = with_second(key, self.second);
             let params = MatmulParams { x_stride, ..self.params(m, *row_start, *rows) };
             if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {
                 let (split_k, splits) = self.split_k(ctx, m, *rows, tile);
@@ -1220,6 +1359,25 @@ fn one_off(
     Ok(dispatches)
 }
 
+/// One-off dispatches of one GEMV on `kernel` over a Q/K/V projection stacked from two
+/// formats (`mm.w` its first rows, `second` the rest; tests of `BoundMatmul::two_formats_in`'s
+/// kernels); an error where the adapter cannot bind it.
+pub fn prepare_two_formats(
+    ctx: &GpuContext,
+    mm: &Matmul,
+    second: &WeightTensor,
+    kernel: MatmulKernel,
+    stage: &'static str,
+) -> Result<Vec<Dispatch>> {
+    let blocks = match kernel {
+        MatmulKernel::Gemv { q8: true, .. } => Some(q8_blocks(ctx, mm.w.k)?),
+        _ => None,
+    };
+    let bm = BoundMatmul::bind_two_formats(ctx, mm, second, kernel, stage, blocks)?
+        .ok_or_else(|| KilnError::invalid("matmul", "this adapter cannot bind a GEMV over two formats"))?;
+    one_off(ctx, &bm, mm.m, kernel, false, stage)
+}
+
 /// One-off dispatches for `mm` on `kernel` (a GEMM) split into `splits` K ranges (fewer where
 /// K has fewer steps), the partial sums in a scratch buffer of their own (tests of split-K);
 /// `batched`: the Q/K/V epilogue reads each column's position from the step's table.
@@ -1233,7 +1391,7 @@ pub fn prepare_split(
 ) -> Result<Vec<Dispatch>> {
     let scratch = ctx.storage(SPLIT_K_SCRATCH_BYTES, "split-K partial sums")?;
     let halves = own_halves(ctx, mm)?;
-    let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch))?;
+    let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch), None)?;
     bm.forced_splits = Some(splits);
     one_off(ctx, &bm, mm.m, kernel, batched, stage)
 }
@@ -1262,7 +1420,7 @@ pub fn prepare_to_half(
         eps: 0.0,
         splits: 1,
         split_k: k,
-        _pad: 0,
+        first_rows: 0,
     };
     b.set(ctx, &params);
     Ok(Dispatch {

@@ -70,6 +70,31 @@ fn format_file(f: WeightFormat) -> &'static str {
     }
 }
 
+/// The binding of a GEMV's second weights buffer (`KernelKey::Gemv::second`): after the
+/// Q/K/V epilogue's.
+pub const SECOND_WEIGHTS_BINDING: u32 = 10;
+
+/// How a GEMV body (its sums in `rows_file`, its weights bound by `weights_file`) picks its
+/// rows' weights: all from binding 1, or (`second`) the rows from `first_rows` on from a
+/// second copy of the format's decoding and the sums over `SECOND_WEIGHTS_BINDING`.
+fn gemv_formats(
+    c: Composer,
+    second: Option<WeightFormat>,
+    weights_file: &'static str,
+    rows_file: &'static str,
+) -> Composer {
+    match second {
+        None => c.include("common/gemv_one_format.wgsl"),
+        Some(f2) => c
+            .include_renamed(
+                &["common/quant_words.wgsl", format_file(f2), weights_file, rows_file],
+                "_b",
+                SECOND_WEIGHTS_BINDING,
+            )
+            .include("common/gemv_two_formats.wgsl"),
+    }
+}
+
 /// The epilogue files of a matmul variant (common/matmul_epilogue.wgsl and what it needs).
 fn epilogue(c: Composer, epi: Epi) -> Composer {
     let c = c.const_u32("EPI", epi.code()).include("common/matmul_epilogue.wgsl");
@@ -183,6 +208,10 @@ pub enum KernelKey {
         /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`).
         q8: bool,
         epi: Epi,
+        /// The format of a second weights buffer (binding `SECOND_WEIGHTS_BINDING`) holding
+        /// the rows from `MatmulParams::first_rows` on: one dispatch over a Q/K/V projection
+        /// stacked from two formats (common/gemv_two_formats.wgsl; the Q/K/V epilogue only).
+        second: Option<WeightFormat>,
     },
     /// A GEMV input quantized to int8 blocks for the int8-activation GEMV, through the fused
     /// RMSNorm or SwiGLU (quantize_q8.wgsl); `plan::GEMV_Q8_GROUP_COLS` rows per workgroup.
@@ -336,6 +365,9 @@ impl KernelKey {
     pub fn bindings(&self) -> &'static [Binding] {
         use Binding::*;
         match self {
+            KernelKey::Gemv { epi: Epi::Qkv { .. }, second: Some(_), .. } => {
+                &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read, Read]
+            }
             KernelKey::Gemv { epi: Epi::Qkv { .. }, .. }
             | KernelKey::Gemm { epi: Epi::Qkv { .. }, .. }
             | KernelKey::GemmReduce { epi: Epi::Qkv { .. } } => {
@@ -435,7 +467,7 @@ impl KernelKey {
             return Err(crate::error::KilnError::invalid("kernel", "the f16 SwiGLU epilogue is the GEMMs' only"));
         }
         match *self {
-            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi } => {
+            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, second } => {
                 // The int8 GEMV's fused RMSNorm: each workgroup quantizes its one column itself
                 // (common/q8_in_local.wgsl); otherwise the quantize dispatch applies it.
                 if q8 && (!format.is_quantized() || glu || (norm && ncols != 1)) {
@@ -457,6 +489,14 @@ impl KernelKey {
                         format!("GEMV row groups: {groups} of {wg} invocations (a divisor of its workgroup; the float GEMV's over one column only)"),
                     ));
                 }
+                if let Some(f2) = second {
+                    if !matches!(epi, Epi::Qkv { batched: false, .. }) || ncols != 1 || (q8 && !f2.is_quantized()) {
+                        return Err(crate::error::KilnError::invalid(
+                            "kernel",
+                            format!("a GEMV over two formats takes one column through the Q/K/V epilogue (and, int8, quantized formats), not {epi:?} over {ncols} in {f2}"),
+                        ));
+                    }
+                }
                 let c = c
                     .enable_f16(matches!(epi, Epi::Qkv { kv: KvKind::F16Native, .. }))
                     .const_u32("WG", wg as u32)
@@ -466,6 +506,7 @@ impl KernelKey {
                     .const_bool("NORM", norm)
                     .const_bool("GLU", glu)
                     .include("common/quant.wgsl")
+                    .include("common/quant_words.wgsl")
                     .include(format_file(format))
                     .include(reduce_file(subgroups))
                     .include("common/matmul_params.wgsl")
@@ -479,10 +520,16 @@ impl KernelKey {
                     } else {
                         c.include("common/q8_in_global.wgsl")
                     };
-                    c.include("common/weights_vec4.wgsl").include("gemv_q8.wgsl").build()
+                    let c = c.include("common/weights_vec4.wgsl").include("common/gemv_q8_rows.wgsl");
+                    gemv_formats(c, second, "common/weights_vec4.wgsl", "common/gemv_q8_rows.wgsl")
+                        .include("gemv_q8.wgsl")
+                        .build()
                 } else {
-                    c.include("common/weights_words.wgsl")
+                    let c = c
+                        .include("common/weights_words.wgsl")
                         .include("common/gemv_input.wgsl")
+                        .include("common/gemv_rows.wgsl");
+                    gemv_formats(c, second, "common/weights_words.wgsl", "common/gemv_rows.wgsl")
                         .include("gemv.wgsl")
                         .build()
                 }
@@ -526,6 +573,7 @@ impl KernelKey {
                     c
                 } else {
                     c.include("common/quant.wgsl")
+                        .include("common/quant_words.wgsl")
                         .include(format_file(format))
                         // Float weights are streamed as whole 16-byte vectors; block formats
                         // read scattered words.
@@ -568,6 +616,7 @@ impl KernelKey {
             KernelKey::Embed { format } => c
                 .const_u32("WG", WG_ELT)
                 .include("common/quant.wgsl")
+                .include("common/quant_words.wgsl")
                 .include(format_file(format))
                 .include("common/weights_words.wgsl")
                 .include("embed.wgsl")
@@ -786,6 +835,14 @@ impl KernelKey {
                             kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
                     }
+                    // The float GEMV's grouped shape over one column (many rows).
+                    if ncols == 1 {
+                        let shape = crate::plan::GEMV_FLOAT_MANY_ROWS_SHAPE;
+                        for input in [(false, false), (true, false), (false, true)] {
+                            kinds.push((shape, false, input, Epi::Plain));
+                        }
+                        kinds.extend(fused_epis.iter().map(|&epi| (shape, false, (true, false), epi)));
+                    }
                     // The int8 GEMV's grouped shapes over several columns.
                     if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_WIDE_COLS {
                         for shape in [crate::plan::GEMV_Q8_WIDE, crate::plan::GEMV_Q8_WIDE_FEW_ROWS] {
@@ -802,6 +859,7 @@ impl KernelKey {
                         }
                     }
                     v.extend(kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| KernelKey::Gemv {
+                        second: None,
                         format,
                         ncols,
                         rows: shape.rows as u8,
@@ -813,6 +871,38 @@ impl KernelKey {
                         q8,
                         epi,
                     }));
+                }
+            }
+            // One dispatch over a Q/K/V projection stacked from two formats (one-column decode
+            // steps): the float GEMV through the RMSNorm, the int8 GEMV after its quantize
+            // dispatch, in the shapes the planner gives one column.
+            for second in crate::plan::QKV_SECOND_FORMATS.into_iter().filter(|&f| f != format && format.is_quantized())
+            {
+                let qkv = || fused_epis.iter().copied().filter(|e| matches!(e, Epi::Qkv { .. }));
+                for subgroups in [false, true] {
+                    let float = [
+                        GemvShape::new(128, 2),
+                        GemvShape::new(256, 2),
+                        GemvShape::new(64, 4),
+                        crate::plan::GEMV_FLOAT_MANY_ROWS_SHAPE,
+                    ];
+                    let int8 = [GemvShape::new(64, 4), GemvShape::new(128, 2)];
+                    let kinds = float.into_iter().map(|s| (s, false)).chain(int8.into_iter().map(|s| (s, true)));
+                    for (shape, q8) in kinds {
+                        v.extend(qkv().map(|epi| KernelKey::Gemv {
+                            format,
+                            ncols: 1,
+                            rows: shape.rows as u8,
+                            groups: shape.groups as u8,
+                            wg: shape.wg as u16,
+                            subgroups,
+                            norm: !q8,
+                            glu: false,
+                            q8,
+                            epi,
+                            second: Some(second),
+                        }));
+                    }
                 }
             }
             // The batched Q/K/V epilogue on the GEMMs: several sequences' prompts prefilled together.

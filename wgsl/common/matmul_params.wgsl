@@ -13,7 +13,7 @@ struct Params {
     eps: f32,        // RMSNorm epsilon (fused RMSNorm)
     splits: u32,     // split-K: K ranges (GEMM partials, gemm_reduce.wgsl)
     split_k: u32,    // split-K: weights per K range (a multiple of the GEMM's BK)
-    _pad2: u32,
+    first_rows: u32, // rows from the weights at binding 1 (GEMVs over two formats: the rest from 10)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

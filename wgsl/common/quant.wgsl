@@ -1,6 +1,7 @@
 // Shared pieces of block decoding. Weights are read as 32-bit words through w32(i) and as
 // 16-byte vectors through w128(i) (common/weights_words.wgsl or weights_vec4.wgsl: WGSL has
-// no portable 8- or 16-bit storage). Each format file provides these views of a row of k
+// no portable 8- or 16-bit storage); the shared pieces that read them are in
+// common/quant_words.wgsl. Each format file provides these views of a row of k
 // weights (and dot_* functions for the int8 GEMV, gemv_q8.wgsl):
 //
 // Random access (GEMM tiles, embedding rows), in two halves so that a kernel can issue a
@@ -103,33 +104,6 @@ fn f16_bits_to_f32(h: u32) -> f32 {
     return f16_bits_to_f32x4(vec4<u32>(h)).x;
 }
 
-// The half stored at half-index i of the weights.
-fn half_at(i: u32) -> u32 {
-    return (w32(i >> 1u) >> ((i & 1u) * 16u)) & 0xffffu;
-}
-
-// F16 and BF16: the four words holding halves e .. e + 7 (e even): one vector load when they
-// start at a 16-byte boundary.
-fn chunk_words(e: u32) -> vec4<u32> {
-    let i = e >> 1u;
-    if ((i & 3u) == 0u) { return w128(i >> 2u); }
-    return vec4<u32>(w32(i), w32(i + 1u), w32(i + 2u), w32(i + 3u));
-}
-
-// F16 and BF16: halves 8c .. 8c + 7 of a row of k, two to a word (zeros past k).
-fn halves8(row: u32, c: u32, k: u32) -> vec4<u32> {
-    let k0 = c * 8u;
-    let e = row * k + k0;
-    if ((e & 1u) == 0u && k0 + 8u <= k) { return chunk_words(e); }
-    var h: vec4<u32>;
-    for (var i = 0u; i < 4u; i++) {
-        let lo = select(0u, half_at(e + 2u * i), k0 + 2u * i < k);
-        let hi = select(0u, half_at(e + 2u * i + 1u), k0 + 2u * i + 1u < k);
-        h[i] = lo | (hi << 16u);
-    }
-    return h;
-}
-
 // Q4_K and Q5_K: ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12
 // packed bytes (the words s0, s1, s2 after d and dmin).
 fn kquant_scale_min_of(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
@@ -154,18 +128,6 @@ fn kquant_sub_scale(dm: u32, s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(d_dmin.x * sm.x, -(d_dmin.y * sm.y));
 }
 
-// Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
-// (scale0, offset0, scale1, offset1): weight = scale * q + offset.
-fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
-    let dm = w32(b);
-    let s0 = w32(b + 1u);
-    let s1 = w32(b + 2u);
-    let s2 = w32(b + 3u);
-    let a = kquant_sub_scale(dm, s0, s1, s2, 2u * grp);
-    let c = kquant_sub_scale(dm, s0, s1, s2, 2u * grp + 1u);
-    return vec4<f32>(a.x, a.y, c.x, c.y);
-}
-
 // Q4_K and Q5_K in the int8-activation GEMV: a unit is one aligned 16-byte vector of quants,
 // half hf of the 64-weight group g = v / 2 (v = unit within the block, hf = v % 2): its low
 // nibbles are values 16 hf .. 16 hf + 15 of sub-block 2g (part j = 0), its high nibbles the
@@ -186,18 +148,6 @@ struct KquantDotHeader {
     offset0: f32,
     scale1: f32,
     offset1: f32,
-}
-
-// Unit u of a row of k weights in blocks of block_words words, whose quants start at vector
-// qs_vec of the block; FIFTH: Q5_K, whose qh bytes start at vector 1.
-fn kquant_dot_header(row: u32, u: u32, k: u32, block_words: u32, qs_vec: u32, FIFTH: bool) -> KquantDotHeader {
-    let b = (row * (k / 256u) + u / 8u) * block_words;
-    let v = u % 8u;
-    let grp = v / 2u;
-    let sc = kquant_group_scales(b, grp);
-    var qh = vec4<u32>(0u);
-    if (FIFTH) { qh = w128(b / 4u + 1u + v % 2u); }
-    return KquantDotHeader(w128(b / 4u + qs_vec + v), qh, 2u * grp, sc.x, sc.y, sc.z, sc.w);
 }
 
 // Part j's sum of w * x~ over its 16 values; FIFTH: add the qh bits (Q5_K).

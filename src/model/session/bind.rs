@@ -215,7 +215,30 @@ impl Session {
                     let prefill: Vec<BoundMatmul> = (0..parts.len())
                         .map(|p| BoundMatmul::prefill_in(&ctx, &part(p, false), "qkv", &scratch))
                         .collect::<Result<_>>()?;
-                    (QkvOps::Stacked { decode: BoundMatmul::group_in(&ctx, &decode, "qkv", &scratch)?, prefill }, &qb)
+                    // Two formats (V in Q6_K): also one GEMV over both for one-token steps,
+                    // binding every output.
+                    let one_dispatch = match &parts[..] {
+                        [first, second] => {
+                            let whole = Matmul {
+                                y: &qb,
+                                epi: Epilogue::Qkv {
+                                    k_cache: &kc,
+                                    v_cache: &vc,
+                                    kv,
+                                    neox: rope_neox,
+                                    rope: &rope_shape,
+                                    step: &step_state,
+                                    row_base: 0,
+                                },
+                                ..part(0, true)
+                            };
+                            debug_assert_eq!(second.row_base, first.w.rows);
+                            BoundMatmul::two_formats_in(&ctx, &whole, &second.w, "qkv", &scratch)?
+                        }
+                        _ => None,
+                    };
+                    let decode = BoundMatmul::group_in(&ctx, &decode, "qkv", &scratch)?;
+                    (QkvOps::Stacked { decode, prefill, one_dispatch }, &qb)
                 }
                 Qkv::Separate { wq, wk, wv, bq, bk, bv, q_norm, k_norm } => {
                     let (q_src, k_src) = if q_norm.is_some() { (&qn, &kn) } else { (&qb, &kb) };

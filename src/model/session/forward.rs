@@ -156,8 +156,12 @@ impl Session {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
             // over the cache, then the output projection added to the residual stream.
             match &l.qkv {
-                QkvOps::Stacked { decode, prefill } => {
-                    if fused {
+                QkvOps::Stacked { decode, prefill, one_dispatch } => {
+                    let one = one_dispatch.as_ref().filter(|b| b.takes_step(m, batched));
+                    if let (true, Some(one)) = (fused, one) {
+                        rec.stage(Stage::AttnNormQkv, || one.work(ctx, m, batched));
+                        one.record(ctx, rec.pass(), m, batched)?;
+                    } else if fused {
                         rec.stage(Stage::AttnNormQkv, || group_work(decode));
                         BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m, batched)?;
                     } else {

@@ -122,8 +122,10 @@ pub(super) enum PrefillAttnOps {
 pub(super) enum QkvOps {
     /// The stacked projection's parts, each with the QKV epilogue (RoPE, the cache write):
     /// decode reads the residual stream with the RMSNorm fused (one group, sharing an int8
-    /// input), prefill reads the normed copy.
-    Stacked { decode: Vec<BoundMatmul>, prefill: Vec<BoundMatmul> },
+    /// input), prefill reads the normed copy. `one_dispatch`: where the parts are two
+    /// formats, one GEMV over both for the one-token steps it takes
+    /// (`BoundMatmul::two_formats_in`).
+    Stacked { decode: Vec<BoundMatmul>, prefill: Vec<BoundMatmul>, one_dispatch: Option<BoundMatmul> },
     /// Separate projections, then (Qwen3) per-head norms, then RoPE of Q and the K/V write.
     Separate {
         q: BoundMatmul,
