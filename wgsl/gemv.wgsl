@@ -5,7 +5,8 @@
 // One column (decode) may also take ROW_GROUPS > 1 groups of K_LANES invocations
 // (common/gemv_output.wgsl), each group its own ROWS rows: more rows a workgroup, so that its
 // x slices and fused RMSNorm are loaded and reduced once for many rows, not for two.
-// Parameters: common/matmul_params.wgsl; input (fused RMSNorm, SwiGLU): common/gemv_input.wgsl;
+// The work: common/gemv_rows.wgsl, through common/gemv_one_format.wgsl or gemv_two_formats.wgsl;
+// parameters: common/matmul_params.wgsl; input (fused RMSNorm, SwiGLU): common/gemv_input.wgsl;
 // output and the final reduction: common/gemv_output.wgsl.
 
 var<workgroup> partial: array<f32, PARTIALS>;
@@ -19,20 +20,5 @@ fn pairs_kept(row0: u32, lane: Lane) {}
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     col0 = wid.z * NCOLS;
     let row0 = (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS;
-    let s = row_sums(row0, lane);
-    var acc = s.acc;
-    if (NORM && NCOLS == 1u) {
-        // Every group of invocations loads the whole row once: the workgroup's sum of squares is
-        // ROW_GROUPS times the row's.
-        let inv = inv_rms_from(s.ss, f32(ROW_GROUPS * p.k), lane);
-        for (var i = 0u; i < ROWS; i++) { acc[i] *= inv; }
-    } else if (NORM) {
-        let rms = row_inv_rms(lane);
-        for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= rms[i % NCOLS]; }
-    }
-    if (ROW_GROUPS > 1u) {
-        write_group_rows(acc, row0, lane);
-        return;
-    }
-    write_rows(acc, row0, lane);
+    gemv_workgroup(row0, lane);
 }

@@ -10,9 +10,10 @@
 // Each invocation streams units of one aligned 16-byte vector of quants (weights bound as
 // vec4s: common/weights_vec4.wgsl), so that one load instruction of a subgroup reads whole
 // cache lines. The format file supplies dot_unit_count, dot_unit_half (which 16 x values
-// part j of a unit multiplies), dot_header and dot_part; the products:
-// common/gemv_q8_rows.wgsl; parameters: common/matmul_params.wgsl; output and the final
-// reduction: common/gemv_output.wgsl (write_rows, or the grouped shape's write_group_rows).
+// part j of a unit multiplies), dot_header and dot_part; the work: common/gemv_q8_rows.wgsl,
+// through common/gemv_one_format.wgsl or gemv_two_formats.wgsl; parameters:
+// common/matmul_params.wgsl; output and the final reduction: common/gemv_output.wgsl
+// (write_rows, or the grouped shape's write_group_rows).
 
 // ROW_GROUPS (header constant) > 1: the invocations split into ROW_GROUPS groups of K_LANES
 // (common/gemv_output.wgsl), each group its own ROWS rows; for many
@@ -30,14 +31,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     col0 = wid.z * NCOLS;
     prepare_x(lane);
     let row0 = (wid.x + wid.y * nwg.x) * ROWS * ROW_GROUPS;
-    var acc = row_sums(row0, lane).acc;
-    let xs = x_scale(lane);
-    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
-    if (ROW_GROUPS > 1u) {
-        write_group_rows(acc, row0, lane);
-        return;
-    }
-    write_rows(acc, row0, lane);
+    gemv_workgroup(row0, lane);
 }
 
 // The grouped reduction's hooks (common/gemv_output.wgsl, write_group_rows): with the int8

@@ -328,7 +328,8 @@ mod tests {
 
     #[test]
     fn renamed_files_rename_their_own_declarations_only() {
-        let text = "const N: u32 = 4u;\n@group(0) @binding(1) var<storage, read> wq: array<u32>;\nstruct H { n: u32 }\n\
+        let text =
+            "const N: u32 = 4u;\n@group(0) @binding(1) var<storage, read> wq: array<u32>;\nstruct H { n: u32 }\n\
                     fn w32(i: u32) -> u32 { return wq[i]; }\n\
                     fn f(h: H) -> u32 {\n    let w32x = 1u;\n    return w32(h.n + N) + w32x + other(0x1u);\n}\n";
         let names: std::collections::HashSet<String> = declared_names(text).into_iter().collect();

@@ -17,14 +17,6 @@ const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else
 const PARTIALS: u32 = (1u - GROUPED) * ROWS * NCOLS * LANE_GROUPS_MAX + GROUPED * K_LANES * (GROUP_OUTS + 1u);
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
-// One workgroup's sums before the reduction (common/gemv_rows.wgsl, gemv_q8_rows.wgsl): each
-// lane's ROWS x NCOLS partial products and, for the float GEMV's fused RMSNorm over one
-// column, its part of x's sum of squares.
-struct GemvSums {
-    acc: array<f32, ROWS * NCOLS>,
-    ss: f32,
-}
-
 // Adds up every lane's ROWS x NCOLS partial sums with a single barrier and writes the
 // workgroup's rows of Y (+ bias, + the value already there). Uniform control flow.
 fn write_rows(acc: array<f32, ROWS * NCOLS>, row0: u32, lane: Lane) {

@@ -1,10 +1,11 @@
-// The int8 GEMV's (gemv_q8.wgsl) products of one workgroup's rows with the int8 x, apart
-// from its reduction and output so that a GEMV over two weight formats
+// The int8 GEMV's (gemv_q8.wgsl) work over one workgroup's rows of one weights binding: the
+// products with the int8 x, x's scale, the reduction and the output. Apart from
+// gemv_q8.wgsl's entry point so that a GEMV over two weight formats
 // (common/gemv_two_formats.wgsl) composes it a second time over its second weights
-// (`Composer::include_renamed`). The rows are the weights' own (from row0, none past
-// last_row); the format file supplies the dot_* functions.
+// (`Composer::include_renamed`). The format file supplies the dot_* functions.
 
-// The workgroup's ROWS x NCOLS sums from row row0 of its weights, before x's scale.
+// The workgroup's rows from row row0 of its weights, none past last_row, written as Y's
+// rows from out0 on.
 // ROW_GROUPS 1: every invocation along K of the same rows. Consecutive invocations take
 // consecutive units of the row, so weight reads coalesce; a unit's x values are loaded once
 // for all ROWS rows.
@@ -13,9 +14,9 @@
 // column's x slice is loaded in turn (NCOLS slices held at once would not fit in registers
 // at 8 or 16 columns). Rows past the weights' end read the last row; their sums are not
 // stored.
-fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
-    var s: GemvSums;
-    for (var i = 0u; i < ROWS * NCOLS; i++) { s.acc[i] = 0.0; }
+fn gemv_rows(row0: u32, last_row: u32, out0: u32, lane: Lane) {
+    var acc: array<f32, ROWS * NCOLS>;
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
     let n_units = dot_unit_count(p.k);
     if (ROW_GROUPS > 1u) {
         let rows0 = row0 + (lane.lid / K_LANES) * ROWS;
@@ -29,11 +30,14 @@ fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
                 let xa = x_half(xm, ha);
                 let xb = x_half(xm, hb);
                 for (var r = 0u; r < ROWS; r++) {
-                    s.acc[r * NCOLS + m] += dot_part(h[r], 0u, xa) + dot_part(h[r], 1u, xb);
+                    acc[r * NCOLS + m] += dot_part(h[r], 0u, xa) + dot_part(h[r], 1u, xb);
                 }
             }
         }
-        return s;
+        let xs = x_scale(lane);
+        for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
+        write_group_rows(acc, out0, lane);
+        return;
     }
     for (var u = lane.lid; u < n_units; u += WG) {
         var xa: array<XHalf, NCOLS>;
@@ -48,10 +52,12 @@ fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
             if (row <= last_row) {
                 let h = dot_header(row, u, p.k);
                 for (var m = 0u; m < NCOLS; m++) {
-                    s.acc[r * NCOLS + m] += dot_part(h, 0u, xa[m]) + dot_part(h, 1u, xb[m]);
+                    acc[r * NCOLS + m] += dot_part(h, 0u, xa[m]) + dot_part(h, 1u, xb[m]);
                 }
             }
         }
     }
-    return s;
+    let xs = x_scale(lane);
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= xs; }
+    write_rows(acc, out0, lane);
 }

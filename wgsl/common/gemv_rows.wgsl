@@ -1,8 +1,8 @@
-// The float GEMV's (gemv.wgsl) products of one workgroup's rows with x, apart from its
-// reduction and output so that a GEMV over two weight formats (common/gemv_two_formats.wgsl)
-// composes it a second time over its second weights (`Composer::include_renamed`). The rows
-// are the weights' own (from row0, none past last_row, which the rows' clamped reads
-// repeat); the format file supplies the unit functions.
+// The float GEMV's (gemv.wgsl) work over one workgroup's rows of one weights binding: the
+// products with x, the fused RMSNorm's scale, the reduction and the output. Apart from
+// gemv.wgsl's entry point so that a GEMV over two weight formats
+// (common/gemv_two_formats.wgsl) composes it a second time over its second weights
+// (`Composer::include_renamed`). The format file supplies the unit functions.
 
 // One chunk (8 values) of the (one) column of x as the products take it (load_in's values:
 // the fused RMSNorm's weights applied, not yet its 1 / rms), their sum (for the chunk's
@@ -48,17 +48,18 @@ fn unit_dot(row: u32, u: u32, x: XUnit) -> f32 {
     return t;
 }
 
-// The workgroup's ROWS x NCOLS sums from row row0 of its weights (grouped: group g's rows from
-// row0 + g ROWS), and over one column, with the fused RMSNorm, the sum of squares of x.
-fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
+// The workgroup's rows from row row0 of its weights (grouped: group g's from row0 + g ROWS),
+// none past last_row (the last rows' clamped reads repeat it), written as Y's rows from
+// out0 on.
+fn gemv_rows(row0: u32, last_row: u32, out0: u32, lane: Lane) {
     let n_units = unit_count(p.k);
-    var s: GemvSums;
-    for (var i = 0u; i < ROWS * NCOLS; i++) { s.acc[i] = 0.0; }
+    var acc: array<f32, ROWS * NCOLS>;
+    for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] = 0.0; }
     // The fused RMSNorm's 1 / rms scales each column's sums at the end (the products take
     // x times the norm weights, load_in's factor 1): the weights' loads need not wait for the
     // row's reduction. Over one column, the sum of squares comes from the x values the loop
     // loads anyway (ss), not from a pass of its own.
-    s.ss = 0.0;
+    var ss = 0.0;
 
     if (NCOLS == 1u) {
         // One column (decode): x's slice loaded once per unit for all rows, each row decoded
@@ -72,11 +73,11 @@ fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
         let xr = min(col0, p.n_cols - 1u) * (p.x_stride / 4u);
         for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
             let xu = x_unit(xr, u);
-            s.ss += xu.c0.ss + xu.c1.ss;
+            ss += xu.c0.ss + xu.c1.ss;
             for (var r = 0u; r < ROWS; r++) {
                 // Rows past the weights' end (in their last workgroup) read the last row again,
                 // so that no load waits behind a branch; their sums are never stored.
-                s.acc[r] += unit_dot(min(grow0 + r, last_row), u, xu);
+                acc[r] += unit_dot(min(grow0 + r, last_row), u, xu);
             }
         }
     } else {
@@ -110,18 +111,31 @@ fn gemv_sums(row0: u32, last_row: u32, lane: Lane) -> GemvSums {
                 let x0h = load_in(xr, c0, 1u, 1.0);
                 let s0 = dot(x0l + x0h, vec4<f32>(1.0));
                 for (var r = 0u; r < ROWS; r++) {
-                    s.acc[r * NCOLS + m] += w0[r].scale * (dot(w0[r].lo, x0l) + dot(w0[r].hi, x0h)) + w0[r].offset * s0;
+                    acc[r * NCOLS + m] += w0[r].scale * (dot(w0[r].lo, x0l) + dot(w0[r].hi, x0h)) + w0[r].offset * s0;
                 }
                 if (UNIT_CHUNKS == 2u) {
                     let x1l = load_in(xr, c1, 0u, 1.0);
                     let x1h = load_in(xr, c1, 1u, 1.0);
                     let s1 = dot(x1l + x1h, vec4<f32>(1.0));
                     for (var r = 0u; r < ROWS; r++) {
-                        s.acc[r * NCOLS + m] += w1[r].scale * (dot(w1[r].lo, x1l) + dot(w1[r].hi, x1h)) + w1[r].offset * s1;
+                        acc[r * NCOLS + m] += w1[r].scale * (dot(w1[r].lo, x1l) + dot(w1[r].hi, x1h)) + w1[r].offset * s1;
                     }
                 }
             }
         }
     }
-    return s;
+    if (NORM && NCOLS == 1u) {
+        // Every group of invocations loads the whole row once: the workgroup's sum of squares is
+        // ROW_GROUPS times the row's.
+        let inv = inv_rms_from(ss, f32(ROW_GROUPS * p.k), lane);
+        for (var i = 0u; i < ROWS; i++) { acc[i] *= inv; }
+    } else if (NORM) {
+        let rms = row_inv_rms(lane);
+        for (var i = 0u; i < ROWS * NCOLS; i++) { acc[i] *= rms[i % NCOLS]; }
+    }
+    if (ROW_GROUPS > 1u) {
+        write_group_rows(acc, out0, lane);
+        return;
+    }
+    write_rows(acc, out0, lane);
 }

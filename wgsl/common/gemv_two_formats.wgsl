@@ -1,11 +1,12 @@
 // A GEMV over a matrix stacked from two weight formats in one dispatch (the Q/K/V projection
 // of Q4_K_M files, whose V rows are Q6_K): rows [0, p.first_rows) from binding 1, the rest
-// from binding 10 through the `_b` copies of the second format's file and of the body's sums
+// from binding 10 through the `_b` copies of the second format's file and of the body's work
 // (`Composer::include_renamed`). A workgroup's rows lie in one part (the planner takes this
 // kernel where first_rows is a multiple of a workgroup's rows), so the branch is uniform.
-// Two dispatches cost the second one's launch and a barrier: wgpu orders dispatches that
-// write storage the previous ones bound.
-fn row_sums(row0: u32, lane: Lane) -> GemvSums {
-    if (row0 < p.first_rows) { return gemv_sums(row0, p.first_rows - 1u, lane); }
-    return gemv_sums_b(row0 - p.first_rows, p.n_rows - p.first_rows - 1u, lane);
+fn gemv_workgroup(row0: u32, lane: Lane) {
+    if (row0 < p.first_rows) {
+        gemv_rows(row0, p.first_rows - 1u, row0, lane);
+        return;
+    }
+    gemv_rows_b(row0 - p.first_rows, p.n_rows - p.first_rows - 1u, row0, lane);
 }
