@@ -251,25 +251,41 @@ pub fn gemv_q8_wide_from_env() -> Option<Option<crate::plan::GemvShape>> {
     })
 }
 
+/// A matrix's shape rule: `[<n>x<k>=]<wg>x<rows>x<groups>` (every matrix, without `<n>x<k>=`).
+type ShapeRule = (Option<(u32, u32)>, crate::plan::GemvShape);
+
+/// The comma-separated shape rules of `var`.
+fn shape_rules(var: &str) -> Vec<ShapeRule> {
+    let Ok(v) = std::env::var(var) else { return Vec::new() };
+    v.split(',')
+        .filter_map(|rule| {
+            let Some((matrix, shape)) = rule.split_once('=') else {
+                return Some((None, parse_gemv_shape(rule)?));
+            };
+            let (n, k) = matrix.trim().split_once('x')?;
+            Some((Some((n.trim().parse().ok()?, k.trim().parse().ok()?)), parse_gemv_shape(shape)?))
+        })
+        .collect()
+}
+
+/// The first of `rules` that applies to a matrix of n rows of k.
+fn shape_for(rules: &[ShapeRule], n: u32, k: u32) -> Option<crate::plan::GemvShape> {
+    rules.iter().find(|(m, _)| m.is_none_or(|m| m == (n, k))).map(|&(_, shape)| shape)
+}
+
 /// `KILN_GEMV_FLOAT=[<n>x<k>=]<wg>x<rows>x<groups>,...`: the float GEMV's shape over one
 /// column (decode steps), for matrices of n rows of k (or every matrix, without `<n>x<k>=`);
 /// a knob for measurements. The first entry that applies wins; `None` where none does.
 pub fn gemv_float_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
-    type Rule = (Option<(u32, u32)>, crate::plan::GemvShape);
-    static RULES: std::sync::OnceLock<Vec<Rule>> = std::sync::OnceLock::new();
-    let rules = RULES.get_or_init(|| {
-        let Ok(v) = std::env::var("KILN_GEMV_FLOAT") else { return Vec::new() };
-        v.split(',')
-            .filter_map(|rule| {
-                let Some((matrix, shape)) = rule.split_once('=') else {
-                    return Some((None, parse_gemv_shape(rule)?));
-                };
-                let (n, k) = matrix.trim().split_once('x')?;
-                Some((Some((n.trim().parse().ok()?, k.trim().parse().ok()?)), parse_gemv_shape(shape)?))
-            })
-            .collect()
-    });
-    rules.iter().find(|(m, _)| m.is_none_or(|m| m == (n, k))).map(|&(_, shape)| shape)
+    static RULES: std::sync::OnceLock<Vec<ShapeRule>> = std::sync::OnceLock::new();
+    shape_for(RULES.get_or_init(|| shape_rules("KILN_GEMV_FLOAT")), n, k)
+}
+
+/// `KILN_GEMV_Q8=[<n>x<k>=]<wg>x<rows>x<groups>,...`: as `KILN_GEMV_FLOAT`, for the int8
+/// GEMV over one column (its SwiGLU epilogue's shape aside: `KILN_GEMV_Q8_SWIGLU`).
+pub fn gemv_q8_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
+    static RULES: std::sync::OnceLock<Vec<ShapeRule>> = std::sync::OnceLock::new();
+    shape_for(RULES.get_or_init(|| shape_rules("KILN_GEMV_Q8")), n, k)
 }
 
 /// `KILN_GEMV_Q8_SWIGLU=off|on|<wg>x<rows>x<groups>`: whether one-token decode steps run the

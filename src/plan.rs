@@ -488,10 +488,20 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             && min_weights < u64::MAX
             && (caps.int8_gemv_always || (!caps.cpu_adapter && (many_cols || n as u64 * k as u64 >= min_weights)));
         // H200 sweep: 64 invocations on 4 rows (sharing each x vector) for large matrices
-        // and for several columns, 128 on 2 for more workgroups below 8192 rows.
+        // and for several columns, 128 on 2 for more workgroups below 8192 rows; one column
+        // of 4096 to 8191 rows, 128 on 4 (run 229: Llama-7B Q4_K_M tg128 349.5 tok/s with 128 on
+        // 2, 352.7 with 128 on 4 for its output projection, 352.3 for its down projection;
+        // TinyLlama's 2048-row ones lose 3-4% with it).
         let shape = match (q8, n >= 8192 || many_cols) {
-            (true, true) => GemvShape::new(64, 4),
-            (true, false) => GemvShape::new(128, 2),
+            (true, many) => {
+                let planned = match (many, n >= 4096) {
+                    (true, _) => GemvShape::new(64, 4),
+                    (false, true) => GemvShape::new(128, 4),
+                    (false, false) => GemvShape::new(128, 2),
+                };
+                let asked = if m == 1 { crate::config::gemv_q8_from_env(n, k) } else { None };
+                asked.unwrap_or(planned)
+            }
             (false, _) if m == 1 => crate::config::gemv_float_from_env(n, k).unwrap_or(shape),
             (false, _) => shape,
         };
@@ -740,7 +750,8 @@ mod tests {
             k => panic!("{k}"),
         };
         assert_eq!(shape(65536, 8192), (64, 4));
-        assert_eq!(shape(4096, 4096), (128, 2));
+        assert_eq!(shape(4096, 4096), (128, 4));
+        assert_eq!(shape(2048, 5632), (128, 2));
         let no_dot = Caps { int8_dot: false, ..gpu() };
         assert!(!matches!(
             plan_matmul(1, 65536, 8192, WeightFormat::Q4K, &no_dot),
