@@ -709,6 +709,24 @@ mod tests {
     }
 
     #[test]
+    fn two_format_qkv_takes_one_column_in_whole_workgroups() {
+        let (q4, q6) = (WeightFormat::Q4K, WeightFormat::Q6K);
+        // TinyLlama's Q/K (2,304 rows) and V (256): the float GEMV's 2-row workgroups.
+        let k = plan_two_formats(2560, 2304, 2048, q4, q6, &gpu());
+        assert!(matches!(k, Some(MatmulKernel::Gemv { ncols: 1, q8: false, .. })), "{k:?}");
+        // Llama-7B's: the int8 GEMV, as for the whole matrix.
+        let int8 = Caps { int8_dot: true, ..gpu() };
+        let k = plan_two_formats(12288, 8192, 4096, q4, q6, &int8);
+        assert!(matches!(k, Some(MatmulKernel::Gemv { ncols: 1, q8: true, .. })), "{k:?}");
+        // Not in whole workgroups (16-row ones from 8,192 rows), the same format twice, a
+        // second format no mix makes, or a float first one.
+        assert_eq!(plan_two_formats(9000, 8200, 2048, q4, q6, &gpu()), None);
+        assert_eq!(plan_two_formats(2560, 2304, 2048, q4, q4, &gpu()), None);
+        assert_eq!(plan_two_formats(2560, 2304, 2048, q6, q4, &gpu()), None);
+        assert_eq!(plan_two_formats(2560, 2304, 2048, WeightFormat::F16, q6, &gpu()), None);
+    }
+
+    #[test]
     fn int8_gemv_for_large_quantized_gemvs() {
         let c = Caps { int8_dot: true, ..gpu() };
         let plan = |m, n, k, f| plan_matmul(m, n, k, f, &c);

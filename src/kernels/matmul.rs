@@ -677,10 +677,19 @@ impl BoundMatmul {
         let MatmulKernel::Gemv { ncols: 1, shape, q8 } = kernel else {
             return Err(KilnError::invalid("matmul", format!("a GEMV over two formats is one column's, not {kernel}")));
         };
-        if first_rows % shape.rows_per_workgroup() != 0 || q8 != blocks.is_some() {
+        if first_rows % shape.rows_per_workgroup() != 0 || second.rows % 2 != 0 {
             return Err(KilnError::invalid(
                 "matmul",
-                format!("{kernel} over two formats: {first_rows} first rows are not whole workgroups' rows"),
+                format!(
+                    "{kernel} over two formats: {first_rows} first rows are not whole workgroups' rows, or {} second rows not pairs",
+                    second.rows
+                ),
+            ));
+        }
+        if q8 != blocks.is_some() {
+            return Err(KilnError::invalid(
+                "matmul",
+                format!("{kernel} over two formats: int8 blocks given or missing"),
             ));
         }
         // The int8 GEMV's RMSNorm belongs to its quantize dispatch.

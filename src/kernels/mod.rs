@@ -74,9 +74,10 @@ fn format_file(f: WeightFormat) -> &'static str {
 /// Q/K/V epilogue's.
 pub const SECOND_WEIGHTS_BINDING: u32 = 10;
 
-/// How a GEMV body (its sums in `rows_file`, its weights bound by `weights_file`) picks its
-/// rows' weights: all from binding 1, or (`second`) the rows from `first_rows` on from a
-/// second copy of the format's decoding and the sums over `SECOND_WEIGHTS_BINDING`.
+/// How a GEMV body (its work over a workgroup's rows in `rows_file`, its weights bound by
+/// `weights_file`) picks its rows' weights: all from binding 1, or (`second`) the rows from
+/// `first_rows` on through a second copy of the format's decoding and of that work over
+/// `SECOND_WEIGHTS_BINDING`.
 fn gemv_formats(
     c: Composer,
     second: Option<WeightFormat>,
@@ -886,7 +887,7 @@ impl KernelKey {
                         GemvShape::new(64, 4),
                         crate::plan::GEMV_FLOAT_MANY_ROWS_SHAPE,
                     ];
-                    let int8 = [GemvShape::new(64, 4), GemvShape::new(128, 2)];
+                    let int8 = [GemvShape::new(64, 4), GemvShape::new(128, 4), GemvShape::new(128, 2)];
                     let kinds = float.into_iter().map(|s| (s, false)).chain(int8.into_iter().map(|s| (s, true)));
                     for (shape, q8) in kinds {
                         v.extend(qkv().map(|epi| KernelKey::Gemv {
