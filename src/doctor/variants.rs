@@ -137,9 +137,10 @@ mod tests {
 
         let full = planned_matmuls(WeightFormat::Q6K, &Caps { int8_dot: true, coopmat: true, ..gpu() });
         let q8 = full.iter().filter(|k| matches!(k, MatmulKernel::Gemv { q8: true, .. })).count();
-        // Widths 1-2 at two launch shapes (by rows); from GEMV_Q8_WIDE_MIN_COLS columns the
-        // grouped shapes (two: by how many workgroups a matrix makes), widths 3-8.
-        assert_eq!(q8, 16, "widths 1-2 at two launch shapes, 3-8 on two grouped shapes");
+        // Widths 1-2 at three launch shapes (by rows: 128x2, 128x4 from 4,096, 64x4 from
+        // 8,192); from GEMV_Q8_WIDE_MIN_COLS columns the grouped shapes (two: by how many
+        // workgroups a matrix makes), widths 3-8.
+        assert_eq!(q8, 18, "widths 1-2 at three launch shapes, 3-8 on two grouped shapes");
         assert!(full.contains(&MatmulKernel::Gemv { ncols: 2, shape: GemvShape::new(64, 4), q8: true }));
         let wide = crate::plan::GEMV_Q8_WIDE;
         assert!(full.contains(&MatmulKernel::Gemv { ncols: crate::plan::GEMV_Q8_WIDE_COLS, shape: wide, q8: true }));
