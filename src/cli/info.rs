@@ -65,13 +65,12 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             }
         };
         writeln!(o, "    SHADER_F16: {}", used(wgpu::Features::SHADER_F16, off.f16))?;
-        writeln!(
-            o,
-            "    SUBGROUP: {} (subgroup size {}..{})",
-            used(wgpu::Features::SUBGROUP, off.subgroup),
-            i.subgroup_min_size,
-            i.subgroup_max_size
-        )?;
+        // kiln takes subgroups of 8 invocations or more (`Caps::subgroups`).
+        let subgroup = match used(wgpu::Features::SUBGROUP, off.subgroup) {
+            "yes" if i.subgroup_min_size < 8 => "offered, unused (kiln needs subgroups of 8 or more)",
+            u => u,
+        };
+        writeln!(o, "    SUBGROUP: {} (subgroup size {}..{})", subgroup, i.subgroup_min_size, i.subgroup_max_size)?;
         writeln!(
             o,
             "    TIMESTAMP_QUERY: {}, inside passes: {}",

@@ -425,7 +425,9 @@ impl GpuContext {
         let (device, queue) = pollster::block_on(adapter.request_device(&desc))
             .map_err(|e| KilnError::RequestDevice { adapter: report.info.name.clone(), reason: e.to_string() })?;
         let info = report.info.clone();
-        let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size > 0;
+        // Subgroups of 8 invocations or more: the reductions' slots (512 invocations, 64
+        // subgroups) and the int8 input's 8-invocation blocks (common/q8_prepare_subgroups.wgsl).
+        let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size >= 8;
         let int8_dot = info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot;
         let caps = Caps {
             f16: features.contains(wgpu::Features::SHADER_F16),

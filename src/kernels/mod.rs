@@ -517,7 +517,9 @@ impl KernelKey {
                     let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
                     let c = c.include("common/q8_block.wgsl").include(out);
                     let c = if norm {
-                        c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl")
+                        let prepare =
+                            if subgroups { "common/q8_prepare_subgroups.wgsl" } else { "common/q8_prepare_lanes.wgsl" };
+                        c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl").include(prepare)
                     } else {
                         c.include("common/q8_in_global.wgsl")
                     };
