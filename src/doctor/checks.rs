@@ -321,12 +321,24 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             let shapes = qkv_shapes(f16);
             let n_shapes = if i == 0 { shapes.len() } else { 1 };
             let mut shapes: Vec<QkvShape> = shapes.into_iter().rev().take(n_shapes).collect();
-            // Q4_K weights: V in Q6_K, a part of its own, through every kernel too.
+            // Q4_K weights: V in Q6_K, a part of its own, through every kernel too; and on
+            // one-column GEMVs whose workgroups stay in one part, both parts in one dispatch,
+            // as one-token decode steps run them (`BoundMatmul::two_formats_in`).
             if format == WeightFormat::Q4K {
-                shapes.push(qkv_v_part_shape(f16));
+                let s = qkv_v_part_shape(f16);
+                shapes.push(s);
+                if let MatmulKernel::Gemv { ncols: 1, shape, .. } = kernel {
+                    if m == 1 && (s.q_dim() + s.kv_dim()) as u32 % shape.rows_per_workgroup() == 0 {
+                        shapes.push(QkvShape { one_dispatch: true, ..s });
+                    }
+                }
             }
             for s in shapes {
-                let part = s.v_format.map(|f| format!(" +V part {f}")).unwrap_or_default();
+                let part = match (s.v_format, s.one_dispatch) {
+                    (Some(f), false) => format!(" +V part {f}"),
+                    (Some(f), true) => format!(" +V {f} in one dispatch"),
+                    (None, _) => String::new(),
+                };
                 let what = format!("qkv neox={} n_rot={} {:?}{part}", s.neox, s.n_rot, s.kv);
                 runs.push((what, input.clone(), Epi::Qkv(s), s.rows(), 1));
             }
