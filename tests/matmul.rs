@@ -362,6 +362,32 @@ fn gemv_q8_fused_and_split() {
     }
 }
 
+/// The int8 GEMV's input through the RMSNorm quantized by one workgroup a column
+/// (`Caps::quantize_row`, quantize_q8_row.wgsl, on adapters with subgroups): within the bound
+/// of x's rounding for 1 and 3 columns, rows shorter than the workgroup's 1,024 values, longer
+/// and not a multiple of them, and the longest it takes (16,384).
+#[test]
+fn row_quantizer_matches_reference() {
+    let opts = kiln::gpu::ContextOptions { quantize_row: Some(true), ..Default::default() };
+    let ctx = std::sync::Arc::new(GpuContext::new(&opts).unwrap());
+    if !ctx.caps.subgroups {
+        eprintln!("{}: no subgroups, no row quantizer", ctx.describe());
+        return;
+    }
+    assert!(ctx.caps.quantize_row, "{:?}", ctx.caps);
+    let format = WeightFormat::Q4K;
+    for (k, n) in [(256usize, 45usize), (2304, 34), (16384, 6)] {
+        for m in [1usize, 3] {
+            let c = case(format, n, k, m, (k + m) as u64);
+            let input = Input::Norm { gamma: randn(&mut rng(k as u64), k, 1.0), eps: 1e-5 };
+            let run = Run { input, ..Run::plain(gemv(m, true), false, false) };
+            let (got, want, x) = run_one(&ctx, &c, &run);
+            let what = format!("row-quantized gemv_q8+norm {} k={k} m={m}", format.name());
+            assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &x, m), TOL);
+        }
+    }
+}
+
 /// The fused epilogues against their CPU references, through every kernel kind that carries
 /// them (float GEMV, int8 GEMV, register GEMM, cooperative GEMM where the adapter has it):
 /// SwiGLU over interleaved gate/up rows, and the stacked Q/K/V projection (biases, NeoX row

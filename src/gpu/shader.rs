@@ -55,6 +55,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
     ("gemv_q8.wgsl", include_str!("../../wgsl/gemv_q8.wgsl")),
     ("quantize_q8.wgsl", include_str!("../../wgsl/quantize_q8.wgsl")),
+    ("quantize_q8_row.wgsl", include_str!("../../wgsl/quantize_q8_row.wgsl")),
     ("common/q8_block.wgsl", include_str!("../../wgsl/common/q8_block.wgsl")),
     ("common/coop_out.wgsl", include_str!("../../wgsl/common/coop_out.wgsl")),
     ("common/decode_coop_direct.wgsl", include_str!("../../wgsl/common/decode_coop_direct.wgsl")),

@@ -298,6 +298,18 @@ struct HalfInput {
     stride: u32,
 }
 
+/// Whether the int8 GEMV's input of k values is quantized by one workgroup a column
+/// (quantize_q8_row.wgsl): through the RMSNorm, with subgroups, where the adapter takes it
+/// (`Caps::quantize_row`) and the row fits the workgroup's registers.
+fn quantize_by_row(k: u32, norm: bool, glu: bool, caps: &crate::gpu::Caps) -> bool {
+    caps.quantize_row
+        && caps.subgroups
+        && norm
+        && !glu
+        && k % 32 == 0
+        && k <= 4 * super::QUANTIZE_ROW_WG * super::QUANTIZE_ROW_VECS
+}
+
 /// Whether the planner may put `mm` on the cooperative GEMM (which reads X as halves).
 fn wants_halves(ctx: &GpuContext, mm: &Matmul) -> bool {
     crate::plan::coop_gemm_takes(mm.w.format, mm.w.k, &ctx.caps)
@@ -798,8 +810,9 @@ impl BoundMatmul {
             if !mm.w.format.is_quantized() {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {}", mm.w.format)));
             }
-            let qkey =
-                KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm: mm.norm.is_some(), glu: mm.glu.is_some() };
+            let (norm, glu) = (mm.norm.is_some(), mm.glu.is_some());
+            let row = quantize_by_row(mm.w.k, norm, glu, &ctx.caps);
+            let qkey = KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm, glu, row };
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
             let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], &extra)?;
@@ -1232,10 +1245,16 @@ impl BoundMatmul {
                 })?;
                 if !local_input && prepared.blocks != Some(&q8.blocks) {
                     q8.quantize.set(ctx, &self.params(m, 0, 0));
-                    // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns.
-                    let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
-                    let gz = m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1);
-                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, [gx, gy, gz]));
+                    // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns,
+                    // or one a column.
+                    let grid = match q8.key {
+                        KernelKey::QuantizeQ8 { row: true, .. } => [1, 1, m.max(1)],
+                        _ => {
+                            let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
+                            [gx, gy, m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1)]
+                        }
+                    };
+                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, grid));
                 }
                 match &self.q8_out {
                     Some(o) if self.writes_q8_out(kernel) => {

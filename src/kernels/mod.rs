@@ -220,6 +220,9 @@ pub enum KernelKey {
         subgroups: bool,
         norm: bool,
         glu: bool,
+        /// One workgroup a column (quantize_q8_row.wgsl: through the RMSNorm, with subgroups;
+        /// `Caps::quantize_row`), not one a `QUANTIZE_WG` blocks.
+        row: bool,
     },
     /// A cooperative GEMM's input rounded to f16 once (to_half.wgsl), which every weight
     /// chunk's GEMM then reads.
@@ -345,6 +348,10 @@ pub enum ProbeKind {
 pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax, nll)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
+/// Invocations of quantize_q8_row.wgsl's workgroup (one a column), and the vectors of 4 values
+/// each holds: inputs of up to 16,384 values.
+pub const QUANTIZE_ROW_WG: u32 = 256;
+pub const QUANTIZE_ROW_VECS: u32 = 16;
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG_DECODE: u32 = 256; // decode attention (`plan::attn_decode_wg`) and its combine pass
 pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
@@ -537,7 +544,28 @@ impl KernelKey {
                         .build()
                 }
             }
-            KernelKey::QuantizeQ8 { subgroups, norm, glu } => c
+            KernelKey::QuantizeQ8 { subgroups, norm, glu, row: true } => {
+                if !(subgroups && norm && !glu) {
+                    return Err(crate::error::KilnError::invalid(
+                        "kernel",
+                        "the row quantizer takes the RMSNorm's input, with subgroups",
+                    ));
+                }
+                c.const_u32("WG", QUANTIZE_ROW_WG)
+                    .const_u32("ROW_VECS", QUANTIZE_ROW_VECS)
+                    .const_u32("NCOLS", 1)
+                    .const_bool("NORM", true)
+                    .const_bool("GLU", false)
+                    .include("common/quant.wgsl")
+                    .include("common/q8_block.wgsl")
+                    .include("common/weights_words.wgsl")
+                    .include(reduce_file(true))
+                    .include("common/matmul_params.wgsl")
+                    .include("common/gemv_input.wgsl")
+                    .include("quantize_q8_row.wgsl")
+                    .build()
+            }
+            KernelKey::QuantizeQ8 { subgroups, norm, glu, row: false } => c
                 .const_u32("WG", QUANTIZE_WG)
                 .const_u32("NCOLS", crate::plan::GEMV_Q8_GROUP_COLS)
                 .const_bool("NORM", norm)
@@ -979,7 +1007,10 @@ impl KernelKey {
         }
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {
-                v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu });
+                v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, row: false });
+            }
+            if subgroups {
+                v.push(KernelKey::QuantizeQ8 { subgroups, norm: true, glu: false, row: true });
             }
             v.push(KernelKey::Softmax { subgroups });
             for halves in [false, true] {
