@@ -2,10 +2,10 @@
 // quantize_q8.wgsl does (the same blocks and layout), by one workgroup a column (grid z), every
 // invocation busy: each loads its ROW_VECS vectors of 4 values at once (consecutive across a
 // subgroup), the row's 1 / rms comes from one reduction of their squares, then 8 neighbours
-// of a subgroup quantize a block through subgroup shuffles. quantize_q8.wgsl instead takes a
-// block an invocation after a pass of its own over the whole row in every workgroup. Inputs of
-// at most 4 WG ROW_VECS values; subgroups of 8 or more. Header constants: WG, ROW_VECS, NCOLS
-// (1), NORM (true), GLU (false).
+// of a subgroup quantize a block through subgroup shuffles (common/q8_lanes8.wgsl).
+// quantize_q8.wgsl instead takes a block an invocation after a pass of its own over the whole
+// row in every workgroup. Inputs of at most 4 WG ROW_VECS values; subgroups of 8 or more.
+// Header constants: WG, ROW_VECS, NCOLS (1), NORM (true), GLU (false).
 
 @group(0) @binding(3) var<storage, read_write> xq: array<vec4<u32>>;
 
@@ -31,24 +31,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let inv = inv_rms_from(ss, f32(p.k), lane);
     for (var r = 0u; r < ROW_VECS; r++) {
         let i = r * WG + me;
-        let w = input_of(v[r], xr, i / 2u, i % 2u, inv);
-        var m = max(max(abs(w.x), abs(w.y)), max(abs(w.z), abs(w.w)));
-        m = max(m, subgroupShuffleXor(m, 1u));
-        m = max(m, subgroupShuffleXor(m, 2u));
-        m = max(m, subgroupShuffleXor(m, 4u));
-        let d = m / 127.0;
-        let id = select(0.0, 1.0 / d, d > 0.0);
-        let q = pack_q8(w, id);
-        var s = dot4I8Packed(q, 0x01010101u);
-        s += subgroupShuffleXor(s, 1u);
-        s += subgroupShuffleXor(s, 2u);
-        let s_hi = subgroupShuffleXor(s, 4u);
         let blk = i / 8u;
         let j = i % 8u;
+        let b = q8_lanes8(input_of(v[r], xr, i / 2u, i % 2u, inv), j);
         if (i < n4) {
             let o = (col0 * n_blocks + blk) * 3u;
-            xq[o + j / 4u][j % 4u] = q;
-            if (j == 0u) { xq[o + 2u] = bitcast<vec4<u32>>(vec4<f32>(d, d * f32(s), d * f32(s_hi), 0.0)); }
+            xq[o + j / 4u][j % 4u] = b.q;
+            if (j == 0u) { xq[o + 2u] = bitcast<vec4<u32>>(b.sums); }
         }
     }
 }

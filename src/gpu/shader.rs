@@ -66,6 +66,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/q8_in_local.wgsl", include_str!("../../wgsl/common/q8_in_local.wgsl")),
     ("common/q8_prepare_lanes.wgsl", include_str!("../../wgsl/common/q8_prepare_lanes.wgsl")),
     ("common/q8_prepare_subgroups.wgsl", include_str!("../../wgsl/common/q8_prepare_subgroups.wgsl")),
+    ("common/q8_lanes8.wgsl", include_str!("../../wgsl/common/q8_lanes8.wgsl")),
     ("common/norm_out_f32.wgsl", include_str!("../../wgsl/common/norm_out_f32.wgsl")),
     ("common/norm_out_f16.wgsl", include_str!("../../wgsl/common/norm_out_f16.wgsl")),
     ("common/epilogue_f16_out.wgsl", include_str!("../../wgsl/common/epilogue_f16_out.wgsl")),

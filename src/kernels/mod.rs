@@ -524,9 +524,12 @@ impl KernelKey {
                     let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
                     let c = c.include("common/q8_block.wgsl").include(out);
                     let c = if norm {
-                        let prepare =
-                            if subgroups { "common/q8_prepare_subgroups.wgsl" } else { "common/q8_prepare_lanes.wgsl" };
-                        c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl").include(prepare)
+                        let c = c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl");
+                        if subgroups {
+                            c.include("common/q8_lanes8.wgsl").include("common/q8_prepare_subgroups.wgsl")
+                        } else {
+                            c.include("common/q8_prepare_lanes.wgsl")
+                        }
                     } else {
                         c.include("common/q8_in_global.wgsl")
                     };
@@ -558,6 +561,7 @@ impl KernelKey {
                     .const_bool("GLU", false)
                     .include("common/quant.wgsl")
                     .include("common/q8_block.wgsl")
+                    .include("common/q8_lanes8.wgsl")
                     .include("common/weights_words.wgsl")
                     .include(reduce_file(true))
                     .include("common/matmul_params.wgsl")
