@@ -312,8 +312,8 @@ pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_GEMV_Q8_SWIGLU_NORM"))
 }
 
-/// `KILN_QUANTIZE_ROW=0|1`: whether the int8 GEMV's input through the RMSNorm is quantized by
-/// one workgroup a column (quantize_q8_row.wgsl, `Caps::quantize_row`); a knob for
+/// `KILN_QUANTIZE_ROW=0|1`: whether the int8 GEMV's input is quantized by one workgroup a
+/// column (quantize_q8_row.wgsl, `Caps::quantize_row`); a knob for
 /// measurements, off where unset.
 pub fn quantize_row_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();

@@ -362,10 +362,11 @@ fn gemv_q8_fused_and_split() {
     }
 }
 
-/// The int8 GEMV's input through the RMSNorm quantized by one workgroup a column
-/// (`Caps::quantize_row`, quantize_q8_row.wgsl, on adapters with subgroups): within the bound
-/// of x's rounding for 1 and 3 columns, rows shorter than the workgroup's 1,024 values, longer
-/// and not a multiple of them, and the longest it takes (16,384).
+/// The int8 GEMV's input quantized by one workgroup a column (`Caps::quantize_row`,
+/// quantize_q8_row.wgsl, on adapters with subgroups), through the RMSNorm, through SwiGLU and
+/// as it is: within the bound of x's rounding for 1 and 3 columns, rows shorter than the
+/// workgroup's 1,024 values, longer and not a multiple of them, and the longest it takes
+/// (16,384).
 #[test]
 fn row_quantizer_matches_reference() {
     let opts = kiln::gpu::ContextOptions { quantize_row: Some(true), ..Default::default() };
@@ -379,11 +380,17 @@ fn row_quantizer_matches_reference() {
     for (k, n) in [(256usize, 45usize), (2304, 34), (16384, 6)] {
         for m in [1usize, 3] {
             let c = case(format, n, k, m, (k + m) as u64);
-            let input = Input::Norm { gamma: randn(&mut rng(k as u64), k, 1.0), eps: 1e-5 };
-            let run = Run { input, ..Run::plain(gemv(m, true), false, false) };
-            let (got, want, x) = run_one(&ctx, &c, &run);
-            let what = format!("row-quantized gemv_q8+norm {} k={k} m={m}", format.name());
-            assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &x, m), TOL);
+            let inputs = [
+                ("norm", Input::Norm { gamma: randn(&mut rng(k as u64), k, 1.0), eps: 1e-5 }),
+                ("swiglu", Input::Glu { up: randn(&mut rng(k as u64 + 1), m * k, 1.0) }),
+                ("plain", Input::Plain),
+            ];
+            for (fused, input) in inputs {
+                let run = Run { input, ..Run::plain(gemv(m, true), false, false) };
+                let (got, want, x) = run_one(&ctx, &c, &run);
+                let what = format!("row-quantized gemv_q8+{fused} {} k={k} m={m}", format.name());
+                assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &x, m), TOL);
+            }
         }
     }
 }

@@ -1,11 +1,12 @@
-// A GEMV's input through the fused RMSNorm quantized to int8 blocks for gemv_q8.wgsl, as
-// quantize_q8.wgsl does (the same blocks and layout), by one workgroup a column (grid z), every
-// invocation busy: each loads its ROW_VECS vectors of 4 values at once (consecutive across a
-// subgroup), the row's 1 / rms comes from one reduction of their squares, then 8 neighbours
-// of a subgroup quantize a block through subgroup shuffles (common/q8_lanes8.wgsl).
-// quantize_q8.wgsl instead takes a block an invocation after a pass of its own over the whole
-// row in every workgroup. Inputs of at most 4 WG ROW_VECS values; subgroups of 8 or more.
-// Header constants: WG, ROW_VECS, NCOLS (1), NORM (true), GLU (false).
+// A GEMV's input (through the fused RMSNorm or SwiGLU, common/gemv_input.wgsl) quantized to
+// int8 blocks for gemv_q8.wgsl, as quantize_q8.wgsl does (the same blocks and layout), by one
+// workgroup a column (grid z), every invocation busy: each loads its ROW_VECS vectors of 4
+// values at once (consecutive across a subgroup), the RMSNorm's 1 / rms comes from one
+// reduction of their squares, then 8 neighbours of a subgroup quantize a block through
+// subgroup shuffles (common/q8_lanes8.wgsl). quantize_q8.wgsl instead takes a block an
+// invocation, after a pass of its own over the whole row in every workgroup for the RMSNorm.
+// Inputs of at most 4 WG ROW_VECS values; subgroups of 8 or more. Header constants: WG,
+// ROW_VECS, NCOLS (1), NORM, GLU.
 
 @group(0) @binding(3) var<storage, read_write> xq: array<vec4<u32>>;
 
@@ -28,7 +29,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         if (i < n4) { v[r] = load_x(xr, i / 2u, i % 2u); }
     }
     for (var r = 0u; r < ROW_VECS; r++) { ss += dot(v[r], v[r]); }
-    let inv = inv_rms_from(ss, f32(p.k), lane);
+    var inv = 1.0;
+    if (NORM) { inv = inv_rms_from(ss, f32(p.k), lane); }
     for (var r = 0u; r < ROW_VECS; r++) {
         let i = r * WG + me;
         let blk = i / 8u;

@@ -39,9 +39,8 @@ pub struct Caps {
     /// RMSNorm in each workgroup, so that it needs no quantize dispatch either
     /// (`plan::gemv_q8_swiglu_norm`; 20 KiB of workgroup memory).
     pub q8_swiglu_norm: bool,
-    /// The int8 GEMV's input through the RMSNorm quantized by one workgroup a column, every
-    /// invocation busy (`plan::quantize_by_row`; subgroups); a measurement knob, off by
-    /// default until measured.
+    /// The int8 GEMV's input quantized by one workgroup a column, every invocation busy
+    /// (quantize_q8_row.wgsl; subgroups); a measurement knob, off by default until measured.
     pub quantize_row: bool,
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
     /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).

@@ -299,15 +299,10 @@ struct HalfInput {
 }
 
 /// Whether the int8 GEMV's input of k values is quantized by one workgroup a column
-/// (quantize_q8_row.wgsl): through the RMSNorm, with subgroups, where the adapter takes it
-/// (`Caps::quantize_row`) and the row fits the workgroup's registers.
-fn quantize_by_row(k: u32, norm: bool, glu: bool, caps: &crate::gpu::Caps) -> bool {
-    caps.quantize_row
-        && caps.subgroups
-        && norm
-        && !glu
-        && k % 32 == 0
-        && k <= 4 * super::QUANTIZE_ROW_WG * super::QUANTIZE_ROW_VECS
+/// (quantize_q8_row.wgsl): with subgroups, where the adapter takes it (`Caps::quantize_row`)
+/// and the row fits the workgroup's registers.
+fn quantize_by_row(k: u32, caps: &crate::gpu::Caps) -> bool {
+    caps.quantize_row && caps.subgroups && k % 32 == 0 && k <= 4 * super::QUANTIZE_ROW_WG * super::QUANTIZE_ROW_VECS
 }
 
 /// Whether the planner may put `mm` on the cooperative GEMM (which reads X as halves).
@@ -811,7 +806,7 @@ impl BoundMatmul {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {}", mm.w.format)));
             }
             let (norm, glu) = (mm.norm.is_some(), mm.glu.is_some());
-            let row = quantize_by_row(mm.w.k, norm, glu, &ctx.caps);
+            let row = quantize_by_row(mm.w.k, &ctx.caps);
             let qkey = KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm, glu, row };
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;

@@ -548,17 +548,14 @@ impl KernelKey {
                 }
             }
             KernelKey::QuantizeQ8 { subgroups, norm, glu, row: true } => {
-                if !(subgroups && norm && !glu) {
-                    return Err(crate::error::KilnError::invalid(
-                        "kernel",
-                        "the row quantizer takes the RMSNorm's input, with subgroups",
-                    ));
+                if !subgroups {
+                    return Err(crate::error::KilnError::invalid("kernel", "the row quantizer needs subgroups"));
                 }
                 c.const_u32("WG", QUANTIZE_ROW_WG)
                     .const_u32("ROW_VECS", QUANTIZE_ROW_VECS)
                     .const_u32("NCOLS", 1)
-                    .const_bool("NORM", true)
-                    .const_bool("GLU", false)
+                    .const_bool("NORM", norm)
+                    .const_bool("GLU", glu)
                     .include("common/quant.wgsl")
                     .include("common/q8_block.wgsl")
                     .include("common/q8_lanes8.wgsl")
@@ -1012,9 +1009,9 @@ impl KernelKey {
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {
                 v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, row: false });
-            }
-            if subgroups {
-                v.push(KernelKey::QuantizeQ8 { subgroups, norm: true, glu: false, row: true });
+                if subgroups {
+                    v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, row: true });
+                }
             }
             v.push(KernelKey::Softmax { subgroups });
             for halves in [false, true] {
