@@ -423,14 +423,6 @@ pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;
 pub const GEMV_FLOAT_MANY_ROWS: u32 = 8192;
 pub const GEMV_FLOAT_MANY_ROWS_SHAPE: GemvShape = GemvShape::grouped(256, 4, 4);
 
-/// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
-/// SwiGLU in front) gets the same choice: the int8 GEMV applies it in its quantize dispatch
-/// (Llama-7B Q4_K_M decode on an H200: 141 t/s with fused inputs on the float GEMV, 211
-/// with them on the int8 one).
-///
-/// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
-/// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
-/// latency, not bandwidth, so what matters is enough workgroups in flight.
 /// The formats a stacked Q/K/V projection's second part takes in llama.cpp's K-quant mixes
 /// (V in Q6_K in Q4_K_M and Q5_K_M files, in Q5_K in some layers of Q4_K_S ones), for which
 /// the GEMV over two formats is built (`KernelKey::Gemv::second`).
@@ -459,6 +451,14 @@ pub fn plan_two_formats(
     }
 }
 
+/// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
+/// SwiGLU in front) gets the same choice: the int8 GEMV applies it in its quantize dispatch
+/// (Llama-7B Q4_K_M decode on an H200: 141 t/s with fused inputs on the float GEMV, 211
+/// with them on the int8 one).
+///
+/// On GPUs the choices follow `KILN_BENCH_DECODE=1 cargo bench` on an H200 with TinyLlama's
+/// shapes (profiling/results/h200-decode-shapes-2026-11-21.txt): small matrices are bound by
+/// latency, not bandwidth, so what matters is enough workgroups in flight.
 pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> MatmulKernel {
     if gemv_takes(m, caps) {
         let shape = if caps.cpu_adapter {

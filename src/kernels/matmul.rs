@@ -1216,6 +1216,12 @@ impl BoundMatmul {
         batched: bool,
         halves_out: bool,
     ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
+        if self.second.is_some_and(|s| s.kernel != kernel) || !self.takes_step(m, batched) {
+            return Err(KilnError::invalid(
+                "matmul",
+                format!("{}: no GEMV over two formats for this step", self.stage),
+            ));
+        }
         let mut epi = if batched { self.epi.batched() } else { self.epi };
         // The GEMMs writing their SwiGLU output as halves (`Epilogue::SwiGluF16`).
         let f16_out = self.f16_out.as_ref().filter(|_| halves_out && matches!(kernel, MatmulKernel::Gemm { .. }));
@@ -1283,12 +1289,6 @@ impl BoundMatmul {
                 None => self.chunks.iter().map(|(b, ..)| b).collect(),
             },
         };
-        if self.second.is_some_and(|s| s.kernel != kernel) || !self.takes_step(m, batched) {
-            return Err(KilnError::invalid(
-                "matmul",
-                format!("{}: no GEMV over two formats for this step", self.stage),
-            ));
-        }
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
             let (key, grid) = launch(ctx, kernel, self.format, *rows, m, kernel_norm, kernel_glu, epi)?;
             let key = with_second(key, self.second);
