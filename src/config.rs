@@ -312,12 +312,12 @@ pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_GEMV_Q8_SWIGLU_NORM"))
 }
 
-/// `KILN_QUANTIZE_ROW=0|1`: whether the int8 GEMV's input is quantized by one workgroup a
-/// column (quantize_q8_row.wgsl, `Caps::quantize_row`); a knob for
-/// measurements, off where unset.
-pub fn quantize_row_from_env() -> Option<bool> {
+/// `KILN_QUANTIZE_LANES=0|1`: whether one-token steps quantize the int8 GEMV's input 8
+/// invocations a block with the RMSNorm's 1 / rms left to the GEMV (`plan::quantize_lanes`;
+/// a knob for measurements).
+pub fn quantize_lanes_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| switch("KILN_QUANTIZE_ROW"))
+    *ON.get_or_init(|| switch("KILN_QUANTIZE_LANES"))
 }
 
 /// A knob set on (`1`, `on`) or off (`0`, `off`); None where unset or unreadable.

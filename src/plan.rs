@@ -255,6 +255,14 @@ pub fn gemv_q8_swiglu_norm() -> bool {
     crate::config::gemv_q8_swiglu_norm_from_env().unwrap_or(true)
 }
 
+/// `Caps::quantize_lanes` without the context option: `KILN_QUANTIZE_LANES` where set, else
+/// on. Before it, one-token steps' quantize dispatch passed over the whole row for the
+/// RMSNorm's sum of squares in every workgroup (H200, run 239, Llama-7B Q4_K_M tg128: that
+/// pass alone cost 355.7 -> 378.7 tok/s, the whole quantize body 406.5).
+pub fn quantize_lanes() -> bool {
+    crate::config::quantize_lanes_from_env().unwrap_or(true)
+}
+
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {
     crate::config::attn_q8_out_from_env().unwrap_or(true)

@@ -362,34 +362,43 @@ fn gemv_q8_fused_and_split() {
     }
 }
 
-/// The int8 GEMV's input quantized by one workgroup a column (`Caps::quantize_row`,
-/// quantize_q8_row.wgsl, on adapters with subgroups), through the RMSNorm, through SwiGLU and
-/// as it is: within the bound of x's rounding for 1 and 3 columns, rows shorter than the
-/// workgroup's 1,024 values, longer and not a multiple of them, and the longest it takes
-/// (16,384).
+/// One token's int8 GEMV input quantized 8 invocations a block with the RMSNorm's 1 / rms left
+/// to the GEMV (`Caps::quantize_lanes`, quantize_q8_lanes.wgsl, common/q8_in_global.wgsl, on
+/// adapters with subgroups), and with it turned off (quantize_q8.wgsl's blocks): through the
+/// RMSNorm, through SwiGLU and as it is, within the bound of x's rounding; one workgroup's
+/// 256 values, a second workgroup of 32, and many; 3 columns take quantize_q8.wgsl either
+/// way. Through the float and grouped int8 shapes, so both reductions take the 1 / rms.
 #[test]
-fn row_quantizer_matches_reference() {
-    let opts = kiln::gpu::ContextOptions { quantize_row: Some(true), ..Default::default() };
-    let ctx = std::sync::Arc::new(GpuContext::new(&opts).unwrap());
-    if !ctx.caps.subgroups {
-        eprintln!("{}: no subgroups, no row quantizer", ctx.describe());
-        return;
-    }
-    assert!(ctx.caps.quantize_row, "{:?}", ctx.caps);
-    let format = WeightFormat::Q4K;
-    for (k, n) in [(256usize, 45usize), (2304, 34), (16384, 6)] {
-        for m in [1usize, 3] {
-            let c = case(format, n, k, m, (k + m) as u64);
-            let inputs = [
-                ("norm", Input::Norm { gamma: randn(&mut rng(k as u64), k, 1.0), eps: 1e-5 }),
-                ("swiglu", Input::Glu { up: randn(&mut rng(k as u64 + 1), m * k, 1.0) }),
-                ("plain", Input::Plain),
-            ];
-            for (fused, input) in inputs {
-                let run = Run { input, ..Run::plain(gemv(m, true), false, false) };
-                let (got, want, x) = run_one(&ctx, &c, &run);
-                let what = format!("row-quantized gemv_q8+{fused} {} k={k} m={m}", format.name());
-                assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &x, m), TOL);
+fn lanes_quantizer_matches_reference() {
+    for lanes in [true, false] {
+        let opts = kiln::gpu::ContextOptions { quantize_lanes: Some(lanes), ..Default::default() };
+        let ctx = std::sync::Arc::new(GpuContext::new(&opts).unwrap());
+        if lanes && !ctx.caps.subgroups {
+            eprintln!("{}: no subgroups, no quantize_q8_lanes", ctx.describe());
+            continue;
+        }
+        assert_eq!(ctx.caps.quantize_lanes, lanes, "{:?}", ctx.caps);
+        for (format, k, n) in
+            [(WeightFormat::Q4K, 256usize, 45usize), (WeightFormat::Q8_0, 288, 34), (WeightFormat::Q4K, 2304, 6)]
+        {
+            for m in [1usize, 3] {
+                // x's rms far from 1, so that a 1 / rms dropped shows.
+                let mut c = case(format, n, k, m, (k + m) as u64);
+                c.x.iter_mut().for_each(|v| *v *= 3.0);
+                let inputs = [
+                    ("norm", Input::Norm { gamma: randn(&mut rng(k as u64), k, 1.0), eps: 1e-5 }),
+                    ("swiglu", Input::Glu { up: randn(&mut rng(k as u64 + 1), m * k, 1.0) }),
+                    ("plain", Input::Plain),
+                ];
+                let grouped = MatmulKernel::Gemv { ncols: m as u32, shape: GemvShape::grouped(128, 2, 4), q8: true };
+                for (fused, input) in inputs {
+                    for kernel in [gemv(m, true), grouped] {
+                        let run = Run { input: input.clone(), ..Run::plain(kernel, false, false) };
+                        let (got, want, x) = run_one(&ctx, &c, &run);
+                        let what = format!("{kernel} (lanes {lanes}) +{fused} {} k={k} m={m}", format.name());
+                        assert_within(&what, &got, &want, &q8_bound(&c.w_ref, n, k, &x, m), TOL);
+                    }
+                }
             }
         }
     }

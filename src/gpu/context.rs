@@ -39,9 +39,10 @@ pub struct Caps {
     /// RMSNorm in each workgroup, so that it needs no quantize dispatch either
     /// (`plan::gemv_q8_swiglu_norm`; 20 KiB of workgroup memory).
     pub q8_swiglu_norm: bool,
-    /// The int8 GEMV's input quantized by one workgroup a column, every invocation busy
-    /// (quantize_q8_row.wgsl; subgroups); a measurement knob, off by default until measured.
-    pub quantize_row: bool,
+    /// One-token steps' int8 GEMV inputs quantized 8 invocations a block, the RMSNorm's
+    /// 1 / rms left to the GEMV (quantize_q8_lanes.wgsl, common/q8_in_global.wgsl; subgroups):
+    /// no pass over the whole row before the blocks (`plan::quantize_lanes`).
+    pub quantize_lanes: bool,
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
     /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).
     pub prefill_f16_inputs: bool,
@@ -78,7 +79,7 @@ impl Caps {
             q8_swiglu: None,
             q8_swiglu_any_size: false,
             q8_swiglu_norm: false,
-            quantize_row: false,
+            quantize_lanes: false,
             prefill_f16_inputs: false,
             attn_q8_out: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
@@ -110,8 +111,8 @@ pub struct ContextOptions {
     pub q8_swiglu: Option<Option<crate::plan::GemvShape>>,
     /// `Caps::q8_swiglu_norm`; None: `KILN_GEMV_Q8_SWIGLU_NORM` or the planner's default.
     pub q8_swiglu_norm: Option<bool>,
-    /// `Caps::quantize_row`; None: `KILN_QUANTIZE_ROW` (off where unset).
-    pub quantize_row: Option<bool>,
+    /// `Caps::quantize_lanes`; None: `KILN_QUANTIZE_LANES` or the planner's default.
+    pub quantize_lanes: Option<bool>,
     /// `Caps::prefill_f16_inputs`; None: `KILN_PREFILL_F16_INPUTS` or the planner's default.
     pub prefill_f16_inputs: Option<bool>,
     /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
@@ -461,8 +462,7 @@ impl GpuContext {
             q8_swiglu_any_size: opts.q8_swiglu.is_some() || crate::config::gemv_q8_swiglu_from_env().is_some(),
             q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
-            quantize_row: opts.quantize_row.unwrap_or_else(|| crate::config::quantize_row_from_env().unwrap_or(false))
-                && subgroups,
+            quantize_lanes: opts.quantize_lanes.unwrap_or_else(crate::plan::quantize_lanes) && subgroups,
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
             attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)

@@ -180,8 +180,21 @@ impl<'a> Matmul<'a> {
 /// `key` reading the rows from `first_rows` on from the second weights, where `second` says.
 fn with_second(key: KernelKey, second: Option<SecondPart>) -> KernelKey {
     match (key, second) {
-        (KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, .. }, Some(s)) => {
-            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, second: Some(s.format) }
+        (KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, x_local, epi, .. }, Some(s)) => {
+            KernelKey::Gemv {
+                format,
+                ncols,
+                rows,
+                groups,
+                wg,
+                subgroups,
+                norm,
+                glu,
+                q8,
+                x_local,
+                epi,
+                second: Some(s.format),
+            }
         }
         _ => key,
     }
@@ -193,7 +206,9 @@ fn with_extra<'b>(base: [&'b wgpu::Buffer; 5], extra: &[&'b wgpu::Buffer]) -> Ve
 }
 
 /// The pipeline key and grid of `kernel` over one weight chunk of `rows` rows and m columns;
-/// `norm`, `glu`: the fused input the kernel applies itself.
+/// `norm`, `glu`: the fused input the kernel applies itself (`x_local`: the int8 GEMV
+/// quantizing its own input through the norm).
+#[allow(clippy::too_many_arguments)]
 pub fn launch(
     ctx: &GpuContext,
     kernel: MatmulKernel,
@@ -202,6 +217,7 @@ pub fn launch(
     m: u32,
     norm: bool,
     glu: bool,
+    x_local: bool,
     epi: Epi,
 ) -> Result<(KernelKey, [u32; 3])> {
     match kernel {
@@ -231,6 +247,7 @@ pub fn launch(
                 norm,
                 glu,
                 q8,
+                x_local,
                 epi,
                 second: None,
             };
@@ -259,6 +276,8 @@ pub fn launch(
 struct Q8Input {
     quantize: Bound,
     key: KernelKey,
+    /// One-token steps' quantizer (`Caps::quantize_lanes`), over the same bindings.
+    lanes_key: Option<KernelKey>,
     /// One binding per weight chunk, as `BoundMatmul::chunks`, with `blocks` in place of X.
     chunks: Vec<Bound>,
     blocks: wgpu::Buffer,
@@ -296,13 +315,6 @@ struct HalfInput {
     partial: Vec<Bound>,
     halves: wgpu::Buffer,
     stride: u32,
-}
-
-/// Whether the int8 GEMV's input of k values is quantized by one workgroup a column
-/// (quantize_q8_row.wgsl): with subgroups, where the adapter takes it (`Caps::quantize_row`)
-/// and the row fits the workgroup's registers.
-fn quantize_by_row(k: u32, caps: &crate::gpu::Caps) -> bool {
-    caps.quantize_row && caps.subgroups && k % 32 == 0 && k <= 4 * super::QUANTIZE_ROW_WG * super::QUANTIZE_ROW_VECS
 }
 
 /// Whether the planner may put `mm` on the cooperative GEMM (which reads X as halves).
@@ -708,6 +720,7 @@ impl BoundMatmul {
             1,
             mm.norm.is_some() && !q8,
             false,
+            false,
             mm.epi.key(),
         )?;
         let key = with_second(key, Some(part));
@@ -806,12 +819,17 @@ impl BoundMatmul {
                 return Err(KilnError::invalid("matmul", format!("no int8-activation GEMV for {}", mm.w.format)));
             }
             let (norm, glu) = (mm.norm.is_some(), mm.glu.is_some());
-            let row = quantize_by_row(mm.w.k, &ctx.caps);
-            let qkey = KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm, glu, row };
+            let qkey = KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm, glu, lanes: false };
+            let lanes_key = (ctx.caps.quantize_lanes && mm.w.k % 32 == 0).then_some(KernelKey::QuantizeQ8 {
+                subgroups: true,
+                norm,
+                glu,
+                lanes: true,
+            });
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
             let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], &extra)?;
-            Some(Q8Input { quantize, key: qkey, chunks, blocks })
+            Some(Q8Input { quantize, key: qkey, lanes_key, chunks, blocks })
         } else {
             None
         };
@@ -847,6 +865,7 @@ impl BoundMatmul {
                     norm: local_input,
                     glu: false,
                     q8: true,
+                    x_local: local_input,
                     epi: Epi::SwiGluQ8,
                     second: None,
                 };
@@ -1235,10 +1254,16 @@ impl BoundMatmul {
         let mut half_partials: Option<&Vec<Bound>> = None;
         // The int8 GEMV quantizing its own input (`Q8Output::local_input`).
         let local_input = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
+        // One token's int8 input quantized 8 invocations a block, the RMSNorm's 1 / rms left to
+        // the GEMV (`Caps::quantize_lanes`): chosen by m alone, so that every group member
+        // reading the blocks one of them wrote takes them alike.
+        let lanes_key = self.q8.as_ref().and_then(|q| q.lanes_key).filter(|_| m == 1 && !local_input);
         // The fused input the kernel applies itself: the int8 GEMV's is applied by its quantize
-        // dispatch (`Q8Input`), but where the GEMV quantizes its own input.
+        // dispatch (`Q8Input`), but where the GEMV quantizes its own input or takes the norm's
+        // 1 / rms from the blocks.
         let q8 = matches!(kernel, MatmulKernel::Gemv { q8: true, .. });
-        let (kernel_norm, kernel_glu) = (norm && (!q8 || local_input), self.glu && !q8);
+        let kernel_norm = norm && (!q8 || local_input || lanes_key.is_some());
+        let kernel_glu = self.glu && !q8;
         let chunks: Vec<&Bound> = match kernel {
             MatmulKernel::Gemv { q8: true, .. } => {
                 let q8 = self.q8.as_ref().ok_or_else(|| {
@@ -1247,15 +1272,15 @@ impl BoundMatmul {
                 if !local_input && prepared.blocks != Some(&q8.blocks) {
                     q8.quantize.set(ctx, &self.params(m, 0, 0));
                     // One workgroup per QUANTIZE_WG blocks and group of the quantizer's columns,
-                    // or one a column.
-                    let grid = match q8.key {
-                        KernelKey::QuantizeQ8 { row: true, .. } => [1, 1, m.max(1)],
-                        _ => {
+                    // or per QUANTIZE_LANES_WG vectors of 4 values.
+                    let (key, grid) = match lanes_key {
+                        Some(key) => (key, grid((self.k / 4).div_ceil(super::QUANTIZE_LANES_WG))),
+                        None => {
                             let [gx, gy, _] = grid((self.k / 32).div_ceil(super::QUANTIZE_WG));
-                            [gx, gy, m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1)]
+                            (q8.key, [gx, gy, m.div_ceil(crate::plan::GEMV_Q8_GROUP_COLS).max(1)])
                         }
                     };
-                    out.push((&q8.quantize, ctx.pipeline(&q8.key)?, grid));
+                    out.push((&q8.quantize, ctx.pipeline(&key)?, grid));
                 }
                 match &self.q8_out {
                     Some(o) if self.writes_q8_out(kernel) => {
@@ -1290,7 +1315,7 @@ impl BoundMatmul {
             },
         };
         for (i, (b, (_, row_start, rows))) in chunks.into_iter().zip(&self.chunks).enumerate() {
-            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, kernel_norm, kernel_glu, epi)?;
+            let (key, grid) = launch(ctx, kernel, self.format, *rows, m, kernel_norm, kernel_glu, local_input, epi)?;
             let key = with_second(key, self.second);
             let params = MatmulParams { x_stride, ..self.params(m, *row_start, *rows) };
             if let (MatmulKernel::Gemm { tile }, Some(split)) = (kernel, &self.split) {

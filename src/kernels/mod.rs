@@ -201,13 +201,18 @@ pub enum KernelKey {
         groups: u8,
         wg: u16,
         subgroups: bool,
-        /// RMSNorm of x fused in front (decode).
+        /// RMSNorm of x fused in front (decode). The int8 GEMV's: over one column, either from
+        /// blocks quantized without the norm's 1 / rms (quantize_q8_lanes.wgsl; the sums take it
+        /// at the end) or, `x_local`, quantized by each workgroup itself.
         norm: bool,
         /// SiLU(gate) * up fused in front (decode's FFN down projection).
         glu: bool,
         /// Over activations quantized to int8 by `QuantizeQ8`, with integer dot products
         /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`).
         q8: bool,
+        /// The int8 GEMV quantizes its own input through the RMSNorm (common/q8_in_local.wgsl)
+        /// rather than reading blocks a quantize dispatch wrote.
+        x_local: bool,
         epi: Epi,
         /// The format of a second weights buffer (binding `SECOND_WEIGHTS_BINDING`) holding
         /// the rows from `MatmulParams::first_rows` on: one dispatch over a Q/K/V projection
@@ -220,9 +225,10 @@ pub enum KernelKey {
         subgroups: bool,
         norm: bool,
         glu: bool,
-        /// One workgroup a column (quantize_q8_row.wgsl: through the RMSNorm, with subgroups;
-        /// `Caps::quantize_row`), not one a `QUANTIZE_WG` blocks.
-        row: bool,
+        /// 8 invocations a block, one column's blocks a `QUANTIZE_LANES_WG` / 8 per workgroup,
+        /// and the RMSNorm's 1 / rms left to the GEMV (quantize_q8_lanes.wgsl: one-token
+        /// steps, with subgroups; `Caps::quantize_lanes`).
+        lanes: bool,
     },
     /// A cooperative GEMM's input rounded to f16 once (to_half.wgsl), which every weight
     /// chunk's GEMM then reads.
@@ -348,10 +354,8 @@ pub enum ProbeKind {
 pub const WG_ROW: u32 = 256; // one-row-per-workgroup reductions (norm, softmax, argmax, nll)
 pub const WG_ELT: u32 = 256; // elementwise and gather kernels
 pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
-/// Invocations of quantize_q8_row.wgsl's workgroup (one a column), and the vectors of 4 values
-/// each holds: inputs of up to 16,384 values.
-pub const QUANTIZE_ROW_WG: u32 = 256;
-pub const QUANTIZE_ROW_VECS: u32 = 16;
+/// Invocations of a quantize_q8_lanes.wgsl workgroup: 8 a block of 32 values.
+pub const QUANTIZE_LANES_WG: u32 = 64;
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG_DECODE: u32 = 256; // decode attention (`plan::attn_decode_wg`) and its combine pass
 pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
@@ -475,13 +479,15 @@ impl KernelKey {
             return Err(crate::error::KilnError::invalid("kernel", "the f16 SwiGLU epilogue is the GEMMs' only"));
         }
         match *self {
-            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, epi, second } => {
-                // The int8 GEMV's fused RMSNorm: each workgroup quantizes its one column itself
-                // (common/q8_in_local.wgsl); otherwise the quantize dispatch applies it.
-                if q8 && (!format.is_quantized() || glu || (norm && ncols != 1)) {
+            KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, x_local, epi, second } => {
+                // The int8 GEMV's fused RMSNorm, over one column: each workgroup quantizes the
+                // column itself (common/q8_in_local.wgsl), or the blocks come without the
+                // norm's 1 / rms (common/q8_in_global.wgsl); otherwise the quantize dispatch
+                // applies it.
+                if q8 && (!format.is_quantized() || glu || (norm && ncols != 1)) || (x_local && !(q8 && norm)) {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
-                        format!("the int8-activation GEMV needs a quantized format, no fused SwiGLU and one column with a fused RMSNorm, not {format} over {ncols}"),
+                        format!("the int8-activation GEMV needs a quantized format, no fused SwiGLU and one column with a fused RMSNorm (which its own quantization needs), not {format} over {ncols}"),
                     ));
                 }
                 let shape = GemvShape::grouped(wg as u32, rows as u32, groups as u32);
@@ -518,12 +524,13 @@ impl KernelKey {
                     .include(format_file(format))
                     .include(reduce_file(subgroups))
                     .include("common/matmul_params.wgsl")
-                    .include("common/gemv_output.wgsl");
+                    .include("common/gemv_output.wgsl")
+                    .include("common/inv_rms.wgsl");
                 let c = epilogue(c, epi);
                 if q8 {
                     let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
                     let c = c.include("common/q8_block.wgsl").include(out);
-                    let c = if norm {
+                    let c = if x_local {
                         let c = c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl");
                         if subgroups {
                             c.include("common/q8_lanes8.wgsl").include("common/q8_prepare_subgroups.wgsl")
@@ -547,12 +554,11 @@ impl KernelKey {
                         .build()
                 }
             }
-            KernelKey::QuantizeQ8 { subgroups, norm, glu, row: true } => {
+            KernelKey::QuantizeQ8 { subgroups, norm, glu, lanes: true } => {
                 if !subgroups {
-                    return Err(crate::error::KilnError::invalid("kernel", "the row quantizer needs subgroups"));
+                    return Err(crate::error::KilnError::invalid("kernel", "quantize_q8_lanes needs subgroups"));
                 }
-                c.const_u32("WG", QUANTIZE_ROW_WG)
-                    .const_u32("ROW_VECS", QUANTIZE_ROW_VECS)
+                c.const_u32("WG", QUANTIZE_LANES_WG)
                     .const_u32("NCOLS", 1)
                     .const_bool("NORM", norm)
                     .const_bool("GLU", glu)
@@ -562,10 +568,10 @@ impl KernelKey {
                     .include(reduce_file(true))
                     .include("common/matmul_params.wgsl")
                     .include("common/gemv_input.wgsl")
-                    .include("quantize_q8_row.wgsl")
+                    .include("quantize_q8_lanes.wgsl")
                     .build()
             }
-            KernelKey::QuantizeQ8 { subgroups, norm, glu, row: false } => c
+            KernelKey::QuantizeQ8 { subgroups, norm, glu, lanes: false } => c
                 .const_u32("WG", QUANTIZE_WG)
                 .const_u32("NCOLS", crate::plan::GEMV_Q8_GROUP_COLS)
                 .const_bool("NORM", norm)
@@ -864,6 +870,10 @@ impl KernelKey {
                         if format.is_quantized() && ncols as u32 <= crate::plan::GEMV_Q8_GROUP_COLS {
                             kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
+                        // One token's blocks without the RMSNorm's 1 / rms (quantize_q8_lanes.wgsl).
+                        if format.is_quantized() && ncols == 1 {
+                            kinds.extend(q8_epis().map(|epi| (shape, true, (true, false), epi)));
+                        }
                     }
                     // The float GEMV's grouped shape over one column (many rows).
                     if ncols == 1 {
@@ -879,8 +889,9 @@ impl KernelKey {
                             kinds.extend(q8_epis().map(|epi| (shape, true, (false, false), epi)));
                         }
                         // The gate/up projection writing the down projection's int8 input
-                        // (one-token decode steps; several columns in the tests), and
-                        // quantizing its own input through the RMSNorm (one column).
+                        // (one-token decode steps; several columns in the tests), and over one
+                        // token's blocks without the RMSNorm's 1 / rms (below: quantizing its
+                        // own input).
                         if ncols == 1 || ncols == 3 {
                             kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (false, false), Epi::SwiGluQ8));
                         }
@@ -888,7 +899,7 @@ impl KernelKey {
                             kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (true, false), Epi::SwiGluQ8));
                         }
                     }
-                    v.extend(kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| KernelKey::Gemv {
+                    let key = |shape: GemvShape, q8, norm, glu, x_local, epi| KernelKey::Gemv {
                         second: None,
                         format,
                         ncols,
@@ -899,8 +910,16 @@ impl KernelKey {
                         norm,
                         glu,
                         q8,
+                        x_local,
                         epi,
-                    }));
+                    };
+                    v.extend(
+                        kinds.into_iter().map(|(shape, q8, (norm, glu), epi)| key(shape, q8, norm, glu, false, epi)),
+                    );
+                    // The int8 SwiGLU epilogue's gate/up projection quantizing its own input.
+                    if format.is_quantized() && ncols == 1 {
+                        v.push(key(crate::plan::GEMV_Q8_SWIGLU, true, true, false, true, Epi::SwiGluQ8));
+                    }
                 }
             }
             // One dispatch over a Q/K/V projection stacked from two formats (one-column decode
@@ -918,7 +937,11 @@ impl KernelKey {
                     ];
                     let int8 = [GemvShape::new(64, 4), GemvShape::new(128, 4), GemvShape::new(128, 2)];
                     let kinds = float.into_iter().map(|s| (s, false)).chain(int8.into_iter().map(|s| (s, true)));
-                    for (shape, q8) in kinds {
+                    // The int8 GEMV's with the quantize dispatch's blocks with or without the
+                    // RMSNorm's 1 / rms (`Caps::quantize_lanes`).
+                    let mut kinds: Vec<_> = kinds.flat_map(|(s, q8)| [(s, q8, true), (s, q8, !q8)]).collect();
+                    kinds.dedup();
+                    for (shape, q8, norm) in kinds {
                         v.extend(qkv().map(|epi| KernelKey::Gemv {
                             format,
                             ncols: 1,
@@ -926,9 +949,10 @@ impl KernelKey {
                             groups: shape.groups as u8,
                             wg: shape.wg as u16,
                             subgroups,
-                            norm: !q8,
+                            norm,
                             glu: false,
                             q8,
+                            x_local: false,
                             epi,
                             second: Some(second),
                         }));
@@ -1006,9 +1030,9 @@ impl KernelKey {
         }
         for subgroups in [false, true] {
             for (norm, glu) in [(false, false), (true, false), (false, true)] {
-                v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, row: false });
+                v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, lanes: false });
                 if subgroups {
-                    v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, row: true });
+                    v.push(KernelKey::QuantizeQ8 { subgroups, norm, glu, lanes: true });
                 }
             }
             v.push(KernelKey::Softmax { subgroups });

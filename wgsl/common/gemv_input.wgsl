@@ -72,16 +72,3 @@ fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {
     return inv;
 }
 
-
-// 1 / rms of one column's n values from each invocation's sum of squares over its share of
-// them, for bodies that sum the squares on the way (gemv.wgsl over one column,
-// common/q8_in_local.wgsl). Uniform control flow: it has barriers.
-fn inv_rms_from(ss: f32, n: f32, lane: Lane) -> f32 {
-    let s = group_sum(ss, lane);
-    if (lane_is_leader(lane)) { partial[lane_group(lane)] = s; }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var g = 0u; g < lane_groups(lane); g++) { total += partial[g]; }
-    workgroupBarrier();
-    return 1.0 / sqrt(total / n + p.eps);
-}
