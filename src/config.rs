@@ -222,6 +222,14 @@ pub fn gemv_q8_min_cols_from_env() -> Option<u32> {
     })
 }
 
+/// `KILN_GEMV_Q8_MIN_WEIGHTS=<n>`: weights (rows x k) from which one column's quantized
+/// matrices run on the int8 GEMV (`plan::GEMV_Q8_MIN_WEIGHTS`, for every quantized format; a
+/// knob for measurements).
+pub fn gemv_q8_min_weights_from_env() -> Option<u64> {
+    static W: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *W.get_or_init(|| std::env::var("KILN_GEMV_Q8_MIN_WEIGHTS").ok().and_then(|v| v.trim().parse().ok()))
+}
+
 /// A GEMV launch shape written `<wg>x<rows>x<groups>` (the knobs below, the kernels bench):
 /// `groups` groups of `wg / groups` invocations, each its own `rows` rows. `None` where it does
 /// not read as one.

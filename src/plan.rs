@@ -491,6 +491,10 @@ pub fn plan_matmul(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) ->
             WeightFormat::Q8_0 => GEMV_Q8_MIN_WEIGHTS_Q8_0,
             _ => u64::MAX,
         };
+        let min_weights = match crate::config::gemv_q8_min_weights_from_env() {
+            Some(w) if min_weights < u64::MAX => w,
+            _ => min_weights,
+        };
         let many_cols = m >= gemv_q8_min_cols();
         let q8 = caps.int8_dot
             && min_weights < u64::MAX
