@@ -1,6 +1,7 @@
 // GEMV over int8 activations, for the quantized weight formats: Y[m, n] = sum_k W[n, k] X[m, k].
-// x comes quantized to int8 by quantize_q8.wgsl (its own small dispatch, once per input
-// rather than once per workgroup: common/q8_in_global.wgsl), or, for shapes of few
+// x comes quantized to int8 by quantize_q8.wgsl or quantize_q8_lanes.wgsl (its own small
+// dispatch, once per input rather than once per workgroup: common/q8_in_global.wgsl; the
+// latter leaves a fused RMSNorm's 1 / rms to this kernel), or, for shapes of few
 // workgroups, by each workgroup itself (common/q8_in_local.wgsl: x_half, prepare_x), so that
 // quantized weights multiply with packed 4x8-bit integer dot products (dot4I8Packed: one DP4A
 // instruction where the driver offers integer dot products, as Vulkan 1.3 drivers do) instead

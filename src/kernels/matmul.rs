@@ -178,26 +178,11 @@ impl<'a> Matmul<'a> {
 }
 
 /// `key` reading the rows from `first_rows` on from the second weights, where `second` says.
-fn with_second(key: KernelKey, second: Option<SecondPart>) -> KernelKey {
-    match (key, second) {
-        (KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, x_local, epi, .. }, Some(s)) => {
-            KernelKey::Gemv {
-                format,
-                ncols,
-                rows,
-                groups,
-                wg,
-                subgroups,
-                norm,
-                glu,
-                q8,
-                x_local,
-                epi,
-                second: Some(s.format),
-            }
-        }
-        _ => key,
+fn with_second(mut key: KernelKey, second: Option<SecondPart>) -> KernelKey {
+    if let (KernelKey::Gemv { second: f2, .. }, Some(s)) = (&mut key, second) {
+        *f2 = Some(s.format);
     }
+    key
 }
 
 /// A matmul's five bindings after the parameters, then the epilogue's.

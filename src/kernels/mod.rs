@@ -208,7 +208,8 @@ pub enum KernelKey {
         /// SiLU(gate) * up fused in front (decode's FFN down projection).
         glu: bool,
         /// Over activations quantized to int8 by `QuantizeQ8`, with integer dot products
-        /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`).
+        /// (gemv_q8.wgsl; quantized formats only; the fused inputs belong to `QuantizeQ8`, but
+        /// the RMSNorm's 1 / rms after quantize_q8_lanes.wgsl and with `x_local`).
         q8: bool,
         /// The int8 GEMV quantizes its own input through the RMSNorm (common/q8_in_local.wgsl)
         /// rather than reading blocks a quantize dispatch wrote.
@@ -552,9 +553,7 @@ impl KernelKey {
                     let words = "common/weights_words.wgsl";
                     let weights = if format.is_quantized() { words } else { "common/weights_vec4.wgsl" };
                     let c = c.include(weights).include("common/gemv_input.wgsl").include("common/gemv_rows.wgsl");
-                    gemv_formats(c, second, words, "common/gemv_rows.wgsl")
-                        .include("gemv.wgsl")
-                        .build()
+                    gemv_formats(c, second, words, "common/gemv_rows.wgsl").include("gemv.wgsl").build()
                 }
             }
             KernelKey::QuantizeQ8 { subgroups, norm, glu, lanes: true } => {

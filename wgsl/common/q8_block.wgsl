@@ -3,7 +3,8 @@
 // dispatch) and the int8 SwiGLU epilogue of gemv_q8.wgsl (EPI_SWIGLU_Q8: the gate/up GEMV
 // writes the down projection's input so). A block is three vec4<u32>: quants 0-15, quants
 // 16-31, then (d, sum of x~ 0-15, sum of x~ 16-31, 0) as f32 bits, where x~ = d * q: the GEMV
-// applies the formats' offsets to these sums. Also written by decode attention
+// applies the formats' offsets to these sums (quantize_q8_lanes.wgsl's blocks through the
+// RMSNorm hold the block's sum of squares of x in the last slot). Also written by decode attention
 // (attention_decode.wgsl, attention_combine.wgsl: Q8_OUT) for the output projection.
 
 struct Q8Block {
