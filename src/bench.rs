@@ -576,7 +576,12 @@ pub fn bench_model(
             };
             let timed = time_test(&mut s, &name, opts, matches!(test, Test::Gen(_)), progress, &|s, _| run(s))?;
             let avg = mean_sd(&timed.samples).0;
-            // The GPU's pace: 64 steps back to back at the test's depth, best of three.
+            // The GPU's pace: the test's steps back to back at its depth (submits of up to 64),
+            // best of three.
+            let steps = match test {
+                Test::Gen(n) => n as usize,
+                _ => 0,
+            };
             let back_to_back = |s: &mut crate::model::Session| -> Result<crate::model::BackToBack> {
                 s.reset();
                 if d > 0 {
@@ -586,7 +591,7 @@ pub fn bench_model(
                 s.set_sampling(&crate::sample::Sampler::new(opts.sampling.unwrap_or(greedy)), &prompt[..=d]);
                 let mut best: Option<crate::model::BackToBack> = None;
                 for _ in 0..3 {
-                    let b = s.time_back_to_back(64)?;
+                    let b = s.time_back_to_back(steps)?;
                     if best.is_none_or(|x| b.gpu_us < x.gpu_us) {
                         best = Some(b);
                     }

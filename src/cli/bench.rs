@@ -381,7 +381,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             if let Some(b) = &r.back_to_back {
                 writeln!(
                     o,
-                    "{} {}: steps back to back in one submit: GPU {:.1} µs per step ({:.0} t/s at the GPU's pace); host record {:.1} µs, submit {:.1} µs per step",
+                    "{} {}: steps back to back (one submit per 64): GPU {:.1} µs per step ({:.0} t/s at the GPU's pace); host record {:.1} µs, submit {:.1} µs per step",
                     r.model.name, r.test, b.gpu_us, 1e6 / b.gpu_us.max(1e-9), b.record_us, b.submit_us
                 )?;
             }
