@@ -55,7 +55,7 @@ impl AdapterRecord {
         let l = &ctx.limits;
         let limits = BTreeMap::from([
             ("max_buffer_size".to_string(), l.max_buffer_size),
-            ("max_storage_buffer_binding_size".to_string(), l.max_storage_buffer_binding_size as u64),
+            ("max_storage_buffer_binding_size".to_string(), l.max_storage_buffer_binding_size),
             ("max_compute_workgroup_storage_size".to_string(), l.max_compute_workgroup_storage_size as u64),
             ("max_compute_invocations_per_workgroup".to_string(), l.max_compute_invocations_per_workgroup as u64),
             ("subgroup_min_size".to_string(), c.subgroup_min as u64),

@@ -561,7 +561,7 @@ fn prompts_prefilled_together_match_each_sequence_alone() {
             PromptChunk { slot: 3, tokens: prompts[3], pick: true },
         ],
     ];
-    let mut picks = vec![None; 4];
+    let mut picks = [None; 4];
     for step in &steps {
         let got = shared.prefill_slots(step).unwrap();
         assert_eq!(got.len(), step.len());
@@ -577,7 +577,7 @@ fn prompts_prefilled_together_match_each_sequence_alone() {
         assert_eq!(shared.slot_position(slot).unwrap(), p.len() as u32);
         let mut plain = model.session(one).unwrap();
         let want = plain.forward(p, Output::LastLogits).unwrap();
-        assert_eq!(picks[slot], Some(argmax(&want) as u32), "slot {slot}: the pick after its prompt");
+        assert_eq!(picks[slot], Some(argmax(&want)), "slot {slot}: the pick after its prompt");
         alone.push(plain);
     }
     // The caches: a batched step over all four, against each session alone.
@@ -630,10 +630,10 @@ fn pipelined_batched_steps_give_the_tokens_of_steps_one_by_one() {
     let run = |pipelined: bool| -> Vec<Vec<u32>> {
         let mut s = model.session(o).unwrap();
         assert!(s.can_pipeline() || g.ctx.caps.gemv_max_cols < 3);
-        let mut next = vec![0u32; 4];
-        for slot in 0..3 {
+        let mut next = [0u32; 4];
+        for (slot, next) in next.iter_mut().enumerate().take(3) {
             s.set_slot_sampling(slot, &greedy, &[]).unwrap();
-            next[slot] = s.forward_slot(slot, &prompt(slot), Output::Argmax).unwrap()[0] as u32;
+            *next = s.forward_slot(slot, &prompt(slot), Output::Argmax).unwrap()[0] as u32;
         }
         let mut picks = Vec::new();
         let mut last: Vec<usize> = Vec::new();

@@ -518,7 +518,9 @@ fn flash_combine_merges_split_partials() {
 fn flash_attention_over_chunks_of_several_sequences() {
     use flash_attention::Chunk;
     // (heads, KV heads, head dim), then (queries, first position, region) per chunk.
-    let cases: [((u32, u32, u32), &[(u32, u32, u32)]); 3] = [
+    type Heads = (u32, u32, u32);
+    type ChunkAt = (u32, u32, u32);
+    let cases: [(Heads, &[ChunkAt]); 3] = [
         ((8, 2, 64), &[(70, 0, 2), (9, 30, 0), (33, 5, 1)]),
         ((4, 4, 32), &[(1, 3, 1), (17, 0, 0)]),
         ((32, 4, 64), &[(20, 11, 1), (65, 0, 3), (3, 60, 0), (40, 2, 2)]),

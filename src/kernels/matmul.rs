@@ -1219,7 +1219,7 @@ impl BoundMatmul {
         prepared: Prepared<'_>,
         batched: bool,
         halves_out: bool,
-    ) -> Result<Vec<(&Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3])>> {
+    ) -> Result<Vec<StepDispatch<'_>>> {
         if self.second.is_some_and(|s| s.kernel != kernel) || !self.takes_step(m, batched) {
             return Err(KilnError::invalid(
                 "matmul",
@@ -1332,6 +1332,9 @@ impl BoundMatmul {
         Ok(out)
     }
 }
+
+/// One dispatch of a matmul's step: its bindings, pipeline and grid.
+type StepDispatch<'a> = (&'a Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3]);
 
 /// The inputs prepared already in this step, whose quantize or to_half dispatch a matmul then
 /// skips: by a group member (`BoundMatmul::record_group`), the gate/up epilogue (the down

@@ -71,12 +71,10 @@ pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
     let cpu = ctx.caps.cpu_adapter;
     // Larger than any GPU cache, within one binding.
     let want: u64 = if cpu { 64 << 20 } else { 1 << 30 };
-    let bytes = want
-        .min(ctx.limits.max_storage_buffer_binding_size as u64)
-        .min(ctx.limits.max_buffer_size)
-        .min(u32::MAX as u64 * 16)
-        / 16
-        * 16;
+    let bytes =
+        want.min(ctx.limits.max_storage_buffer_binding_size).min(ctx.limits.max_buffer_size).min(u32::MAX as u64 * 16)
+            / 16
+            * 16;
     let src = ctx.storage(bytes, "probe source")?;
     let dst = ctx.storage(256, "probe sink")?;
     let n = (bytes / 16) as u32;

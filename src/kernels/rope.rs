@@ -49,7 +49,7 @@ fn check(p: &RopeParams) -> Result<()> {
 /// The step state the kernels take the position and cache region from, as `p` gives them
 /// (one-off dispatches: tests, tools).
 fn step_of(ctx: &GpuContext, p: &RopeParams) -> Result<wgpu::Buffer> {
-    let kv_base = if p.dst_stride == 0 { 0 } else { p.dst_offset / p.dst_stride };
+    let kv_base = p.dst_offset.checked_div(p.dst_stride).unwrap_or(0);
     let state =
         crate::kernels::matmul::StepState { n_tokens: p.n_tokens, pos0: p.pos0, kv_len: p.pos0 + p.n_tokens, kv_base };
     ctx.upload(bytemuck::bytes_of(&state), "rope step")

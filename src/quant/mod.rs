@@ -130,7 +130,7 @@ impl WeightFormat {
 
     fn blocks_in(self, n_elems: usize) -> Option<usize> {
         let block_elems = self.block_elems();
-        n_elems.is_multiple_of(block_elems).then_some(n_elems / block_elems)
+        (n_elems % block_elems == 0).then_some(n_elems / block_elems)
     }
 }
 
@@ -199,7 +199,7 @@ pub fn repack_for_gpu(format: WeightFormat, gguf_bytes: &[u8]) -> Result<Vec<u8>
 /// formats are copied unchanged.
 pub fn repack_for_gpu_into(format: WeightFormat, gguf_bytes: &[u8], gpu_bytes: &mut Vec<u8>) -> Result<(), QuantError> {
     let block_bytes = format.block_bytes();
-    if !gguf_bytes.len().is_multiple_of(block_bytes) {
+    if gguf_bytes.len() % block_bytes != 0 {
         return Err(QuantError::PartialBlockBytes { format, n_bytes: gguf_bytes.len() });
     }
     let n_blocks = gguf_bytes.len() / block_bytes;

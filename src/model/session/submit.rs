@@ -160,7 +160,7 @@ impl Session {
         rec.stage(Stage::OutputNorm, || {
             StageWork::other("rms_norm", format!("{m}x{n_embd}"), 8.0 * (m * n_embd) as f64, 0.0)
         });
-        self.out_norm_all.set(&**ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: self.cfg.rms_eps });
+        self.out_norm_all.set(ctx, &RmsNormParams { n: n_embd, x_stride: se, y_stride: se, eps: self.cfg.rms_eps });
         self.out_norm_all.record_with(
             rec.pass(),
             &*ctx.pipeline(&KernelKey::RmsNorm { subgroups: ctx.caps.subgroups, halves: false })?,
