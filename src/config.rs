@@ -320,6 +320,13 @@ pub fn gemv_q8_swiglu_norm_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_GEMV_Q8_SWIGLU_NORM"))
 }
 
+/// `KILN_SAMPLE_TOPS=0|1`: whether the sampler's first pass keeps each slice's candidates in
+/// order for the second to merge (`plan::sample_tops`; a knob for measurements).
+pub fn sample_tops_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_SAMPLE_TOPS"))
+}
+
 /// `KILN_QUANTIZE_LANES=0|1`: whether one-token steps quantize the int8 GEMV's input 8
 /// invocations a block with the RMSNorm's 1 / rms left to the GEMV (`plan::quantize_lanes`;
 /// a knob for measurements).

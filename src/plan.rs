@@ -263,6 +263,12 @@ pub fn quantize_lanes() -> bool {
     crate::config::quantize_lanes_from_env().unwrap_or(true)
 }
 
+/// `Caps::sample_tops` without the context option: `KILN_SAMPLE_TOPS` where set, else off
+/// (not yet measured on a GPU).
+pub fn sample_tops() -> bool {
+    crate::config::sample_tops_from_env().unwrap_or(false)
+}
+
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {
     crate::config::attn_q8_out_from_env().unwrap_or(true)

@@ -15,26 +15,42 @@ use kiln::sample::{Sampler, SamplerConfig};
 
 #[test]
 fn gpu_sampler_picks_the_reference_tokens() {
-    let configs = sampler_configs();
     for g in gpus() {
-        // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed
-        // over several (spread 0: a shuffled ramp 1e-5 apart), every logit (top-k off on 512
-        // and 1000), the exact radix select (top-k off on the larger vocabularies: no
-        // threshold holds exactly 1024).
-        for (vocab, spread) in [(512usize, 12.0f32), (32000, 14.0), (1000, 0.5), (5000, 0.0), (151936, 14.0)] {
-            let mut r = rng(vocab as u64);
-            let logits = model_logits(&mut r, vocab, spread);
-            let history: Vec<u32> = (0..40).map(|_| r.range(0, vocab as i64) as u32).collect();
-            for (name, base) in &configs {
-                let cfg = SamplerConfig { seed: 0x5eed_0000_0000_0000 + vocab as u64, ..*base };
-                let steps = if vocab > 100_000 { 3 } else { 12 };
-                let want = cpu_tokens(&cfg, &logits, &history, steps);
-                let got = gpu_tokens(&g.ctx, &cfg, &logits, &history, steps).unwrap();
-                assert_eq!(got, want, "[{}] {name}, vocab {vocab}, spread {spread}", g.name);
-            }
-        }
-        eprintln!("[{}] sampler: reference tokens for every configuration", g.name);
+        picks_the_reference_tokens(&g.ctx, &g.name);
     }
+}
+
+/// The same with the first pass keeping each slice's candidates in order and the second
+/// merging them (`Caps::sample_tops`): where every slice kept its list, and where one did not
+/// (the larger vocabularies with top-k off: more than a slice keeps reach its floor) and the
+/// second pass reads the row as before.
+#[test]
+fn merged_slice_candidates_pick_the_reference_tokens() {
+    let opts = kiln::gpu::ContextOptions { sample_tops: Some(true), ..Default::default() };
+    let ctx = kiln::gpu::GpuContext::new(&opts).unwrap();
+    assert!(ctx.caps.sample_tops);
+    picks_the_reference_tokens(&ctx, "native, merged slice candidates");
+}
+
+fn picks_the_reference_tokens(ctx: &kiln::gpu::GpuContext, gpu: &str) {
+    let configs = sampler_configs();
+    // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed
+    // over several (spread 0: a shuffled ramp 1e-5 apart), every logit (top-k off on 512
+    // and 1000), the exact radix select (top-k off on the larger vocabularies: no
+    // threshold holds exactly 1024).
+    for (vocab, spread) in [(512usize, 12.0f32), (32000, 14.0), (1000, 0.5), (5000, 0.0), (151936, 14.0)] {
+        let mut r = rng(vocab as u64);
+        let logits = model_logits(&mut r, vocab, spread);
+        let history: Vec<u32> = (0..40).map(|_| r.range(0, vocab as i64) as u32).collect();
+        for (name, base) in &configs {
+            let cfg = SamplerConfig { seed: 0x5eed_0000_0000_0000 + vocab as u64, ..*base };
+            let steps = if vocab > 100_000 { 3 } else { 12 };
+            let want = cpu_tokens(&cfg, &logits, &history, steps);
+            let got = gpu_tokens(ctx, &cfg, &logits, &history, steps).unwrap();
+            assert_eq!(got, want, "[{gpu}] {name}, vocab {vocab}, spread {spread}");
+        }
+    }
+    eprintln!("[{gpu}] sampler: reference tokens for every configuration");
 }
 
 /// Many rows at once, each its own draw counter: the picks' frequencies follow the

@@ -8,7 +8,10 @@
 // Configuration, state and bindings: common/sample_common.wgsl; where a row's configuration
 // and state come from: common/sample_one.wgsl (the uniform; state row = row) or
 // common/sample_columns.wgsl (a batched decode step: each row its slot's). Header constants:
-// WG (a power of two), SLICE, CAP (most candidates, a power of two <= 4 WG), HIST, BAN.
+// WG (a power of two), SLICE, CAP (most candidates, a power of two <= 4 WG), HIST, BAN,
+// TOPS (the first pass kept each slice's candidates in order: merge them, merge_tops), SCAP
+// (most candidates a slice keeps), PSTRIDE (16-byte words per slice in `prune`),
+// MAX_TOPS_SLICES.
 
 // Candidates per invocation while they are ranked.
 const HELD: u32 = (CAP + WG - 1u) / WG;
@@ -19,6 +22,9 @@ var<workgroup> cand_i: array<vec4<u32>, CAP / 4u>;
 var<workgroup> n_cand: atomic<u32>;
 var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> picked: u32;
+// TOPS: each slice's candidates taken (at most top_k) and where they start among cand_*.
+var<workgroup> slice_n: array<u32, MAX_TOPS_SLICES>;
+var<workgroup> slice_off: array<u32, MAX_TOPS_SLICES + 1u>;
 
 // A 32-bit hash (PCG's output permutation), the RNG of both samplers.
 fn pcg(v: u32) -> u32 {
@@ -97,6 +103,77 @@ fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
     return workgroupUniformLoad(&picked);
 }
 
+// How many of slice s's merged candidates (cand_* from slice_off[s]) come before (v, id):
+// its list is in order, so a binary search.
+fn ahead_in_slice(s: u32, v: f32, id: u32) -> u32 {
+    var a = slice_off[s];
+    var b = slice_off[s + 1u];
+    let first = a;
+    while (a < b) {
+        let mid = (a + b) / 2u;
+        let mv = cand_v[mid / 4u][mid % 4u];
+        if (mv > v || (mv == v && cand_i[mid / 4u][mid % 4u] < id)) { a = mid + 1u; } else { b = mid; }
+    }
+    return a - first;
+}
+
+// TOPS: the row's top_k candidates in order in cand_*, merged from the first pass's slices'
+// lists (each slice's first top_k: the row's top_k are among them): each candidate's place is
+// how many come before it in every list. Returns how many (uniform), or 0xffffffff where a
+// slice kept none (more than SCAP at or above its floor), or the row has too many slices or
+// candidates: then the caller gathers them from the row.
+fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
+    if (slices > MAX_TOPS_SLICES) { return 0xffffffffu; }
+    for (var s = lane.lid; s < slices; s += WG) { slice_n[s] = prune[(row * slices + s) * PSTRIDE].w >> 1u; }
+    workgroupBarrier();
+    if (lane.lid == 0u) {
+        var off = 0u;
+        var kept = true;
+        for (var s = 0u; s < slices; s++) {
+            kept = kept && slice_n[s] <= SCAP;
+            slice_off[s] = off;
+            off += min(slice_n[s], top_k);
+        }
+        slice_off[slices] = off;
+        picked = select(0xffffffffu, off, kept && off <= CAP);
+    }
+    let total = workgroupUniformLoad(&picked);
+    if (total == 0xffffffffu) { return total; }
+    for (var c = lane.lid; c < total; c += WG) {
+        var s = 0u;
+        while (slice_off[s + 1u] <= c) { s++; }
+        let r = c - slice_off[s];
+        let e = prune[(row * slices + s) * PSTRIDE + 1u + r / 2u];
+        cand_v[c / 4u][c % 4u] = bitcast<f32>(select(e.x, e.z, r % 2u == 1u));
+        cand_i[c / 4u][c % 4u] = select(e.y, e.w, r % 2u == 1u);
+    }
+    workgroupBarrier();
+    var mine_v: array<f32, HELD>;
+    var mine_i: array<u32, HELD>;
+    var place: array<u32, HELD>;
+    for (var j = 0u; j < HELD; j++) {
+        let c = lane.lid + j * WG;
+        place[j] = 0xffffffffu;
+        if (c < total) {
+            mine_v[j] = cand_v[c / 4u][c % 4u];
+            mine_i[j] = cand_i[c / 4u][c % 4u];
+            var r = 0u;
+            for (var s = 0u; s < slices; s++) { r += ahead_in_slice(s, mine_v[j], mine_i[j]); }
+            place[j] = r;
+        }
+    }
+    workgroupBarrier();
+    let keep = min(total, top_k);
+    for (var j = 0u; j < HELD; j++) {
+        if (place[j] < keep) {
+            cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
+            cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
+        }
+    }
+    workgroupBarrier();
+    return keep;
+}
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
@@ -114,13 +191,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     var best_i = 0xffffffffu;
     var fl = -3.4028235e38;
     for (var s = lane.lid; s < slices; s += WG) {
-        let e = prune[row * slices + s];
+        let e = prune[(row * slices + s) * PSTRIDE];
         let v = bitcast<f32>(e.x);
         if (e.y != 0xffffffffu && (v > best || best_i == 0xffffffffu)) {
             best = v;
             best_i = e.y;
         }
-        if (e.w != 0u) { fl = max(fl, bitcast<f32>(e.z)); }
+        if ((e.w & 1u) != 0u) { fl = max(fl, bitcast<f32>(e.z)); }
     }
     let mx = wg_max(best, lane);
     let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
@@ -132,51 +209,59 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         // crowding just below the largest), an exact radix select on their bits finds the
         // top_k-th largest instead.
         var min_key = 0u;
-        var count = gather(base, n, floor_t, 0u, false, lane);
-        if (count > CAP) {
-            min_key = kth_largest_key(base, n, cfg.top_k, lane);
-            count = gather(base, n, floor_t, min_key, true, lane);
+        var count = 0xffffffffu;
+        if (TOPS) { count = merge_tops(row, slices, cfg.top_k, lane); }
+        let merged = count != 0xffffffffu;
+        if (!merged) {
+            count = gather(base, n, floor_t, 0u, false, lane);
+            if (count > CAP) {
+                min_key = kth_largest_key(base, n, cfg.top_k, lane);
+                count = gather(base, n, floor_t, min_key, true, lane);
+            }
+            count = min(count, CAP);
         }
-        count = min(count, CAP);
         if (PHASES > 3u) {
-            // The candidates into the order of the CPU reference: each one's place is how
-            // many come before it (larger value first, lower index on ties: a total order, so
-            // no two share a place), counted over all of them at once, four at a time. (A
-            // bitonic sort took 17 µs on an H200: a barrier of the whole workgroup per stage.)
-            for (var i = count + lane.lid; i < (count + 3u) / 4u * 4u; i += WG) {
-                cand_v[i / 4u][i % 4u] = -3.4028235e38;
-                cand_i[i / 4u][i % 4u] = 0xffffffffu;
-            }
-            workgroupBarrier();
-            var mine_v: array<f32, HELD>;
-            var mine_i: array<u32, HELD>;
-            var place: array<u32, HELD>;
-            for (var j = 0u; j < HELD; j++) {
-                let i = lane.lid + j * WG;
-                place[j] = 0xffffffffu;
-                if (i < count) {
-                    let v = cand_v[i / 4u][i % 4u];
-                    let id = cand_i[i / 4u][i % 4u];
-                    var r = 0u;
-                    for (var o = 0u; o < count; o += 4u) {
-                        let v4 = cand_v[o / 4u];
-                        let i4 = cand_i[o / 4u];
-                        let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
-                        r += dot(vec4<u32>(ahead), vec4<u32>(1u));
+            // Merged candidates come in order already.
+            if (!merged) {
+                // The candidates into the order of the CPU reference: each one's place is how
+                // many come before it (larger value first, lower index on ties: a total order, so
+                // no two share a place), counted over all of them at once, four at a time. (A
+                // bitonic sort took 17 µs on an H200: a barrier of the whole workgroup per stage.)
+                for (var i = count + lane.lid; i < (count + 3u) / 4u * 4u; i += WG) {
+                    cand_v[i / 4u][i % 4u] = -3.4028235e38;
+                    cand_i[i / 4u][i % 4u] = 0xffffffffu;
+                }
+                workgroupBarrier();
+                var mine_v: array<f32, HELD>;
+                var mine_i: array<u32, HELD>;
+                var place: array<u32, HELD>;
+                for (var j = 0u; j < HELD; j++) {
+                    let i = lane.lid + j * WG;
+                    place[j] = 0xffffffffu;
+                    if (i < count) {
+                        let v = cand_v[i / 4u][i % 4u];
+                        let id = cand_i[i / 4u][i % 4u];
+                        var r = 0u;
+                        for (var o = 0u; o < count; o += 4u) {
+                            let v4 = cand_v[o / 4u];
+                            let i4 = cand_i[o / 4u];
+                            let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
+                            r += dot(vec4<u32>(ahead), vec4<u32>(1u));
+                        }
+                        mine_v[j] = v;
+                        mine_i[j] = id;
+                        place[j] = r;
                     }
-                    mine_v[j] = v;
-                    mine_i[j] = id;
-                    place[j] = r;
                 }
-            }
-            workgroupBarrier();
-            for (var j = 0u; j < HELD; j++) {
-                if (place[j] != 0xffffffffu) {
-                    cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
-                    cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
+                workgroupBarrier();
+                for (var j = 0u; j < HELD; j++) {
+                    if (place[j] != 0xffffffffu) {
+                        cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
+                        cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
+                    }
                 }
+                workgroupBarrier();
             }
-            workgroupBarrier();
             // One invocation walks the sorted candidates as the CPU reference does.
             if (lane.lid == 0u && PHASES > 4u) {
                 var keep = min(count, cfg.top_k);

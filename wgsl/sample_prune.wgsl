@@ -9,7 +9,12 @@
 // here each slice's search runs on values held in registers, all slices at once.
 // The including file supplies row_config, row_slot and the `prune` buffer (common/
 // sample_one.wgsl or sample_columns.wgsl). Header constants: WG, SLICE (a multiple of WG),
-// CAP, HIST, BAN, PHASES (as sample.wgsl).
+// CAP, HIST, BAN, PHASES, TOPS, SCAP, PSTRIDE (as sample.wgsl).
+// TOPS: the slice also keeps its candidates, its usable logits at or above its floor (at most
+// SCAP; its count tells the second pass whether it kept them), in the CPU reference's order
+// (larger first, lower index on ties), so that the second pass merges the slices' lists
+// instead of reading the row and ranking the several hundred logits at or above the largest
+// floor.
 
 // Logits per invocation, held in registers.
 const HELD: u32 = SLICE / WG;
@@ -29,6 +34,11 @@ struct Floor {
 }
 
 var<workgroup> sums: array<f32, 4u * LANE_GROUPS_MAX>;
+// TOPS: the slice's candidates while they are ranked, and their count.
+var<workgroup> sl_v: array<f32, SCAP>;
+var<workgroup> sl_i: array<u32, SCAP>;
+var<workgroup> sl_n: atomic<u32>;
+var<workgroup> sl_count: u32;
 
 // How many of the values lie within each distance d[j] below mx (mx - v <= d[j]).
 fn count_within(v: array<f32, HELD>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u32> {
@@ -168,7 +178,38 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         if (usable(v[j]) && mx - v[j] <= far) { low = min(low, v[j]); }
     }
     let fl = -wg_max(-low, lane);
+    let hdr = (row * nwg.x + wid.x) * PSTRIDE;
+    var n_top = 0u;
+    if (TOPS && cfg.greedy == 0u && PHASES >= 2u) {
+        // The candidates (the same comparison as the second pass's gather, against this
+        // slice's floor: every logit at or above the row's largest floor is among them).
+        if (lane.lid == 0u) { atomicStore(&sl_n, 0u); }
+        workgroupBarrier();
+        for (var j = 0u; j < HELD; j++) {
+            if (usable(v[j]) && v[j] >= fl) {
+                let slot = atomicAdd(&sl_n, 1u);
+                if (slot < SCAP) {
+                    sl_v[slot] = v[j];
+                    sl_i[slot] = lo + j * WG + lane.lid;
+                }
+            }
+        }
+        workgroupBarrier();
+        if (lane.lid == 0u) { sl_count = atomicLoad(&sl_n); }
+        n_top = workgroupUniformLoad(&sl_count);
+        // Each one's place: how many come before it. Over SCAP the list is not kept.
+        for (var c = lane.lid; c < n_top && n_top <= SCAP; c += WG) {
+            let v0 = sl_v[c];
+            let i0 = sl_i[c];
+            var r = 0u;
+            for (var o = 0u; o < n_top; o++) {
+                r += select(0u, 1u, sl_v[o] > v0 || (sl_v[o] == v0 && sl_i[o] < i0));
+            }
+            prune[hdr + 1u + r / 2u][2u * (r % 2u)] = bitcast<u32>(v0);
+            prune[hdr + 1u + r / 2u][2u * (r % 2u) + 1u] = i0;
+        }
+    }
     if (lane.lid == 0u) {
-        prune[row * nwg.x + wid.x] = vec4<u32>(bitcast<u32>(mx), arg, bitcast<u32>(fl), select(0u, 1u, has_floor));
+        prune[hdr] = vec4<u32>(bitcast<u32>(mx), arg, bitcast<u32>(fl), select(0u, 1u, has_floor) | (n_top << 1u));
     }
 }

@@ -43,6 +43,9 @@ pub struct Caps {
     /// 1 / rms left to the GEMV (quantize_q8_lanes.wgsl, common/q8_in_global.wgsl; subgroups):
     /// no pass over the whole row before the blocks (`plan::quantize_lanes`).
     pub quantize_lanes: bool,
+    /// The sampler's first pass keeps each slice's candidates in order and the second merges
+    /// them instead of reading the row again (`plan::sample_tops`).
+    pub sample_tops: bool,
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
     /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).
     pub prefill_f16_inputs: bool,
@@ -80,6 +83,7 @@ impl Caps {
             q8_swiglu_any_size: false,
             q8_swiglu_norm: false,
             quantize_lanes: false,
+            sample_tops: false,
             prefill_f16_inputs: false,
             attn_q8_out: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
@@ -113,6 +117,8 @@ pub struct ContextOptions {
     pub q8_swiglu_norm: Option<bool>,
     /// `Caps::quantize_lanes`; None: `KILN_QUANTIZE_LANES` or the planner's default.
     pub quantize_lanes: Option<bool>,
+    /// `Caps::sample_tops`; None: `KILN_SAMPLE_TOPS` or the planner's default.
+    pub sample_tops: Option<bool>,
     /// `Caps::prefill_f16_inputs`; None: `KILN_PREFILL_F16_INPUTS` or the planner's default.
     pub prefill_f16_inputs: Option<bool>,
     /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
@@ -463,6 +469,7 @@ impl GpuContext {
             q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
             quantize_lanes: opts.quantize_lanes.unwrap_or_else(crate::plan::quantize_lanes) && subgroups,
+            sample_tops: opts.sample_tops.unwrap_or_else(crate::plan::sample_tops),
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
             attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)

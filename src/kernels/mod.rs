@@ -330,6 +330,9 @@ pub enum KernelKey {
         /// Rows are a batched step's columns, each with its slot's configuration and state.
         batched: bool,
         prune: bool,
+        /// The first pass also writes each slice's candidates in order, which the second
+        /// merges instead of reading the row (`Caps::sample_tops`).
+        tops: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
     Nll {
@@ -772,10 +775,14 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
-            KernelKey::Sample { subgroups, batched, prune } => {
+            KernelKey::Sample { subgroups, batched, prune, tops } => {
                 let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
                 let c = c
                     .const_u32("WG", wg)
+                    .const_bool("TOPS", tops)
+                    .const_u32("SCAP", sample::SLICE_CAP)
+                    .const_u32("PSTRIDE", sample::PRUNE_STRIDE)
+                    .const_u32("MAX_TOPS_SLICES", sample::MAX_TOPS_SLICES)
                     .const_u32("SLICE", sample::SLICE)
                     .const_u32("CAP", crate::sample::SAMPLE_CAP as u32)
                     .const_u32("HIST", crate::sample::HISTORY_CAP as u32)
@@ -1042,9 +1049,9 @@ impl KernelKey {
                 v.push(KernelKey::RmsNorm { subgroups, halves });
             }
             v.push(KernelKey::Argmax { subgroups });
-            for prune in [false, true] {
-                v.push(KernelKey::Sample { subgroups, batched: false, prune });
-                v.push(KernelKey::Sample { subgroups, batched: true, prune });
+            for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
+                v.push(KernelKey::Sample { subgroups, batched: false, prune, tops });
+                v.push(KernelKey::Sample { subgroups, batched: true, prune, tops });
             }
             v.push(KernelKey::Nll { subgroups });
         }

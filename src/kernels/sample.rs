@@ -30,9 +30,21 @@ pub fn slices(n_vocab: u32) -> u32 {
     n_vocab.div_ceil(SLICE).max(1)
 }
 
-/// Bytes of the first pass's results for `rows` rows of `n_vocab` logits (16 per slice).
+/// Candidates a slice of the first pass keeps in order for the second (`Caps::sample_tops`):
+/// its usable logits at or above its floor, which holds at most twice top_k once found; a
+/// slice with more sends the second pass back to reading the row.
+pub const SLICE_CAP: u32 = 128;
+
+/// 16-byte words of the first pass's results per slice: its header (largest logit and index,
+/// floor, whether it has one and its candidates' count), then its candidates two to a word.
+pub const PRUNE_STRIDE: u32 = 1 + SLICE_CAP / 2;
+
+/// The most slices whose candidates the second pass merges (rows of up to 262,144 logits).
+pub const MAX_TOPS_SLICES: u32 = 128;
+
+/// Bytes of the first pass's results for `rows` rows of `n_vocab` logits.
 pub fn prune_bytes(n_vocab: u32, rows: u32) -> u64 {
-    rows.max(1) as u64 * slices(n_vocab) as u64 * 16
+    rows.max(1) as u64 * slices(n_vocab) as u64 * PRUNE_STRIDE as u64 * 16
 }
 
 /// The two passes' grids for `rows` rows of `n_vocab` logits: (first, second).
@@ -159,11 +171,11 @@ fn passes(
     buffers: &[&wgpu::Buffer],
     (first, second): ([u32; 3], [u32; 3]),
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
-    let subgroups = ctx.caps.subgroups;
+    let (subgroups, tops) = (ctx.caps.subgroups, ctx.caps.sample_tops);
     [(true, first), (false, second)]
         .into_iter()
         .map(|(prune, workgroups)| {
-            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune };
+            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);
             Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group, workgroups, params: Some(ub.clone()) })

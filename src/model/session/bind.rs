@@ -526,13 +526,13 @@ impl Session {
         // Both passes bind the same buffers (one layout): one bind group records either.
         let sample = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: false, prune: false },
+            &KernelKey::Sample { subgroups: sub, batched: false, prune: false, tops: false },
             "sample",
             &[&logits, &out_id, &sample_state, &sample_slices],
         )?;
         let sample_table = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: true, prune: false },
+            &KernelKey::Sample { subgroups: sub, batched: true, prune: false, tops: false },
             "sample",
             &[&logits, &out_id, &sample_state, &sample_configs, &step_state, &sample_slices],
         )?;

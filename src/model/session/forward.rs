@@ -450,7 +450,12 @@ impl Session {
             let sample = if table { &self.sample_table } else { &self.sample };
             let (first, second) = crate::kernels::sample::grids(v, m);
             for (prune, grid) in [(true, first), (false, second)] {
-                let key = KernelKey::Sample { subgroups: ctx.caps.subgroups, batched: table, prune };
+                let key = KernelKey::Sample {
+                    subgroups: ctx.caps.subgroups,
+                    batched: table,
+                    prune,
+                    tops: ctx.caps.sample_tops,
+                };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }
         }
