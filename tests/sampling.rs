@@ -16,7 +16,7 @@ use kiln::sample::{Sampler, SamplerConfig};
 #[test]
 fn gpu_sampler_picks_the_reference_tokens() {
     for g in gpus() {
-        picks_the_reference_tokens(&g.ctx, &g.name);
+        picks_the_reference_tokens(&g.ctx, g.name);
     }
 }
 

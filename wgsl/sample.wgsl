@@ -164,14 +164,19 @@ fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
     }
     workgroupBarrier();
     let keep = min(total, top_k);
+    put_in_place(mine_v, mine_i, place, keep);
+    workgroupBarrier();
+    return keep;
+}
+
+// This invocation's candidates (values, ids) into cand_* at their places, those before `keep`.
+fn put_in_place(mine_v: array<f32, HELD>, mine_i: array<u32, HELD>, place: array<u32, HELD>, keep: u32) {
     for (var j = 0u; j < HELD; j++) {
         if (place[j] < keep) {
             cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
             cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
         }
     }
-    workgroupBarrier();
-    return keep;
 }
 
 @compute @workgroup_size(WG)
@@ -254,12 +259,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                     }
                 }
                 workgroupBarrier();
-                for (var j = 0u; j < HELD; j++) {
-                    if (place[j] != 0xffffffffu) {
-                        cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
-                        cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
-                    }
-                }
+                put_in_place(mine_v, mine_i, place, count);
                 workgroupBarrier();
             }
             // One invocation walks the sorted candidates as the CPU reference does.
