@@ -261,8 +261,6 @@ pub fn launch(
 struct Q8Input {
     quantize: Bound,
     key: KernelKey,
-    /// One-token steps' quantizer (`Caps::quantize_lanes`), over the same bindings.
-    lanes_key: Option<KernelKey>,
     /// One binding per weight chunk, as `BoundMatmul::chunks`, with `blocks` in place of X.
     chunks: Vec<Bound>,
     blocks: wgpu::Buffer,
@@ -805,16 +803,10 @@ impl BoundMatmul {
             }
             let (norm, glu) = (mm.norm.is_some(), mm.glu.is_some());
             let qkey = KernelKey::QuantizeQ8 { subgroups: ctx.caps.subgroups, norm, glu, lanes: false };
-            let lanes_key = (ctx.caps.quantize_lanes && mm.w.k % 32 == 0).then_some(KernelKey::QuantizeQ8 {
-                subgroups: true,
-                norm,
-                glu,
-                lanes: true,
-            });
             // Binding 1 (weights) is unused by the quantizer; any buffer fills it.
             let quantize = Bound::new::<MatmulParams>(ctx, &qkey, stage, &[mm.x, mm.x, &blocks, bias, norm_w])?;
             let chunks = bind_chunks(&key, [&blocks, mm.y, bias, &dummy], &extra)?;
-            Some(Q8Input { quantize, key: qkey, lanes_key, chunks, blocks })
+            Some(Q8Input { quantize, key: qkey, chunks, blocks })
         } else {
             None
         };
@@ -1242,7 +1234,9 @@ impl BoundMatmul {
         // One token's int8 input quantized 8 invocations a block, the RMSNorm's 1 / rms left to
         // the GEMV (`Caps::quantize_lanes`): chosen by m alone, so that every group member
         // reading the blocks one of them wrote takes them alike.
-        let lanes_key = self.q8.as_ref().and_then(|q| q.lanes_key).filter(|_| m == 1 && !local_input);
+        // Its bindings are the other quantizer's.
+        let lanes_key = (ctx.caps.quantize_lanes && self.k % 32 == 0 && m == 1 && !local_input)
+            .then_some(KernelKey::QuantizeQ8 { subgroups: true, norm, glu: self.glu, lanes: true });
         // The fused input the kernel applies itself: the int8 GEMV's is applied by its quantize
         // dispatch (`Q8Input`), but where the GEMV quantizes its own input or takes the norm's
         // 1 / rms from the blocks.
