@@ -20,16 +20,15 @@ fn gpu_sampler_picks_the_reference_tokens() {
     }
 }
 
-/// The same with the first pass keeping each slice's candidates in order and the second
-/// merging them (`Caps::sample_tops`): where every slice kept its list, and where one did not
-/// (the larger vocabularies with top-k off: more than a slice keeps reach its floor) and the
-/// second pass reads the row as before.
+/// The same with the first pass only finding each slice's floor and the second reading the
+/// whole row again to gather and rank the candidates (`Caps::sample_tops` off; the default
+/// merges the slices' ranked lists, and falls back to this where a slice kept none).
 #[test]
-fn merged_slice_candidates_pick_the_reference_tokens() {
-    let opts = kiln::gpu::ContextOptions { sample_tops: Some(true), ..Default::default() };
+fn candidates_gathered_from_the_row_pick_the_reference_tokens() {
+    let opts = kiln::gpu::ContextOptions { sample_tops: Some(false), ..Default::default() };
     let ctx = kiln::gpu::GpuContext::new(&opts).unwrap();
-    assert!(ctx.caps.sample_tops);
-    picks_the_reference_tokens(&ctx, "native, merged slice candidates");
+    assert!(!ctx.caps.sample_tops);
+    picks_the_reference_tokens(&ctx, "native, candidates gathered from the row");
 }
 
 fn picks_the_reference_tokens(ctx: &kiln::gpu::GpuContext, gpu: &str) {
