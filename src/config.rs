@@ -180,6 +180,14 @@ pub fn decode_wg_from_env() -> Option<u32> {
     *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[128, 256, 512]))
 }
 
+/// `KILN_DECODE_WIDE=0|1`: whether one sequence's decode attention takes wide workgroups
+/// where the usual ones would split the context and those need not (`plan::attn_decode_wide`;
+/// a knob for measurements).
+pub fn decode_wide_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_DECODE_WIDE"))
+}
+
 /// `KILN_DECODE_COOP_FROM=N|off`: the context from which one sequence's decode attention runs
 /// on cooperative matrices (`attention::decode_coop_from`; a knob for measurements). Some(None):
 /// off.

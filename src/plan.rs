@@ -270,6 +270,12 @@ pub fn sample_tops() -> bool {
     crate::config::sample_tops_from_env().unwrap_or(true)
 }
 
+/// `Caps::attn_decode_wide` without the context option: `KILN_DECODE_WIDE` where set, else on
+/// (`AttnShape::decode_wide_takes` says where it pays).
+pub fn attn_decode_wide() -> bool {
+    crate::config::decode_wide_from_env().unwrap_or(true)
+}
+
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {
     crate::config::attn_q8_out_from_env().unwrap_or(true)

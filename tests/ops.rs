@@ -240,10 +240,12 @@ fn attention_prefill_and_decode() {
 /// heads sharing their K and V reads; every block at the longest context. Against the f64
 /// reference. Tolerance 1e-4. Heads of a multiple of 32 dimensions also with the output
 /// written as int8 blocks (`Caps::attn_q8_out`): the same float output, and blocks that
-/// quantize it (`check_q8_blocks`).
+/// quantize it (`check_q8_blocks`). Just past one split, one head a workgroup takes wide
+/// workgroups where the adapter runs them (`Caps::attn_decode_wide`): one dispatch.
 #[test]
 fn decode_attention_blocks_and_splits() {
     for g in gpus() {
+        let mut wide_runs = 0;
         // (heads, KV heads, head dim): TinyLlama, Llama-7B, Qwen3-0.6B, Qwen2.5-0.5B (group 7),
         // a 256-wide head, a group of 16, and heads of 12 (K rows read one value at a time).
         for (nh, nkv, hd) in
@@ -256,16 +258,26 @@ fn decode_attention_blocks_and_splits() {
             let mut r = rng((nh * hd + nkv) as u64);
             let mut case = AttnCase::new(&g.ctx, shape, kv, &mut r).unwrap();
             let all: Vec<u32> = (1..=shape.largest_block()).filter(|&b| shape.takes_block(b)).collect();
-            for kv_len in [1, 5, chunk - 1, chunk, chunk + 1, 2 * chunk + 17, n_ctx] {
+            let wide = shape.decode_wide_chunk();
+            for kv_len in [1, 5, chunk - 1, chunk, chunk + 1, wide, wide + 1, 2 * chunk + 17, n_ctx] {
                 let blocks = if kv_len == n_ctx { all.clone() } else { vec![1, shape.largest_block()] };
                 for block in blocks {
                     case.block = Some(block);
                     let q = randn(&mut r, (nh * hd) as usize, 2.0);
                     let want = case.reference(&q, 1, kv_len as usize - 1);
                     let (got, dispatches) = case.decode(&g.ctx, &q, kv_len).unwrap();
-                    assert_eq!(dispatches, shape.decode_splits(kv_len).min(2) as usize, "one dispatch unless split");
+                    // One head a workgroup just past a split: wide workgroups, one dispatch.
+                    let wide_takes = shape.decode_wide_takes(&g.ctx.caps, kv_len, block);
+                    assert_eq!(
+                        wide_takes,
+                        g.ctx.caps.attn_decode_wide && block == 1 && kv_len > chunk && kv_len <= wide,
+                        "wide workgroups"
+                    );
+                    wide_runs += wide_takes as usize;
+                    let want_dispatches = if wide_takes { 1 } else { shape.decode_splits(kv_len).min(2) as usize };
+                    assert_eq!(dispatches, want_dispatches, "one dispatch unless split");
                     let what = format!(
-                        "[{}] decode nh={nh} kv={nkv} hd={hd} block={block} chunk={chunk} kv_len={kv_len}",
+                        "[{}] decode nh={nh} kv={nkv} hd={hd} block={block} chunk={chunk} kv_len={kv_len} wide={wide_takes}",
                         g.name
                     );
                     assert_close(&what, &got, &want, 1e-4);
@@ -282,6 +294,7 @@ fn decode_attention_blocks_and_splits() {
                 }
             }
         }
+        assert_eq!(wide_runs > 0, g.ctx.caps.attn_decode_wide, "[{}] wide workgroups ran where planned", g.name);
     }
 }
 

@@ -498,7 +498,8 @@ fn attention_prefill(ck: &mut Checker) -> Result<()> {
 /// Decode attention in both of its launch shapes: one query head per workgroup (the
 /// planner's choice up to `attention::DECODE_SHARE_FROM` positions), and each GQA block of 2
 /// to 8 heads sharing their K and V reads (GQA groups of 1 to 8, the block the whole group;
-/// longer contexts take blocks of up to `attention::DECODE_SHARE_BLOCK`); in one split and split over the context and combined. Over an
+/// longer contexts take blocks of up to `attention::DECODE_SHARE_BLOCK`); in one split, in one
+/// wide split (`AttnShape::decode_wide_takes`), and split over the context and combined. Over an
 /// f16 cache with every block, an f32 one with the first and last (the cache type is an
 /// include of its own, independent of the block).
 fn attention_decode(ck: &mut Checker) -> Result<()> {
@@ -511,17 +512,23 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
             let kv = KvKind::for_cache(f16_cache, &ck.ctx.caps);
             let mut r = Rng::new((shape.n_head * 64 + f16_cache as u32) as u64);
             let mut case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
-            for (kv_len, block) in [(5, 1), (short, shape.group()), (short + 1, 1), (shape.n_ctx, shape.group())] {
+            // Just past one split a head a workgroup takes the wide workgroups where the
+            // adapter runs them (`AttnShape::decode_wide_takes`); past those, the split.
+            let wide = shape.decode_wide_chunk();
+            let lens = [(5, 1), (short, shape.group()), (short + 1, 1), (wide + 1, 1), (shape.n_ctx, shape.group())];
+            for (kv_len, block) in lens {
                 case.block = Some(block);
                 let q = r.normal((shape.n_head * shape.head_dim) as usize, 2.0);
                 let (got, dispatches) = case.decode(ck.ctx, &q, kv_len)?;
-                let splits = shape.decode_splits(kv_len);
+                let wide = shape.decode_wide_takes(&ck.ctx.caps, kv_len, block);
+                let splits = if wide { 1 } else { shape.decode_splits(kv_len) };
                 let what = format!(
-                    "heads {} per KV head, block {block}, {kv:?}, {kv_len} positions in {splits} split{}",
+                    "heads {} per KV head, block {block}, {kv:?}, {kv_len} positions in {splits}{} split{}",
                     shape.group(),
+                    if wide { " wide" } else { "" },
                     if splits == 1 { "" } else { "s" }
                 );
-                let want_dispatches = if splits > 1 { 2 } else { 1 };
+                let want_dispatches = shape.decode_dispatches(&ck.ctx.caps, kv_len, block);
                 ck.expect(
                     format!("{what}: dispatches"),
                     dispatches == want_dispatches,

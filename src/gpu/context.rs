@@ -54,6 +54,10 @@ pub struct Caps {
     /// (`plan::attn_q8_out`; where the int8 GEMV runs: `int8_dot`, and on CPU adapters only
     /// with `int8_gemv_always`).
     pub attn_q8_out: bool,
+    /// One sequence's decode attention takes wide workgroups where the usual ones would split a
+    /// context and those need not (`plan::attn_decode_wide`; `AttnShape::decode_wide_takes`):
+    /// where workgroups of `kernels::ATTN_WG_DECODE_WIDE` invocations run.
+    pub attn_decode_wide: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -86,6 +90,7 @@ impl Caps {
             sample_tops: false,
             prefill_f16_inputs: false,
             attn_q8_out: false,
+            attn_decode_wide: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -123,6 +128,8 @@ pub struct ContextOptions {
     pub prefill_f16_inputs: Option<bool>,
     /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
     pub attn_q8_out: Option<bool>,
+    /// `Caps::attn_decode_wide`; None: `KILN_DECODE_WIDE` or the planner's default.
+    pub attn_decode_wide: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -475,6 +482,9 @@ impl GpuContext {
             attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)
                 && int8_dot
                 && (info.device_type != wgpu::DeviceType::Cpu || opts.int8_gemv_always),
+            attn_decode_wide: opts.attn_decode_wide.unwrap_or_else(crate::plan::attn_decode_wide)
+                && limits.max_compute_invocations_per_workgroup >= crate::kernels::ATTN_WG_DECODE_WIDE
+                && limits.max_compute_workgroup_size_x >= crate::kernels::ATTN_WG_DECODE_WIDE,
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

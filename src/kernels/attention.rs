@@ -83,9 +83,36 @@ impl AttnShape {
     pub fn decode_chunk(&self) -> u32 {
         chunk_of_class(self.decode_class())
     }
-    /// Splits of a context of `kv_len` positions (1: the kernel writes the output itself).
+    /// Splits of a context of `kv_len` positions (1: the kernel writes the output itself)
+    /// in workgroups of the usual size.
     pub fn decode_splits(&self, kv_len: u32) -> u32 {
         kv_len.div_ceil(self.decode_chunk()).max(1)
+    }
+    /// Positions a wide decode workgroup takes in its one split.
+    pub fn decode_wide_chunk(&self) -> u32 {
+        decode_chunk_of_class(self.decode_class(), true)
+    }
+    /// Whether one sequence's decode attention over `kv_len` positions in blocks of `block`
+    /// heads takes wide workgroups (`kernels::ATTN_WG_DECODE_WIDE`) on an adapter with `caps`:
+    /// where the usual ones would split the context and the wide ones need not, one head a
+    /// workgroup. A combine pass costs more than the wider workgroup (H200, run 253,
+    /// `KILN_DECODE_WIDE=0/1` twice: Llama-7B Q4_K_M tg128, whose 128-dimension heads split
+    /// past 64 positions, 383.5 -> 389.3-389.5 tok/s; TinyLlama Q4_K_M tg256, past 128,
+    /// 1,076-1,079 -> 1,111-1,112), but not where no combine is saved (runs 242-243,
+    /// `KILN_DECODE_WG=512` for every step: TinyLlama tg128, which never splits, -2%;
+    /// Llama-7B at depth 2,048 -2.4%).
+    pub fn decode_wide_takes(&self, caps: &crate::gpu::Caps, kv_len: u32, block: u32) -> bool {
+        caps.attn_decode_wide && block == 1 && kv_len > self.decode_chunk() && kv_len <= self.decode_wide_chunk()
+    }
+    /// Dispatches of one sequence's decode attention over `kv_len` positions in blocks of
+    /// `block` heads (off cooperative matrices): one, or the split attention and the combine
+    /// pass.
+    pub fn decode_dispatches(&self, caps: &crate::gpu::Caps, kv_len: u32, block: u32) -> usize {
+        if self.decode_splits(kv_len) == 1 || self.decode_wide_takes(caps, kv_len, block) {
+            1
+        } else {
+            2
+        }
     }
     /// The decode kernels' parameters for splits of `chunk` positions. The kernels read the
     /// step's length from the step state: the parameters stay the same from step to step, so
@@ -225,7 +252,22 @@ pub fn per_lane_of_class(d: u32) -> u32 {
 /// Positions per decode split for heads of class `d`: each invocation holds PER K and PER V
 /// values of the split in registers (attention_decode.wgsl).
 pub fn chunk_of_class(d: u32) -> u32 {
-    crate::plan::attn_decode_wg_of_class(d) * per_lane_of_class(d) / d
+    decode_chunk_of_class(d, false)
+}
+
+/// Invocations of a decode workgroup for heads of class `d`, wide (`ATTN_WG_DECODE_WIDE`) or
+/// the usual (`plan::attn_decode_wg_of_class`), at least a head's dimensions.
+pub fn decode_wg_of_class(d: u32, wide: bool) -> u32 {
+    if wide {
+        crate::kernels::ATTN_WG_DECODE_WIDE.max(d)
+    } else {
+        crate::plan::attn_decode_wg_of_class(d)
+    }
+}
+
+/// Positions per decode split of workgroups of `decode_wg_of_class(d, wide)`.
+pub fn decode_chunk_of_class(d: u32, wide: bool) -> u32 {
+    decode_wg_of_class(d, wide) * per_lane_of_class(d) / d
 }
 
 /// Query heads a decode workgroup of class `d` takes at most: its queries (heads x d) within
@@ -421,7 +463,8 @@ pub fn decode_launch_batched(
     launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None, false, CoopChoice::Never)
 }
 
-/// The decode kernel's variant for `shape` with blocks of `block` query heads.
+/// The decode kernel's variant for `shape` with blocks of `block` query heads, in wide
+/// workgroups (`AttnShape::decode_wide_takes`) or the usual ones.
 pub fn decode_key(
     caps: &crate::gpu::Caps,
     kv: KvKind,
@@ -429,6 +472,7 @@ pub fn decode_key(
     block: u32,
     batched: bool,
     q8_out: bool,
+    wide: bool,
 ) -> KernelKey {
     KernelKey::AttnDecode {
         kv,
@@ -438,6 +482,7 @@ pub fn decode_key(
         block: block as u8,
         batched,
         q8_out,
+        wide,
     }
 }
 
@@ -513,11 +558,17 @@ fn launch_columns(
             combine_key,
         });
     }
+    let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
+    let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };
+    // One sequence's context just past a split: wide workgroups take it whole.
+    if !batched && shape.decode_wide_takes(ctx_caps, kv_len, block) {
+        let key = decode_key(ctx_caps, kv, shape, block, false, q8_out, true);
+        let params = shape.decode_params(shape.decode_wide_chunk());
+        return Ok(DecodeLaunch { params, key, grid: [shape.n_head, 1, 1], combine: None, combine_key });
+    }
     let splits = shape.decode_splits(kv_len);
     let params = shape.decode_params(shape.decode_chunk());
-    let (batched, z) = (cols.is_some(), cols.unwrap_or(1));
-    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out);
-    let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };
+    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out, false);
     let grid = [shape.n_head / block, splits, z];
     Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]), combine_key })
 }

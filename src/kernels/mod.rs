@@ -285,6 +285,9 @@ pub enum KernelKey {
         /// A step of one split also writes its output as int8 blocks (binding 6) for the
         /// output projection's int8 GEMV (heads of a multiple of 32 dimensions).
         q8_out: bool,
+        /// Workgroups of `ATTN_WG_DECODE_WIDE` (one split of `attention::wide_chunk_of_class`
+        /// positions; one sequence, one head a workgroup).
+        wide: bool,
     },
     /// One sequence's decode attention over a long context on cooperative matrices
     /// (attention_decode_coop.wgsl): heads of 64 or 128 dimensions over an f16 cache read as
@@ -362,6 +365,9 @@ pub const QUANTIZE_WG: u32 = 64; // activation blocks per quantize_q8 workgroup
 pub const QUANTIZE_LANES_WG: u32 = 64;
 pub const ATTN_MAX_HEAD_DIM: u32 = 256;
 pub const ATTN_WG_DECODE: u32 = 256; // decode attention (`plan::attn_decode_wg`) and its combine pass
+/// Invocations of a wide decode-attention workgroup (`AttnShape::decode_wide_takes`): one
+/// split of twice the positions where the usual workgroup would need two and a combine pass.
+pub const ATTN_WG_DECODE_WIDE: u32 = 512;
 pub const ATTN_DECODE_MAX_BLOCK: u32 = 8; // query heads per decode workgroup, at most
 /// Head-dim classes of the decode attention's variants (heads of up to that many dimensions).
 pub const ATTN_DECODE_HEAD_DIMS: [u16; 4] = [32, 64, 128, 256];
@@ -703,12 +709,12 @@ impl KernelKey {
                 .include(flash_segment_file(segments))
                 .include("flash_attention.wgsl")
                 .build(),
-            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out } => step_file(
+            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out, wide } => step_file(
                 c.enable_f16(kv.needs_f16())
-                    .const_u32("WG", crate::plan::attn_decode_wg_of_class(head_dim as u32))
+                    .const_u32("WG", attention::decode_wg_of_class(head_dim as u32, wide))
                     .const_u32("D", head_dim as u32)
                     .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
-                    .const_u32("C", attention::chunk_of_class(head_dim as u32))
+                    .const_u32("C", attention::decode_chunk_of_class(head_dim as u32, wide))
                     .const_u32("NB", block as u32)
                     .const_bool("Q8_OUT", q8_out)
                     .const_u32("OB", if q8_out { block as u32 * head_dim as u32 / 4 } else { 1 })
@@ -993,7 +999,7 @@ impl KernelKey {
                     for block in 1..=attention::max_block_of_class(head_dim as u32) as u8 {
                         for batched in [false, true] {
                             for vectors in [false, true] {
-                                let q8_out = false;
+                                let (q8_out, wide) = (false, false);
                                 v.push(KernelKey::AttnDecode {
                                     kv,
                                     subgroups,
@@ -1002,13 +1008,39 @@ impl KernelKey {
                                     block,
                                     batched,
                                     q8_out,
+                                    wide,
                                 });
                             }
                         }
                         // The int8 output: one sequence's steps, heads of a multiple of 32
                         // dimensions (so read as vectors).
-                        let (vectors, batched, q8_out) = (true, false, true);
-                        v.push(KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out });
+                        let (vectors, batched, q8_out, wide) = (true, false, true, false);
+                        v.push(KernelKey::AttnDecode {
+                            kv,
+                            subgroups,
+                            head_dim,
+                            vectors,
+                            block,
+                            batched,
+                            q8_out,
+                            wide,
+                        });
+                        // One sequence's wide workgroups: one head each, either output.
+                        if block == 1 {
+                            for (vectors, q8_out) in [(false, false), (true, false), (true, true)] {
+                                let (batched, wide) = (false, true);
+                                v.push(KernelKey::AttnDecode {
+                                    kv,
+                                    subgroups,
+                                    head_dim,
+                                    vectors,
+                                    block,
+                                    batched,
+                                    q8_out,
+                                    wide,
+                                });
+                            }
+                        }
                     }
                 }
             }

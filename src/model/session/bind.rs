@@ -86,7 +86,7 @@ impl Session {
         // Any variant serves the bind groups: batched or not, with an int8 output or not, they
         // bind the same buffers (binding one builds its pipeline: the one steps take).
         let decode_key =
-            |q8_out| attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out);
+            |q8_out| attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out, false);
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
