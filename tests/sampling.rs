@@ -31,6 +31,44 @@ fn candidates_gathered_from_the_row_pick_the_reference_tokens() {
     picks_the_reference_tokens(&ctx, "native, candidates gathered from the row");
 }
 
+/// Chained decode steps' sampler (`KernelKey::Sample::chained`): the same tokens as the CPU
+/// reference, and each pick moves the step state on by one position (what the next step's
+/// kernels read) and appends the token to the chain's list (count first), which the host
+/// reads once per group of steps.
+#[test]
+fn chained_sampler_moves_the_step_on_and_lists_its_picks() {
+    use kiln::kernels::matmul::StepState;
+    for g in gpus() {
+        for (name, base) in sampler_configs() {
+            let vocab = 1000;
+            let mut r = rng(7);
+            let logits = model_logits(&mut r, vocab, 12.0);
+            let history: Vec<u32> = (0..20).map(|_| r.range(0, vocab as i64) as u32).collect();
+            let cfg = SamplerConfig { seed: 0x5eed, ..base };
+            let steps = 5;
+            let want = cpu_tokens(&cfg, &logits, &history, steps);
+            let k = SampleConfig::new(&cfg, vocab as u32, vocab as u32);
+            let state = g.ctx.upload(bytemuck::cast_slice(&initial_state(0, &history, &[])), "state").unwrap();
+            let ids = g.ctx.storage(4, "ids").unwrap();
+            let first = StepState { n_tokens: 1, pos0: 41, kv_len: 42, kv_base: 300 };
+            let step = g.ctx.upload(bytemuck::bytes_of(&first), "step").unwrap();
+            let chain = g.ctx.upload(bytemuck::cast_slice(&[0u32; 1 + 8]), "chain").unwrap();
+            for _ in 0..steps {
+                let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
+                let d = sample::prepare_chained(&g.ctx, &k, &lb, &ids, &state, &step, &chain).unwrap();
+                run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
+            }
+            let what = format!("[{}] {name}", g.name);
+            let listed = g.ctx.read_u32(&chain, 1 + steps).unwrap();
+            assert_eq!(listed[0] as usize, steps, "{what}: tokens listed");
+            assert_eq!(&listed[1..], &want[..], "{what}: the listed tokens");
+            assert_eq!(g.ctx.read_u32(&ids, 1).unwrap()[0], want[steps - 1], "{what}: the last pick in ids");
+            let moved = g.ctx.read_u32(&step, 4).unwrap();
+            assert_eq!(moved, vec![1, 41 + steps as u32, 42 + steps as u32, 300], "{what}: the step state");
+        }
+    }
+}
+
 fn picks_the_reference_tokens(ctx: &kiln::gpu::GpuContext, gpu: &str) {
     let configs = sampler_configs();
     // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed

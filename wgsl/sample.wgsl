@@ -309,6 +309,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     if (lane.lid == 0u) {
         let t = picked;
         ids[row] = t;
+        // Chained steps: the next step's position, and the token for the host.
+        pass_on(t);
         // The next draw, and the token into the penalties' history.
         state[st] = state[st] + select(1u, 0u, cfg.greedy != 0u);
         state[st + 4u + total % HIST] = t;

@@ -52,6 +52,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/sample_common.wgsl", include_str!("../../wgsl/common/sample_common.wgsl")),
     ("common/sample_one.wgsl", include_str!("../../wgsl/common/sample_one.wgsl")),
     ("common/sample_columns.wgsl", include_str!("../../wgsl/common/sample_columns.wgsl")),
+    ("common/sample_chain.wgsl", include_str!("../../wgsl/common/sample_chain.wgsl")),
+    ("common/sample_no_chain.wgsl", include_str!("../../wgsl/common/sample_no_chain.wgsl")),
     ("common/epilogue_none.wgsl", include_str!("../../wgsl/common/epilogue_none.wgsl")),
     ("gemv.wgsl", include_str!("../../wgsl/gemv.wgsl")),
     ("gemv_q8.wgsl", include_str!("../../wgsl/gemv_q8.wgsl")),

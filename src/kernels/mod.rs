@@ -336,6 +336,10 @@ pub enum KernelKey {
         /// The first pass also writes each slice's candidates in order, which the second
         /// merges instead of reading the row (`Caps::sample_tops`).
         tops: bool,
+        /// One sequence's chained decode steps: the second pass also moves the step state
+        /// (binding 5) on to the next position and appends the token to the chain's list
+        /// (binding 6; common/sample_chain.wgsl). Bound either way (one layout).
+        chained: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
     Nll {
@@ -409,7 +413,11 @@ impl KernelKey {
             | KernelKey::RmsNorm { .. }
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
-            KernelKey::Sample { batched: false, .. } => &[Uniform, ReadWrite, ReadWrite, ReadWrite, ReadWrite],
+            // The step state and the chain's token list last, bound whether or not the variant
+            // uses them (`chained`), so that every variant takes one bind group.
+            KernelKey::Sample { batched: false, .. } => {
+                &[Uniform, ReadWrite, ReadWrite, ReadWrite, ReadWrite, ReadWrite, ReadWrite]
+            }
             // The slots' configurations and the step's table of columns.
             KernelKey::Sample { batched: true, .. } => {
                 &[Uniform, ReadWrite, ReadWrite, ReadWrite, Read, Read, ReadWrite]
@@ -781,7 +789,7 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
-            KernelKey::Sample { subgroups, batched, prune, tops } => {
+            KernelKey::Sample { subgroups, batched, prune, tops, chained } => {
                 let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
                 let c = c
                     .const_u32("WG", wg)
@@ -797,9 +805,13 @@ impl KernelKey {
                     .include(reduce_file(subgroups));
                 let c = c.include("common/sample_common.wgsl");
                 let c = if batched {
-                    step_file(c, true).include("common/sample_columns.wgsl")
+                    step_file(c, true).include("common/sample_columns.wgsl").include("common/sample_no_chain.wgsl")
                 } else {
-                    c.include("common/sample_one.wgsl")
+                    c.include("common/sample_one.wgsl").include(if chained {
+                        "common/sample_chain.wgsl"
+                    } else {
+                        "common/sample_no_chain.wgsl"
+                    })
                 };
                 c.include(if prune { "sample_prune.wgsl" } else { "sample.wgsl" }).build()
             }
@@ -1082,8 +1094,10 @@ impl KernelKey {
             }
             v.push(KernelKey::Argmax { subgroups });
             for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
-                v.push(KernelKey::Sample { subgroups, batched: false, prune, tops });
-                v.push(KernelKey::Sample { subgroups, batched: true, prune, tops });
+                for chained in [false, true] {
+                    v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained });
+                }
+                v.push(KernelKey::Sample { subgroups, batched: true, prune, tops, chained: false });
             }
             v.push(KernelKey::Nll { subgroups });
         }

@@ -141,7 +141,28 @@ pub fn prepare(
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
     let prune = ctx.storage(prune_bytes(cfg.n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(cfg, "sample");
-    passes(ctx, false, &ub, &[&ub, logits, ids, state, &prune], grids(cfg.n_vocab, rows))
+    let unused = ctx.storage(16, "unused")?;
+    let buffers = [&ub, logits, ids, state, &prune, &unused, &unused];
+    passes(ctx, false, false, &ub, &buffers, grids(cfg.n_vocab, rows))
+}
+
+/// The two dispatches sampling one row of `logits` in a chain of decode steps (tests): as
+/// `prepare`, and the pick also moves `step` (a `matmul::StepState`) on by one position and
+/// appends the token to `chain` (word 0 the count, the tokens after it; common/sample_chain.wgsl).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_chained(
+    ctx: &crate::gpu::GpuContext,
+    cfg: &SampleConfig,
+    logits: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    chain: &wgpu::Buffer,
+) -> crate::Result<Vec<crate::gpu::Dispatch>> {
+    let prune = ctx.storage(prune_bytes(cfg.n_vocab, 1), "sampling slices")?;
+    let ub = ctx.uniform(cfg, "sample");
+    let buffers = [&ub, logits, ids, state, &prune, step, chain];
+    passes(ctx, false, true, &ub, &buffers, grids(cfg.n_vocab, 1))
 }
 
 /// The two dispatches sampling the rows of a batched decode step (tests, tools): row c of
@@ -161,12 +182,13 @@ pub fn prepare_columns(
     let prune = ctx.storage(prune_bytes(n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(&SampleConfig::zeroed(), "sample");
     let step = ctx.upload(&crate::kernels::matmul::step_table(cols), "step table")?;
-    passes(ctx, true, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
+    passes(ctx, true, false, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
 }
 
 fn passes(
     ctx: &crate::gpu::GpuContext,
     batched: bool,
+    chained: bool,
     ub: &wgpu::Buffer,
     buffers: &[&wgpu::Buffer],
     (first, second): ([u32; 3], [u32; 3]),
@@ -175,7 +197,7 @@ fn passes(
     [(true, first), (false, second)]
         .into_iter()
         .map(|(prune, workgroups)| {
-            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops };
+            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);
             Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group, workgroups, params: Some(ub.clone()) })

@@ -504,12 +504,9 @@ impl Session {
             usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let step_states = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("chained step states"),
-            size: (super::CHAIN_MAX * std::mem::size_of::<crate::kernels::matmul::StepState>()) as u64,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        // Chained decode steps' picks, appended by the sampler (common/sample_chain.wgsl):
+        // the count, then up to `CHAIN_MAX` tokens.
+        let chain_tokens = st((1 + super::CHAIN_MAX as u64) * 4, "chained tokens")?;
         let steps_per_submit = std::env::var("KILN_STEPS_PER_SUBMIT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
@@ -523,16 +520,17 @@ impl Session {
         let sample_configs = st(sizes.sampler_configs, "sampler configurations")?;
         // The first pass's results per row and slice of the logits (any step's rows).
         let sample_slices = st(sizes.sampler_slices, "sampler slices")?;
-        // Both passes bind the same buffers (one layout): one bind group records either.
+        // Both passes, chained or not, bind the same buffers (one layout): one bind group
+        // records any of them.
         let sample = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: false, prune: false, tops: false },
+            &KernelKey::Sample { subgroups: sub, batched: false, prune: false, tops: false, chained: false },
             "sample",
-            &[&logits, &out_id, &sample_state, &sample_slices],
+            &[&logits, &out_id, &sample_state, &sample_slices, &step_state, &chain_tokens],
         )?;
         let sample_table = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: true, prune: false, tops: false },
+            &KernelKey::Sample { subgroups: sub, batched: true, prune: false, tops: false, chained: false },
             "sample",
             &[&logits, &out_id, &sample_state, &sample_configs, &step_state, &sample_slices],
         )?;
@@ -567,7 +565,7 @@ impl Session {
             embed,
             embed_fed_back,
             chain_stage,
-            step_states,
+            chain_tokens,
             steps_per_submit,
             step_picks,
             last_step_slots: Vec::new(),

@@ -19,7 +19,7 @@ use crate::kernels::{KernelKey, WG_ELT};
 use crate::model::sizes::pad4;
 use crate::profile::{Recorder, Stage, StageWork};
 
-use super::{FfnOps, Output, PrefillAttnOps, QkvOps, Session};
+use super::{FfnOps, Output, Picker, PrefillAttnOps, QkvOps, Session};
 
 /// What one step works on; the host knows it, the kernels read it from the step buffer.
 #[derive(Debug, Clone, Copy)]
@@ -427,15 +427,14 @@ impl Session {
 
     /// Records the output norm, LM head and (for `Argmax`, `Sampled`) the pick over the logits
     /// of `m` rows: one token whose hidden state is in `x` (decode) or `x_last` (after a
-    /// prefill), or each column of a batched step (in `x`). `table`: the sampler takes each
-    /// row's slot from the step's table, else it is the session's own (slot 0's).
+    /// prefill), or each column of a batched step (in `x`), the sampled ones by `picker`.
     pub(super) fn record_head(
         &self,
         rec: &mut Recorder<'_>,
         head: &BoundMatmul,
         m: u32,
         pick: Output,
-        table: bool,
+        picker: Picker,
     ) -> Result<()> {
         let ctx = &*self.ctx;
         let v = self.cfg.n_vocab;
@@ -447,6 +446,7 @@ impl Session {
             rec.stage(Stage::Sample, || {
                 StageWork::other("sample", format!("{m}x{v}"), (m * v) as f64 * 4.0 * 3.0, 0.0)
             });
+            let table = picker == Picker::Table;
             let sample = if table { &self.sample_table } else { &self.sample };
             let (first, second) = crate::kernels::sample::grids(v, m);
             for (prune, grid) in [(true, first), (false, second)] {
@@ -455,6 +455,7 @@ impl Session {
                     batched: table,
                     prune,
                     tops: ctx.caps.sample_tops,
+                    chained: picker == Picker::Chained,
                 };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }

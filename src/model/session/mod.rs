@@ -85,6 +85,19 @@ pub enum Output {
     AllLogits,
 }
 
+/// Which sampler picks a step's tokens (`Output::Sampled`), and what it leaves for the next
+/// step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Picker {
+    /// The session's own (slot 0's configuration, in its uniform).
+    Own,
+    /// Each row's slot's, from the step's table (a batched step, or a sequence other than 0).
+    Table,
+    /// The session's own in a chain of decode steps: it also moves the step state on to the
+    /// next position and appends the token to `chain_tokens`.
+    Chained,
+}
+
 pub(super) struct LayerOps {
     attn_norm: Bound,
     /// The same writing the Q/K/V projection's f16 input, where its cooperative GEMM reads
@@ -192,9 +205,10 @@ pub struct Session {
     /// Two readback slots for chained decoding (`CHAIN_MAX` tokens each): one group's tokens
     /// being read while the next group writes the other.
     chain_stage: [wgpu::Buffer; 2],
-    /// The positions of up to `CHAIN_MAX` chained steps, each copied into `step_state` before
-    /// its step (so steps recorded together each see their own).
-    step_states: wgpu::Buffer,
+    /// Chained decode steps' tokens as the sampler appends them (the count, then the tokens;
+    /// common/sample_chain.wgsl), copied to `chain_stage` once per group of steps. The same
+    /// pick moves `step_state` on to the next step's position.
+    chain_tokens: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept

@@ -8,7 +8,7 @@
 //! the one the single-sequence API (`forward`, chained decoding) works on.
 
 use super::forward::StepShape;
-use super::{Output, PrefillAttnOps, Session};
+use super::{Output, Picker, PrefillAttnOps, Session};
 use crate::error::{KilnError, Result};
 use crate::kernels::flash_attention::{self, Chunk};
 use crate::kernels::matmul::{step_table, StepColumn, StepState};
@@ -198,7 +198,7 @@ impl Session {
                 let header = std::mem::size_of::<StepState>() as u64;
                 let bytes = k as u64 * std::mem::size_of::<StepColumn>() as u64;
                 e.copy_buffer_to_buffer(&self.head_cols, 0, &self.step_state, header, bytes);
-                recorded = self.record_head(&mut rec, &self.lm_head_last, k, Output::Sampled, true);
+                recorded = self.record_head(&mut rec, &self.lm_head_last, k, Output::Sampled, Picker::Table);
             }
             rec.finish();
             recorded?;

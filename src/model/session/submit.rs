@@ -12,7 +12,7 @@ use crate::profile::{Recorder, Stage, StageWork};
 use crate::kernels::matmul::{StepColumn, StepState};
 
 use super::forward::StepShape;
-use super::{Output, Session, StepTiming, CHAIN_MAX};
+use super::{Output, Picker, Session, StepTiming, CHAIN_MAX};
 
 impl Session {
     /// The shape of a step of `m` tokens of `slot`'s sequence from its position, with the
@@ -142,7 +142,8 @@ impl Session {
         }
         // One token, or a batched step: x holds the rows and the head reads them in the same pass.
         let head = if m == rows { &self.lm_head_x } else { &self.lm_head_last };
-        self.record_head(rec, head, rows, out, shape.table_sampler)?;
+        let picker = if shape.table_sampler { Picker::Table } else { Picker::Own };
+        self.record_head(rec, head, rows, out, picker)?;
         let (src, n) = match out {
             Output::Argmax | Output::Sampled => (&self.out_id, rows as u64 * 4),
             _ => (&self.logits, rows as u64 * v as u64 * 4),
@@ -380,11 +381,11 @@ impl Session {
         idx
     }
 
-    /// Records `n` decode steps from slot 0's position on: each step first copies its
-    /// position from `step_states` (written here, once for all of them) into the step state
-    /// the kernels read, then runs the layers, the head and the sampler, whose token the next
-    /// step's embedding gather reads; with `slot`, each token is also copied to
-    /// `chain_stage[slot]` for the host. Does not move the session's position.
+    /// Records `n` decode steps from slot 0's position on: the step state the kernels read is
+    /// written here for the first, and each step's sampler moves it on to the next position
+    /// and appends its token to `chain_tokens` (the next step's embedding gather reads the
+    /// token from `out_id`); with `slot`, the group's tokens are copied to `chain_stage[slot]`
+    /// for the host after its last step. Does not move the session's position.
     fn record_steps(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -396,12 +397,12 @@ impl Session {
         let ctx = &self.ctx;
         let pos = self.pos[0];
         debug_assert!(n <= CHAIN_MAX && pos as usize + n <= self.opts.n_ctx as usize);
-        let states: Vec<StepState> =
-            (0..n as u32).map(|j| StepState { n_tokens: 1, pos0: pos + j, kv_len: pos + j + 1, kv_base: 0 }).collect();
-        ctx.queue.write_buffer(&self.step_states, 0, bytemuck::cast_slice(&states));
-        let size = std::mem::size_of::<StepState>() as u64;
+        // Queue writes land before the command buffer's commands and after those of the groups
+        // submitted before it.
+        let first = StepState { n_tokens: 1, pos0: pos, kv_len: pos + 1, kv_base: 0 };
+        ctx.queue.write_buffer(&self.step_state, 0, bytemuck::bytes_of(&first));
+        ctx.queue.write_buffer(&self.chain_tokens, 0, bytemuck::bytes_of(&0u32));
         for j in 0..n {
-            enc.copy_buffer_to_buffer(&self.step_states, j as u64 * size, &self.step_state, 0, size);
             let mut rec = Recorder::new(enc, "decode", prof.as_mut().map(|p| p.slot(k0 + j, 1, true)));
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
@@ -409,12 +410,12 @@ impl Session {
             let step = StepShape::sequence(1, pos + j as u32, 0);
             let recorded = self
                 .record_step(&mut rec, &step, true)
-                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, 1, Output::Sampled, false));
-            if let (Ok(()), Some(slot)) = (&recorded, slot) {
-                rec.encoder().copy_buffer_to_buffer(&self.out_id, 0, &self.chain_stage[slot], j as u64 * 4, 4);
-            }
+                .and_then(|_| self.record_head(&mut rec, &self.lm_head_x, 1, Output::Sampled, Picker::Chained));
             rec.finish();
             recorded?;
+        }
+        if let Some(slot) = slot {
+            enc.copy_buffer_to_buffer(&self.chain_tokens, 4, &self.chain_stage[slot], 0, n as u64 * 4);
         }
         Ok(())
     }
