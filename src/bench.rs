@@ -248,7 +248,8 @@ pub struct StageCost {
     pub kernel: bool,
 }
 
-/// The decode stages `--ablate` leaves out one at a time, in step order.
+/// The decode stages `--ablate` leaves out one at a time, in step order. (Without the sampler,
+/// chained steps also stop moving on: each group's steps run at its first position.)
 pub const ABLATE_STAGES: [Stage; 8] = [
     Stage::Embed,
     Stage::AttnNormQkv,

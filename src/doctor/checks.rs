@@ -514,8 +514,9 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
             let mut case = AttnCase::new(ck.ctx, shape, kv, &mut r)?;
             // Just past one split a head a workgroup takes the wide workgroups where the
             // adapter runs them (`AttnShape::decode_wide_takes`); past those, the split.
-            let wide = shape.decode_wide_chunk();
-            let lens = [(5, 1), (short, shape.group()), (short + 1, 1), (wide + 1, 1), (shape.n_ctx, shape.group())];
+            let wide_chunk = shape.decode_wide_chunk();
+            let lens =
+                [(5, 1), (short, shape.group()), (short + 1, 1), (wide_chunk + 1, 1), (shape.n_ctx, shape.group())];
             for (kv_len, block) in lens {
                 case.block = Some(block);
                 let q = r.normal((shape.n_head * shape.head_dim) as usize, 2.0);

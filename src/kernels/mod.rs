@@ -285,7 +285,7 @@ pub enum KernelKey {
         /// A step of one split also writes its output as int8 blocks (binding 6) for the
         /// output projection's int8 GEMV (heads of a multiple of 32 dimensions).
         q8_out: bool,
-        /// Workgroups of `ATTN_WG_DECODE_WIDE` (one split of `attention::wide_chunk_of_class`
+        /// Workgroups of `ATTN_WG_DECODE_WIDE` (one split of `attention::decode_chunk_of_class`
         /// positions; one sequence, one head a workgroup).
         wide: bool,
     },
@@ -1009,49 +1009,35 @@ impl KernelKey {
             for subgroups in [false, true] {
                 for head_dim in ATTN_DECODE_HEAD_DIMS {
                     for block in 1..=attention::max_block_of_class(head_dim as u32) as u8 {
-                        for batched in [false, true] {
-                            for vectors in [false, true] {
-                                let (q8_out, wide) = (false, false);
-                                v.push(KernelKey::AttnDecode {
-                                    kv,
-                                    subgroups,
-                                    head_dim,
-                                    vectors,
-                                    block,
-                                    batched,
-                                    q8_out,
-                                    wide,
-                                });
-                            }
-                        }
-                        // The int8 output: one sequence's steps, heads of a multiple of 32
-                        // dimensions (so read as vectors).
-                        let (vectors, batched, q8_out, wide) = (true, false, true, false);
-                        v.push(KernelKey::AttnDecode {
-                            kv,
-                            subgroups,
-                            head_dim,
-                            vectors,
-                            block,
-                            batched,
-                            q8_out,
-                            wide,
-                        });
-                        // One sequence's wide workgroups: one head each, either output.
+                        // (vectors, batched, q8_out, wide): plain or batched, K read as scalars
+                        // or vectors; the int8 output (one sequence's steps, heads of a multiple
+                        // of 32 dimensions, so read as vectors); one sequence's wide workgroups
+                        // (one head each, either output).
+                        let mut forms = vec![
+                            (false, false, false, false),
+                            (true, false, false, false),
+                            (false, true, false, false),
+                            (true, true, false, false),
+                            (true, false, true, false),
+                        ];
                         if block == 1 {
-                            for (vectors, q8_out) in [(false, false), (true, false), (true, true)] {
-                                let (batched, wide) = (false, true);
-                                v.push(KernelKey::AttnDecode {
-                                    kv,
-                                    subgroups,
-                                    head_dim,
-                                    vectors,
-                                    block,
-                                    batched,
-                                    q8_out,
-                                    wide,
-                                });
-                            }
+                            forms.extend([
+                                (false, false, false, true),
+                                (true, false, false, true),
+                                (true, false, true, true),
+                            ]);
+                        }
+                        for (vectors, batched, q8_out, wide) in forms {
+                            v.push(KernelKey::AttnDecode {
+                                kv,
+                                subgroups,
+                                head_dim,
+                                vectors,
+                                block,
+                                batched,
+                                q8_out,
+                                wide,
+                            });
                         }
                     }
                 }
