@@ -55,7 +55,7 @@ fn chained_sampler_moves_the_step_on_and_lists_its_picks() {
             let chain = g.ctx.upload(bytemuck::cast_slice(&[0u32; 1 + 8]), "chain").unwrap();
             for _ in 0..steps {
                 let lb = g.ctx.upload_f32(&logits, "logits").unwrap();
-                let d = sample::prepare_chained(&g.ctx, &k, &lb, &ids, &state, &step, &chain).unwrap();
+                let d = sample::prepare_chained(&g.ctx, &k, [&lb, &ids, &state], &step, &chain).unwrap();
                 run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
             }
             let what = format!("[{}] {name}", g.name);

@@ -139,30 +139,37 @@ pub fn prepare(
     state: &wgpu::Buffer,
     rows: u32,
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
-    let prune = ctx.storage(prune_bytes(cfg.n_vocab, rows), "sampling slices")?;
-    let ub = ctx.uniform(cfg, "sample");
-    let unused = ctx.storage(16, "unused")?;
-    let buffers = [&ub, logits, ids, state, &prune, &unused, &unused];
-    passes(ctx, false, false, &ub, &buffers, grids(cfg.n_vocab, rows))
+    own_rows(ctx, cfg, [logits, ids, state], rows, None)
 }
 
 /// The two dispatches sampling one row of `logits` in a chain of decode steps (tests): as
 /// `prepare`, and the pick also moves `step` (a `matmul::StepState`) on by one position and
 /// appends the token to `chain` (word 0 the count, the tokens after it; common/sample_chain.wgsl).
-#[allow(clippy::too_many_arguments)]
 pub fn prepare_chained(
     ctx: &crate::gpu::GpuContext,
     cfg: &SampleConfig,
-    logits: &wgpu::Buffer,
-    ids: &wgpu::Buffer,
-    state: &wgpu::Buffer,
+    [logits, ids, state]: [&wgpu::Buffer; 3],
     step: &wgpu::Buffer,
     chain: &wgpu::Buffer,
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
-    let prune = ctx.storage(prune_bytes(cfg.n_vocab, 1), "sampling slices")?;
+    own_rows(ctx, cfg, [logits, ids, state], 1, Some((step, chain)))
+}
+
+/// Rows sampled with one configuration (the uniform), chained (binding the step state and the
+/// token list) or not (placeholders there).
+fn own_rows(
+    ctx: &crate::gpu::GpuContext,
+    cfg: &SampleConfig,
+    [logits, ids, state]: [&wgpu::Buffer; 3],
+    rows: u32,
+    chain: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+) -> crate::Result<Vec<crate::gpu::Dispatch>> {
+    let prune = ctx.storage(prune_bytes(cfg.n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(cfg, "sample");
-    let buffers = [&ub, logits, ids, state, &prune, step, chain];
-    passes(ctx, false, true, &ub, &buffers, grids(cfg.n_vocab, 1))
+    let unused = ctx.storage(16, "unused")?;
+    let (step, list) = chain.unwrap_or((&unused, &unused));
+    let buffers = [&ub, logits, ids, state, &prune, step, list];
+    passes(ctx, false, chain.is_some(), &ub, &buffers, grids(cfg.n_vocab, rows))
 }
 
 /// The two dispatches sampling the rows of a batched decode step (tests, tools): row c of
