@@ -338,7 +338,8 @@ pub enum KernelKey {
         tops: bool,
         /// One sequence's chained decode steps: the second pass also moves the step state
         /// (binding 5) on to the next position and appends the token to the chain's list
-        /// (binding 6; common/sample_chain.wgsl). Bound either way (one layout).
+        /// (binding 6; common/sample_chain.wgsl). Bound either way (one layout); never set on
+        /// the first pass, which is the same for chained steps.
         chained: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
@@ -1080,8 +1081,10 @@ impl KernelKey {
             }
             v.push(KernelKey::Argmax { subgroups });
             for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
-                for chained in [false, true] {
-                    v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained });
+                v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: false });
+                // Chained steps' variant: the second pass only (the first is the same either way).
+                if !prune {
+                    v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: true });
                 }
                 v.push(KernelKey::Sample { subgroups, batched: true, prune, tops, chained: false });
             }

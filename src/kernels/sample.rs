@@ -204,6 +204,8 @@ fn passes(
     [(true, first), (false, second)]
         .into_iter()
         .map(|(prune, workgroups)| {
+            // The first pass is the same for chained steps (one pipeline serves both).
+            let chained = chained && !prune;
             let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);

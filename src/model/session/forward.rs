@@ -455,7 +455,8 @@ impl Session {
                     batched: table,
                     prune,
                     tops: ctx.caps.sample_tops,
-                    chained: picker == Picker::Chained,
+                    // Only the second pass picks, so only it moves the chain on.
+                    chained: picker == Picker::Chained && !prune,
                 };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }
