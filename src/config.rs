@@ -188,6 +188,13 @@ pub fn decode_wide_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_DECODE_WIDE"))
 }
 
+/// `KILN_DECODE_MERGE=0|1`: whether split decode attention's last workgroup merges the
+/// splits instead of a combine pass (`plan::decode_merge`; a knob for measurements).
+pub fn decode_merge_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_DECODE_MERGE"))
+}
+
 /// `KILN_DECODE_COOP_FROM=N|off`: the context from which one sequence's decode attention runs
 /// on cooperative matrices (`attention::decode_coop_from`; a knob for measurements). Some(None):
 /// off.

@@ -276,6 +276,11 @@ pub fn attn_decode_wide() -> bool {
     crate::config::decode_wide_from_env().unwrap_or(true)
 }
 
+/// `Caps::decode_merge` without the context option: `KILN_DECODE_MERGE` where set, else on.
+pub fn decode_merge() -> bool {
+    crate::config::decode_merge_from_env().unwrap_or(true)
+}
+
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {
     crate::config::attn_q8_out_from_env().unwrap_or(true)

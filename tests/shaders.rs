@@ -28,6 +28,10 @@ fn every_variant_validates_and_translates() {
         if key.needs_coopmat() {
             vcaps |= naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SUBGROUP_BARRIER;
         }
+        // Decode attention that merges its own splits binds its partials @coherent.
+        if key.needs_coherent() {
+            vcaps |= naga::valid::Capabilities::MEMORY_DECORATION_COHERENT;
+        }
         // Fallback variants must validate without the capability they avoid.
         let (module, info) = match validate(&src, vcaps) {
             Ok(v) => v,
@@ -52,7 +56,9 @@ fn every_variant_validates_and_translates() {
             continue;
         }
 
-        let msl_opts = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+        // `coherent` device memory is Metal 3.2's (wgpu offers MEMORY_DECORATION_COHERENT there).
+        let msl_version = if key.needs_coherent() { (3, 2) } else { (2, 4) };
+        let msl_opts = naga::back::msl::Options { lang_version: msl_version, ..Default::default() };
         let msl_pipe = naga::back::msl::PipelineOptions {
             entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
             ..Default::default()

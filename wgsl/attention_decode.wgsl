@@ -3,7 +3,8 @@
 // serves the whole block, and C positions of the context (a split). With one split the
 // workgroup writes the normalized output itself: a short context needs a single dispatch.
 // Longer contexts are split over workgroups that write their partial max, sum and weighted
-// V, which attention_combine.wgsl merges. A batched decode step (common/step_columns.wgsl)
+// V, which attention_combine.wgsl merges, or with MERGE the last of them to finish
+// (common/decode_merge.wgsl: one dispatch; one sequence). A batched decode step (common/step_columns.wgsl)
 // adds the grid's z: column z's query against its own sequence's cache region up to its own
 // position; the splits past a column's context exit at once, and where the longest context
 // (the step header's kv_len) is split, every column writes partials for the combine pass.
@@ -25,7 +26,8 @@
 // heads of up to D dimensions), PER (K dimensions and V positions an invocation holds: 8, 16
 // or 32, at most D), C (positions per split: WG * PER / D), NB (query heads per workgroup, at
 // most min(8, 512 / D, 1024 / C): the scratch below stays within 16 KiB), Q8_OUT, OB (NB * D
-// / 4 with Q8_OUT, else 1).
+// / 4 with Q8_OUT, else 1), MERGE (with common/decode_merge.wgsl, else
+// common/decode_merge_none.wgsl; heads of a multiple of 4 dimensions).
 
 // Scoring: TPP invocations per position, PER dimensions each (K values in registers).
 const TPP: u32 = D / PER;
@@ -33,6 +35,7 @@ const TPP: u32 = D / PER;
 const VG: u32 = WG / D;
 // The block's heads in vectors of four.
 const NBV: u32 = (NB + 3u) / 4u;
+const_assert !(MERGE && BATCHED);
 
 struct Params {
     head_dim: u32,
@@ -53,9 +56,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 // k_cache: binding 2, read by k_row (common/kv_rows_vec.wgsl or common/kv_rows_scalar.wgsl).
 @group(0) @binding(3) var<storage, read> v_cache: array<KvWord>;
-// The output [columns, n_head * head_dim] with one split, else the partials
+// The output [columns, n_head * head_dim] with one split or MERGE, else the partials
 // [columns, n_head, n_splits, head_dim + 2].
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 // The step: each column sees positions 0 .. kv_len - 1 of its region (common/step_*.wgsl).
 @group(0) @binding(5) var<storage, read> step: Step;
 // With Q8_OUT and one split: the output as int8 blocks [columns, n_head * head_dim / 32].
@@ -188,6 +191,32 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         for (var g = 0u; g < NB; g++) { qs[(pg * NB + g) / 4u][(pg * NB + g) % 4u] = es[g / 4u][g % 4u]; }
     }
     workgroupBarrier();
+    if (MERGE && !one_split) {
+        // The split's partials as rows of vec4s (common/decode_merge.wgsl); the block's last
+        // split to finish merges them.
+        for (var i = lid; i < NB * (D / 4u); i += WG) {
+            let g = i / (D / 4u);
+            let c = i % (D / 4u);
+            if (4u * c < hd) {
+                var o = vec4<f32>(0.0);
+                for (var u = 0u; u < VG; u++) {
+                    let r = (u * NB + g) * D + 4u * c;
+                    o += vec4<f32>(red[r], red[r + 1u], red[r + 2u], red[r + 3u]);
+                }
+                merge_put(merge_row(qh0 + h0 + g, split, p.n_splits, hd) + c, o);
+            }
+        }
+        if (lid < NB) {
+            var tot = 0.0;
+            for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + lid) / 4u][(u * NB + lid) % 4u]; }
+            merge_put(merge_row(qh0 + h0 + lid, split, p.n_splits, hd) + hd / 4u, vec4<f32>(mx[lid], tot, 0.0, 0.0));
+        }
+        let n_used = (kv_len + C - 1u) / C;
+        if (merge_is_last(lid, wid.x, n_used)) {
+            merge_splits(lid, qh0 + h0, NB, hd, n_used, p.n_splits);
+        }
+        return;
+    }
     for (var i = lid; i < NB * D; i += WG) {
         let g = i / D;
         let d = i % D;
@@ -198,10 +227,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             if (one_split) {
                 var tot = 0.0;
                 for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + g) / 4u][(u * NB + g) % 4u]; }
-                part[h * hd + d] = o / tot;
+                dst[h * hd + d] = o / tot;
                 if (Q8_OUT) { ob[i / 4u][i % 4u] = o / tot; }
             } else {
-                part[(h * p.n_splits + split) * (hd + 2u) + d] = o;
+                dst[(h * p.n_splits + split) * (hd + 2u) + d] = o;
             }
         }
     }
@@ -223,7 +252,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         var tot = 0.0;
         for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + lid) / 4u][(u * NB + lid) % 4u]; }
         let b = ((qh0 + h0 + lid) * p.n_splits + split) * (hd + 2u);
-        part[b + hd] = mx[lid];
-        part[b + hd + 1u] = tot;
+        dst[b + hd] = mx[lid];
+        dst[b + hd + 1u] = tot;
     }
 }

@@ -20,8 +20,9 @@
 // shares with the tile before masked (every key read is a written one, so V's rows are finite
 // and weigh 0 when masked); contexts are at least 64 positions (`attention::decode_coop_takes`).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
-// Header constants: D (64 or 128), BK (16, 32 or 64), NSG (subgroups), WG (32 NSG). Needs
-// common/step_one.wgsl, common/coop_out.wgsl and one of the tile files above.
+// Header constants: D (64 or 128), BK (16, 32 or 64), NSG (subgroups), WG (32 NSG), MERGE,
+// Q8_OUT (with MERGE). Needs common/step_one.wgsl, common/coop_out.wgsl, one of the tile files
+// above and common/decode_merge.wgsl (or common/decode_merge_none.wgsl).
 
 struct Params {
     head_dim: u32,
@@ -43,9 +44,12 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k_cache: array<f16>;
 @group(0) @binding(3) var<storage, read> v_cache: array<f16>;
 // The partials [n_head, n_splits, head_dim + 2]: each split's unnormalized output, then its
-// max (natural log) and sum.
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+// max (natural log) and sum; with MERGE the output [n_head * head_dim] (the partials in
+// common/decode_merge.wgsl's).
+@group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(5) var<storage, read> step: Step;
+// With MERGE and Q8_OUT: the output also as int8 blocks [n_head * head_dim / 32].
+@group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 const LDQ: u32 = D + 8u;                 // f16 row stride of the Q tile (bank padding)
 // Row strides, in vec4s, of a subgroup's scores (f32, 16 x BK) or output (16 x D), and of its
@@ -125,6 +129,30 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     store_o(slice4);
     if (h == 0u) { ms[sg * 16u + orow] = vec2<f32>(mx, sum); }
     workgroupBarrier();
+    if (MERGE) {
+        // The split's rows as vec4s; the KV head's last split to finish merges them.
+        for (var i = lid; i < g * (D / 4u); i += WG) {
+            let r = i / (D / 4u);
+            let c = i % (D / 4u);
+            var mm = -3.0e38;
+            for (var s = 0u; s < NSG; s++) { mm = max(mm, ms[s * 16u + r].x); }
+            var acc = vec4<f32>(0.0);
+            var tot = 0.0;
+            for (var s = 0u; s < NSG; s++) {
+                let w = exp2(ms[s * 16u + r].x - mm);
+                acc += ss[s * 16u * SS4 + r * SS4 + c] * w;
+                tot += ms[s * 16u + r].y * w;
+            }
+            let row = merge_row(kvh * g + r, split, p.n_splits, D);
+            merge_put(row + c, acc);
+            if (c == 0u) { merge_put(row + D / 4u, vec4<f32>(mm * 0.6931471805599453, tot, 0.0, 0.0)); }
+        }
+        let n_used = (kv_len + p.chunk - 1u) / p.chunk;
+        if (merge_is_last(lid, kvh, n_used)) {
+            merge_splits(lid, kvh * g, g, D, n_used, p.n_splits);
+        }
+        return;
+    }
     let stride = p.head_dim + 2u;
     for (var i = lid; i < g * D; i += WG) {
         let r = i / D;
@@ -139,11 +167,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             tot += ms[s * 16u + r].y * w;
         }
         let at = ((kvh * g + r) * p.n_splits + split) * stride;
-        part[at + d] = acc;
+        dst[at + d] = acc;
         if (d == 0u) {
             // attention_combine.wgsl weighs splits by exp(max - largest): natural log.
-            part[at + p.head_dim] = mm * 0.6931471805599453;
-            part[at + p.head_dim + 1u] = tot;
+            dst[at + p.head_dim] = mm * 0.6931471805599453;
+            dst[at + p.head_dim + 1u] = tot;
         }
     }
 }

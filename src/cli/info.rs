@@ -89,6 +89,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             (true, false, false) => "yes (int8-activation GEMV for large quantized matrices)",
         };
         writeln!(o, "    INTEGER_DOT_PRODUCT: {int8}")?;
+        // Split decode attention merges its splits in its last workgroup (`Caps::decode_merge`).
+        let coherent = match used(wgpu::Features::MEMORY_DECORATION_COHERENT, off.subgroup) {
+            "yes" if subgroup != "yes" => "offered, unused (kiln merges decode splits there only with subgroups)",
+            "yes" => "yes (split decode attention merged by its last workgroup, no combine pass)",
+            u => u,
+        };
+        writeln!(o, "    MEMORY_DECORATION_COHERENT: {coherent}")?;
         let l = &r.limits;
         writeln!(
             o,

@@ -58,6 +58,11 @@ pub struct Caps {
     /// context and those need not (`plan::attn_decode_wide`; `AttnShape::decode_wide_takes`):
     /// where workgroups of `kernels::ATTN_WG_DECODE_WIDE` invocations run.
     pub attn_decode_wide: bool,
+    /// One sequence's split decode attention merges its splits in the last workgroup of each
+    /// block to finish instead of a combine pass (common/decode_merge.wgsl; `plan::decode_merge`):
+    /// where the adapter binds storage `@coherent` (MEMORY_DECORATION_COHERENT) and has
+    /// subgroups (the int8 output's blocks are quantized through shuffles).
+    pub decode_merge: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -91,6 +96,7 @@ impl Caps {
             prefill_f16_inputs: false,
             attn_q8_out: false,
             attn_decode_wide: false,
+            decode_merge: false,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -130,6 +136,8 @@ pub struct ContextOptions {
     pub attn_q8_out: Option<bool>,
     /// `Caps::attn_decode_wide`; None: `KILN_DECODE_WIDE` or the planner's default.
     pub attn_decode_wide: Option<bool>,
+    /// `Caps::decode_merge`; None: `KILN_DECODE_MERGE` or the planner's default.
+    pub decode_merge: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -428,6 +436,9 @@ impl GpuContext {
         if opts.pipeline_cache.is_some() {
             wanted |= wgpu::Features::PIPELINE_CACHE;
         }
+        if !opts.disable.subgroup {
+            wanted |= wgpu::Features::MEMORY_DECORATION_COHERENT;
+        }
         let features = wanted & offered;
         let limits = opts.limits.clone().unwrap_or_else(|| adapter.limits());
         let desc = wgpu::DeviceDescriptor {
@@ -485,6 +496,9 @@ impl GpuContext {
             attn_decode_wide: opts.attn_decode_wide.unwrap_or_else(crate::plan::attn_decode_wide)
                 && limits.max_compute_invocations_per_workgroup >= crate::kernels::ATTN_WG_DECODE_WIDE
                 && limits.max_compute_workgroup_size_x >= crate::kernels::ATTN_WG_DECODE_WIDE,
+            decode_merge: opts.decode_merge.unwrap_or_else(crate::plan::decode_merge)
+                && features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
+                && subgroups,
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

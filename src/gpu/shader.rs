@@ -63,6 +63,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/coop_out.wgsl", include_str!("../../wgsl/common/coop_out.wgsl")),
     ("common/decode_coop_direct.wgsl", include_str!("../../wgsl/common/decode_coop_direct.wgsl")),
     ("common/decode_coop_staged.wgsl", include_str!("../../wgsl/common/decode_coop_staged.wgsl")),
+    ("common/decode_merge.wgsl", include_str!("../../wgsl/common/decode_merge.wgsl")),
+    ("common/decode_merge_none.wgsl", include_str!("../../wgsl/common/decode_merge_none.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
     ("common/q8_in_global.wgsl", include_str!("../../wgsl/common/q8_in_global.wgsl")),

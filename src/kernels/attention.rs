@@ -106,9 +106,9 @@ impl AttnShape {
     }
     /// Dispatches of one sequence's decode attention over `kv_len` positions in blocks of
     /// `block` heads (off cooperative matrices): one, or the split attention and the combine
-    /// pass.
+    /// pass where its splits do not merge themselves (`decode_merges`).
     pub fn decode_dispatches(&self, caps: &crate::gpu::Caps, kv_len: u32, block: u32) -> usize {
-        if self.decode_splits(kv_len) == 1 || self.decode_wide_takes(caps, kv_len, block) {
+        if self.decode_splits(kv_len) == 1 || self.decode_wide_takes(caps, kv_len, block) || self.decode_merges(caps) {
             1
         } else {
             2
@@ -138,9 +138,16 @@ impl AttnShape {
         self.n_ctx.div_ceil(self.decode_chunk().min(coop_chunk)).max(1)
     }
     /// Scratch floats the decode kernel needs for its partial results (per column of a
-    /// batched step).
+    /// batched step): rows of head_dim + 2 floats for the combine pass, of head_dim + 4 (whole
+    /// vec4s) for the kernels that merge their own splits (common/decode_merge.wgsl).
     pub fn decode_scratch_len(&self) -> u32 {
-        self.n_head * self.max_splits() * (self.head_dim + 2)
+        self.n_head * self.max_splits() * (self.head_dim + 4)
+    }
+    /// Whether one sequence's decode attention split over the context merges its splits in its
+    /// last workgroup rather than a combine pass, on an adapter with `caps`
+    /// (`Caps::decode_merge`): heads of a multiple of 4 dimensions (whole vec4 rows).
+    pub fn decode_merges(&self, caps: &crate::gpu::Caps) -> bool {
+        caps.decode_merge && self.head_dim % 4 == 0
     }
 }
 
@@ -421,8 +428,9 @@ pub fn prepare_prefill(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Pref
 }
 
 /// One decode attention at `kv_len` positions: its parameters, the grid of the attention
-/// pass and, where the context is split over several workgroups, the grid of the combine pass
-/// (None: the attention pass writes the output itself) and its variant.
+/// pass and, where the context is split over several workgroups that do not merge themselves,
+/// the grid of the combine pass (None: the attention pass writes the output itself) and its
+/// variant.
 pub struct DecodeLaunch {
     pub params: AttnDecodeParams,
     pub key: KernelKey,
@@ -464,7 +472,8 @@ pub fn decode_launch_batched(
 }
 
 /// The decode kernel's variant for `shape` with blocks of `block` query heads, in wide
-/// workgroups (`AttnShape::decode_wide_takes`) or the usual ones.
+/// workgroups (`AttnShape::decode_wide_takes`) or the usual ones, merging its own splits
+/// (`AttnShape::decode_merges`) or not.
 pub fn decode_key(
     caps: &crate::gpu::Caps,
     kv: KvKind,
@@ -473,6 +482,7 @@ pub fn decode_key(
     batched: bool,
     q8_out: bool,
     wide: bool,
+    merge: bool,
 ) -> KernelKey {
     KernelKey::AttnDecode {
         kv,
@@ -483,6 +493,15 @@ pub fn decode_key(
         batched,
         q8_out,
         wide,
+        merge,
+    }
+}
+
+impl DecodeLaunch {
+    /// Whether the attention pass merges its own splits (binds the partials and the counters:
+    /// `KernelKey::needs_coherent`).
+    pub fn merges(&self) -> bool {
+        self.key.needs_coherent()
     }
 }
 
@@ -541,7 +560,8 @@ fn launch_columns(
         CoopChoice::Always { keys } => (true, keys),
     };
     if cols.is_none() && wanted && decode_coop_takes(ctx_caps, kv, shape, kv_len) {
-        // Split always: the combine pass normalizes (and writes the int8 output).
+        // Split always: the last split of each KV head or the combine pass normalizes (and
+        // writes the int8 output).
         let keys = keys.unwrap_or_else(|| decode_coop_keys(shape, kv_len));
         if !DECODE_COOP_TILES.contains(&keys) {
             return Err(KilnError::invalid("attention", format!("cooperative decode tiles of {keys} keys")));
@@ -550,11 +570,17 @@ fn launch_columns(
         let splits = kv_len.div_ceil(chunk);
         let params = shape.decode_params(chunk);
         let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched: false, q8_out };
+        let merge = shape.decode_merges(ctx_caps);
         return Ok(DecodeLaunch {
             params,
-            key: KernelKey::AttnDecodeCoop { head_dim: shape.head_dim as u16, keys: keys as u8 },
+            key: KernelKey::AttnDecodeCoop {
+                head_dim: shape.head_dim as u16,
+                keys: keys as u8,
+                merge,
+                q8_out: merge && q8_out,
+            },
             grid: [splits, shape.n_kv_head, 1],
-            combine: Some([shape.n_head, 1, 1]),
+            combine: (!merge).then_some([shape.n_head, 1, 1]),
             combine_key,
         });
     }
@@ -562,15 +588,17 @@ fn launch_columns(
     let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };
     // One sequence's context just past a split: wide workgroups take it whole.
     if !batched && shape.decode_wide_takes(ctx_caps, kv_len, block) {
-        let key = decode_key(ctx_caps, kv, shape, block, false, q8_out, true);
+        let key = decode_key(ctx_caps, kv, shape, block, false, q8_out, true, false);
         let params = shape.decode_params(shape.decode_wide_chunk());
         return Ok(DecodeLaunch { params, key, grid: [shape.n_head, 1, 1], combine: None, combine_key });
     }
     let splits = shape.decode_splits(kv_len);
     let params = shape.decode_params(shape.decode_chunk());
-    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out, false);
+    let merge = !batched && splits > 1 && shape.decode_merges(ctx_caps);
+    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out, false, merge);
     let grid = [shape.n_head / block, splits, z];
-    Ok(DecodeLaunch { params, key, grid, combine: (splits > 1).then_some([shape.n_head, 1, z]), combine_key })
+    let combine = (splits > 1 && !merge).then_some([shape.n_head, 1, z]);
+    Ok(DecodeLaunch { params, key, grid, combine, combine_key })
 }
 
 /// Buffers of one decode attention: a single query token at position kv_len - 1 of the
@@ -594,7 +622,8 @@ pub struct DecodeArgs<'a> {
     pub coop: CoopChoice,
 }
 
-/// One dispatch (a context of one split), or the split attention and the combine pass.
+/// One dispatch (a context of one split, or splits that merge themselves), or the split
+/// attention and the combine pass.
 pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &DecodeArgs) -> Result<Vec<Dispatch>> {
     use crate::kernels::matmul::{step_table, StepState};
     let (l, step_bytes) = match a.columns {
@@ -624,7 +653,12 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let step = ctx.upload(&step_bytes, "step state")?;
     let unused = ctx.storage(16, "unused")?;
     let q8 = a.q8_out.unwrap_or(&unused);
-    let bg = bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8]);
+    let bg = if l.merges() {
+        let done = ctx.storage(merge_counters_bytes(shape), "attention.merge counters")?;
+        bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8, a.partial, &done])
+    } else {
+        bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8])
+    };
     let mut v =
         vec![Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: l.grid, params: Some(ub) }];
     if let Some(g2) = l.combine {
@@ -634,6 +668,12 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
         v.push(Dispatch { label: "attention", pipeline: pipe, bind_group: bg, workgroups: g2, params: Some(ub) });
     }
     Ok(v)
+}
+
+/// Bytes of the counters of decode attention that merges its own splits: one u32 per block of
+/// heads (at most one per head), zero between dispatches.
+pub fn merge_counters_bytes(shape: &AttnShape) -> u64 {
+    4 * shape.n_head.max(1) as u64
 }
 
 /// CPU reference for causal attention of m queries at positions pos0.. over a cache of

@@ -119,6 +119,18 @@ fn step_file(c: Composer, batched: bool) -> Composer {
     }
 }
 
+/// How decode attention's split workgroups are merged: by the last of them
+/// (common/decode_merge.wgsl, its int8 output through common/q8_lanes8.wgsl), or by
+/// attention_combine.wgsl's pass (the stubs of common/decode_merge_none.wgsl).
+fn decode_merge_files(c: Composer, merge: bool) -> Composer {
+    let c = c.const_bool("MERGE", merge);
+    if merge {
+        c.include("common/q8_lanes8.wgsl").include("common/decode_merge.wgsl")
+    } else {
+        c.include("common/decode_merge_none.wgsl")
+    }
+}
+
 /// Where flash attention takes its chunk of rows from: the uniform (one sequence), or a table
 /// of several sequences' chunks.
 fn flash_segment_file(segments: bool) -> &'static str {
@@ -288,6 +300,10 @@ pub enum KernelKey {
         /// Workgroups of `ATTN_WG_DECODE_WIDE` (one split of `attention::decode_chunk_of_class`
         /// positions; one sequence, one head a workgroup).
         wide: bool,
+        /// A split step's last workgroup of each block merges the splits itself, so no
+        /// combine pass follows (common/decode_merge.wgsl, bindings 7 and 8; one sequence,
+        /// subgroups, heads of a multiple of 4 dimensions: `Caps::decode_merge`).
+        merge: bool,
     },
     /// One sequence's decode attention over a long context on cooperative matrices
     /// (attention_decode_coop.wgsl): heads of 64 or 128 dimensions over an f16 cache read as
@@ -296,6 +312,10 @@ pub enum KernelKey {
         head_dim: u16,
         /// Keys of a subgroup's tile (`attention::DECODE_COOP_TILES`).
         keys: u8,
+        /// Each KV head's last split workgroup merges the splits (as `AttnDecode`'s), with
+        /// the output also as int8 blocks where `q8_out`.
+        merge: bool,
+        q8_out: bool,
     },
     AttnCombine {
         subgroups: bool,
@@ -426,8 +446,12 @@ impl KernelKey {
             // The int8 output last, bound (to a placeholder) whether or not the variant writes
             // it, so that every variant takes one bind group.
             // The cooperative variant leaves the int8 output unused, sharing the bind groups.
-            KernelKey::AttnDecode { .. } | KernelKey::AttnDecodeCoop { .. } => {
+            KernelKey::AttnDecode { merge: false, .. } | KernelKey::AttnDecodeCoop { merge: false, .. } => {
                 &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite]
+            }
+            // Those that merge their own splits: the partials and the blocks' counters after.
+            KernelKey::AttnDecode { merge: true, .. } | KernelKey::AttnDecodeCoop { merge: true, .. } => {
+                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite]
             }
             // The chunks' table (unused by the one-sequence variants, so that both share the
             // bind group), then the split keys' partial outputs (the cooperative variant's).
@@ -718,24 +742,29 @@ impl KernelKey {
                 .include(flash_segment_file(segments))
                 .include("flash_attention.wgsl")
                 .build(),
-            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out, wide } => step_file(
-                c.enable_f16(kv.needs_f16())
-                    .const_u32("WG", attention::decode_wg_of_class(head_dim as u32, wide))
-                    .const_u32("D", head_dim as u32)
-                    .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
-                    .const_u32("C", attention::decode_chunk_of_class(head_dim as u32, wide))
-                    .const_u32("NB", block as u32)
-                    .const_bool("Q8_OUT", q8_out)
-                    .const_u32("OB", if q8_out { block as u32 * head_dim as u32 / 4 } else { 1 })
-                    .include("common/q8_block.wgsl")
-                    .include(kv.file())
-                    .include(if vectors { "common/kv_rows_vec.wgsl" } else { "common/kv_rows_scalar.wgsl" })
-                    .include(reduce_file(subgroups)),
-                batched,
-            )
-            .include("attention_decode.wgsl")
-            .build(),
-            KernelKey::AttnDecodeCoop { head_dim, keys } => c
+            KernelKey::AttnDecode { kv, subgroups, head_dim, vectors, block, batched, q8_out, wide, merge } => {
+                step_file(
+                    decode_merge_files(c, merge)
+                        .enable_f16(kv.needs_f16())
+                        .const_u32("WG", attention::decode_wg_of_class(head_dim as u32, wide))
+                        .const_u32("D", head_dim as u32)
+                        .const_u32("PER", attention::per_lane_of_class(head_dim as u32))
+                        .const_u32("C", attention::decode_chunk_of_class(head_dim as u32, wide))
+                        .const_u32("NB", block as u32)
+                        .const_bool("Q8_OUT", q8_out)
+                        .const_u32("OB", if q8_out { block as u32 * head_dim as u32 / 4 } else { 1 })
+                        .include("common/q8_block.wgsl")
+                        .include(kv.file())
+                        .include(if vectors { "common/kv_rows_vec.wgsl" } else { "common/kv_rows_scalar.wgsl" })
+                        .include(reduce_file(subgroups)),
+                    batched,
+                )
+                .include("attention_decode.wgsl")
+                .build()
+            }
+            KernelKey::AttnDecodeCoop { head_dim, keys, merge, q8_out } => decode_merge_files(c, merge)
+                .const_bool("Q8_OUT", q8_out)
+                .include("common/q8_block.wgsl")
                 .enable_f16(true)
                 .enable_coopmat(true)
                 .const_u32("D", head_dim as u32)
@@ -826,6 +855,12 @@ impl KernelKey {
         }
     }
 
+    /// Whether the variant binds storage `@coherent` (MEMORY_DECORATION_COHERENT): decode
+    /// attention that merges its own splits (common/decode_merge.wgsl).
+    pub fn needs_coherent(&self) -> bool {
+        matches!(self, KernelKey::AttnDecode { merge: true, .. } | KernelKey::AttnDecodeCoop { merge: true, .. })
+    }
+
     /// Whether the variant runs on cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX with
     /// 16x16x16 f16 -> f32, subgroups of 32: `Caps::coopmat`; it needs SHADER_F16 too).
     pub fn needs_coopmat(&self) -> bool {
@@ -853,7 +888,7 @@ impl KernelKey {
             | KernelKey::Argmax { subgroups }
             | KernelKey::Sample { subgroups, .. }
             | KernelKey::Nll { subgroups } => (false, subgroups),
-            KernelKey::AttnDecode { kv, subgroups, .. } => (kv.needs_f16(), subgroups),
+            KernelKey::AttnDecode { kv, subgroups, merge, .. } => (kv.needs_f16(), subgroups || merge),
             KernelKey::AttnCombine { subgroups, .. } => (false, subgroups),
             KernelKey::AttnGemm { kv } | KernelKey::AttnFlash { kv, .. } => (kv.needs_f16(), false),
             KernelKey::AttnFlashCoop { .. } | KernelKey::AttnDecodeCoop { .. } => (true, true),
@@ -1028,7 +1063,15 @@ impl KernelKey {
                                 (true, false, true, true),
                             ]);
                         }
-                        for (vectors, batched, q8_out, wide) in forms {
+                        // Splits merged by their last workgroup: one sequence's usual
+                        // workgroups, with subgroups (`Caps::decode_merge`).
+                        let merged: &[(bool, bool, bool, bool)] = if subgroups {
+                            &[(false, false, false, false), (true, false, false, false), (true, false, true, false)]
+                        } else {
+                            &[]
+                        };
+                        let forms = forms.iter().map(|&f| (f, false)).chain(merged.iter().map(|&f| (f, true)));
+                        for ((vectors, batched, q8_out, wide), merge) in forms {
                             v.push(KernelKey::AttnDecode {
                                 kv,
                                 subgroups,
@@ -1038,6 +1081,7 @@ impl KernelKey {
                                 batched,
                                 q8_out,
                                 wide,
+                                merge,
                             });
                         }
                     }
@@ -1059,7 +1103,9 @@ impl KernelKey {
                 v.push(KernelKey::AttnFlashCoop { head_dim, segments });
             }
             for keys in attention::DECODE_COOP_TILES {
-                v.push(KernelKey::AttnDecodeCoop { head_dim, keys: keys as u8 });
+                for (merge, q8_out) in [(false, false), (true, false), (true, true)] {
+                    v.push(KernelKey::AttnDecodeCoop { head_dim, keys: keys as u8, merge, q8_out });
+                }
             }
         }
         v.push(KernelKey::FlashCombine);

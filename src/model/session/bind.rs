@@ -85,8 +85,13 @@ impl Session {
         let norm_key = KernelKey::RmsNorm { subgroups: sub, halves: false };
         // Any variant serves the bind groups: batched or not, with an int8 output or not, they
         // bind the same buffers (binding one builds its pipeline: the one steps take).
-        let decode_key =
-            |q8_out| attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out, false);
+        let decode_key = |q8_out, merge| {
+            attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out, false, merge)
+        };
+        // Split decode attention that merges its own splits counts them here (one counter a
+        // block of heads, shared by the layers: their dispatches never overlap).
+        let merges = shape.decode_merges(&ctx.caps);
+        let merge_done = st(attention::merge_counters_bytes(&shape), "attention merge counters")?;
         let dense = |w, xbuf, xs, ybuf, ys, bias, acc| Matmul {
             w,
             x: xbuf,
@@ -435,13 +440,22 @@ impl Session {
                 },
                 attn_decode: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &decode_key(wo_q8.is_some()),
+                    &decode_key(wo_q8.is_some(), false),
                     "attention",
                     &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8)],
                 )?,
+                attn_decode_merge: match merges {
+                    true => Some(Bound::new::<AttnDecodeParams>(
+                        &ctx,
+                        &decode_key(wo_q8.is_some(), true),
+                        "attention",
+                        &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8), &partial, &merge_done],
+                    )?),
+                    false => None,
+                },
                 attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
-                    &decode_key(wo_q8.is_some()),
+                    &decode_key(wo_q8.is_some(), false),
                     "attention",
                     &[q_src, &kc, &vc, &partial, &step_state, &no_q8],
                 )?,
@@ -541,7 +555,7 @@ impl Session {
         } else {
             sizes::batch_columns(opts.n_seq).min(ctx.caps.gemv_max_cols)
         };
-        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial];
+        let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial, merge_done];
         keep.extend(scores);
         keep.extend(k_caches);
         let mut session = Session {

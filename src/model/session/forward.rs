@@ -269,7 +269,11 @@ impl Session {
                     let launch = attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len, l.wo_q8.is_some());
                     let coop = launch.as_ref().is_ok_and(|l| matches!(l.key, KernelKey::AttnDecodeCoop { .. }));
                     let coop = if coop { "_coop" } else { "" };
-                    let split = if launch.is_ok_and(|l| l.combine.is_some()) { "+combine" } else { "" };
+                    let split = match &launch {
+                        Ok(l) if l.combine.is_some() => "+combine",
+                        Ok(l) if l.merges() => "+merge",
+                        _ => "",
+                    };
                     let q8 = if l.wo_q8.is_some() { "+q8out" } else { "" };
                     let kernel = format!("attn_decode{coop}{split}{q8}");
                     return StageWork::other(
@@ -324,7 +328,17 @@ impl Session {
                 } else {
                     attention::decode_launch(&ctx.caps, self.kv, &self.shape, kv_len, wo_input.is_some())?
                 };
-                let decode = if launch.combine.is_some() { &l.attn_decode_split } else { &l.attn_decode };
+                let decode = match (launch.merges(), &l.attn_decode_merge) {
+                    (true, Some(merge)) => merge,
+                    (true, None) => {
+                        return Err(crate::error::KilnError::invalid(
+                            "decode attention",
+                            "a launch that merges its splits in a session that bound none",
+                        ))
+                    }
+                    _ if launch.combine.is_some() => &l.attn_decode_split,
+                    _ => &l.attn_decode,
+                };
                 decode.set(ctx, &launch.params);
                 decode.record_with(rec.pass(), &*pipe(&launch.key)?, launch.grid);
                 if let Some(g2) = launch.combine {

@@ -109,7 +109,10 @@ pub(super) struct LayerOps {
     attn_prefill: PrefillAttnOps,
     /// Decode attention writing the output itself (a context of one split) ...
     attn_decode: Bound,
-    /// ... or its partial results, which the combine pass merges.
+    /// ... or its partial results, which its last workgroups merge (`AttnShape::decode_merges`)
+    /// ...
+    attn_decode_merge: Option<Bound>,
+    /// ... or the combine pass.
     attn_decode_split: Bound,
     attn_combine: Bound,
     /// Where one-token decode attention also writes the output projection's int8 input
