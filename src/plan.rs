@@ -276,9 +276,11 @@ pub fn attn_decode_wide() -> bool {
     crate::config::decode_wide_from_env().unwrap_or(true)
 }
 
-/// `Caps::decode_merge` without the context option: `KILN_DECODE_MERGE` where set, else on.
+/// `Caps::decode_merge` without the context option: `KILN_DECODE_MERGE` where set, else off
+/// until measured on a GPU (built in a session without GPU time; tested on lavapipe, and by
+/// `KILN_DECODE_MERGE=1 kiln doctor` on an adapter).
 pub fn decode_merge() -> bool {
-    crate::config::decode_merge_from_env().unwrap_or(true)
+    crate::config::decode_merge_from_env().unwrap_or(false)
 }
 
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.

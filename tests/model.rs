@@ -450,6 +450,67 @@ fn decode_attention_writes_the_output_projections_int8_input() {
     }
 }
 
+/// Split decode attention merged by its last workgroups (`Caps::decode_merge`) gives the
+/// logits of the combine pass it replaces, within 1e-5 of the largest logit (the same partials
+/// added in another order), with one dispatch fewer a layer for every step whose context is
+/// split: single-token steps up to 300 positions, past the split size of 64-wide heads (256
+/// positions in wide workgroups) and of 128-wide ones (128), with the float output and with
+/// the output projection's int8 input (`Caps::attn_q8_out`, which the merge then writes; 1e-2
+/// there, where an output's last bits can move a quant by a step).
+#[test]
+fn merged_decode_splits_match_the_combine_pass() {
+    let native = &gpus()[0];
+    let ids: Vec<u32> = greedy_tokens().iter().cycle().take(300).map(|&t| t % 1024).collect();
+    let int8 = native.ctx.info.backend == wgpu::Backend::Vulkan;
+    for q8 in [false, true].into_iter().take(1 + int8 as usize) {
+        let base = kiln::gpu::ContextOptions { int8_gemv_always: q8, attn_q8_out: Some(q8), ..Default::default() };
+        let ctx = |merge| {
+            Arc::new(GpuContext::new(&kiln::gpu::ContextOptions { decode_merge: Some(merge), ..base.clone() }).unwrap())
+        };
+        let (on, off) = (ctx(true), ctx(false));
+        if !on.caps.decode_merge {
+            eprintln!("{}: no split decode attention merged by its last workgroups here", on.describe());
+            return;
+        }
+        assert!(!off.caps.decode_merge && on.caps.attn_q8_out == q8, "{:?}", on.caps);
+        for spec in ["tiny-test:q4_k_m", "tiny-qwen3:q6_k"] {
+            let run = |ctx: &Arc<GpuContext>| {
+                let model = synth(ctx, spec);
+                let mut s = model.session(SessionOptions { n_ctx: 512, ..opts(true, 1, true) }).unwrap();
+                let before = kiln::gpu::buffers::dispatches_recorded();
+                let mut logits = Vec::new();
+                for i in 0..ids.len() {
+                    logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
+                }
+                let c = &model.cfg;
+                let shape = kiln::kernels::attention::AttnShape {
+                    n_head: c.n_head,
+                    n_kv_head: c.n_kv_head,
+                    head_dim: c.head_dim,
+                    n_ctx: 512,
+                };
+                // The steps whose attention the plain kernel splits (a combine pass each, off).
+                let split = (1..=ids.len() as u32)
+                    .filter(|&kv| shape.decode_dispatches(&off.caps, kv, shape.decode_block(kv)) == 2)
+                    .count() as u64;
+                (logits, kiln::gpu::buffers::dispatches_recorded() - before, c.n_layer as u64 * split)
+            };
+            let (got, d_on, _) = run(&on);
+            let (want, d_off, saved) = run(&off);
+            assert!(saved > 0, "{spec}: no step split its context");
+            assert_eq!(d_off - d_on, saved, "{spec} (int8 output: {q8}): the combine passes");
+            let largest = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let (max, ..) = compare(&got, &want, 1024);
+            eprintln!("{spec} (int8 output: {q8}): merged splits vs the combine pass: max |Δ| {max:.3e} (largest logit {largest:.3})");
+            // Through int8 blocks, a last-bit difference in a value near a rounding boundary
+            // moves its quant a whole step (`tests/ops.rs` checks that the merge's blocks
+            // quantize its output).
+            let tol = if q8 { 1e-2 } else { 1e-5 };
+            assert!(max <= tol * largest, "{spec} (int8 output: {q8}): max |Δ| {max} of {largest}");
+        }
+    }
+}
+
 /// Sequences of one shared session (a region of the KV cache each, the server's slots): the
 /// prompts of different lengths prefilled into their regions, then batched decode steps over
 /// nine of them (a step of eight and one of one, the columns in another order than the

@@ -241,10 +241,12 @@ fn attention_prefill_and_decode() {
 /// reference. Tolerance 1e-4. Heads of a multiple of 32 dimensions also with the output
 /// written as int8 blocks (`Caps::attn_q8_out`): the same float output, and blocks that
 /// quantize it (`check_q8_blocks`). Just past one split, one head a workgroup takes wide
-/// workgroups where the adapter runs them (`Caps::attn_decode_wide`): one dispatch.
+/// workgroups where the adapter runs them (`Caps::attn_decode_wide`): one dispatch. Also on a
+/// context whose split steps merge their splits in their last workgroups (`merge_gpu`,
+/// `Caps::decode_merge`): one dispatch at every context.
 #[test]
 fn decode_attention_blocks_and_splits() {
-    for g in gpus() {
+    for g in gpus().iter().chain(merge_gpu()) {
         let mut wide_runs = 0;
         let mut merged_runs = 0;
         // (heads, KV heads, head dim): TinyLlama, Llama-7B, Qwen3-0.6B, Qwen2.5-0.5B (group 7),
@@ -301,6 +303,10 @@ fn decode_attention_blocks_and_splits() {
         }
         assert_eq!(wide_runs > 0, g.ctx.caps.attn_decode_wide, "[{}] wide workgroups ran where planned", g.name);
         assert_eq!(merged_runs > 0, g.ctx.caps.decode_merge, "[{}] splits merged themselves where planned", g.name);
+        // Vulkan offers the @coherent binding the merge needs wherever it has subgroups.
+        if g.name == "native-merge" && g.ctx.caps.subgroups && g.ctx.info.backend == wgpu::Backend::Vulkan {
+            assert!(g.ctx.caps.decode_merge, "[{}] the merge runs where asked for", g.name);
+        }
     }
 }
 
@@ -315,7 +321,7 @@ fn decode_attention_blocks_and_splits() {
 /// and the probabilities are rounded to f16, as in flash attention on cooperative matrices.
 #[test]
 fn decode_attention_on_cooperative_matrices() {
-    for g in gpus() {
+    for g in gpus().iter().chain(merge_gpu()) {
         for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (14, 2, 64), (16, 1, 64), (16, 1, 128)] {
             let n_ctx = 1100;
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };

@@ -64,6 +64,13 @@ pub fn gpus() -> &'static [TestGpu] {
     })
 }
 
+/// The native adapter with split decode attention merged by its last workgroups
+/// (`Caps::decode_merge`, off by default until measured), where the adapter can.
+pub fn merge_gpu() -> Option<&'static TestGpu> {
+    static GPU: OnceLock<Option<TestGpu>> = OnceLock::new();
+    GPU.get_or_init(|| open("native-merge", ContextOptions { decode_merge: Some(true), ..Default::default() })).as_ref()
+}
+
 /// A context that plans with a tiny storage-binding limit, to force tensor splitting.
 pub fn small_binding_gpu(limit: u64) -> Arc<GpuContext> {
     GpuContext::new(&ContextOptions { max_binding_override: Some(limit), ..Default::default() }).expect("GPU")
