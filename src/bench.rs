@@ -52,6 +52,9 @@ impl AdapterRecord {
         if c.int8_dot {
             features.push("int8-dot-product".into());
         }
+        if c.decode_merge {
+            features.push("decode-merge".into());
+        }
         let l = &ctx.limits;
         let limits = BTreeMap::from([
             ("max_buffer_size".to_string(), l.max_buffer_size),

@@ -471,19 +471,21 @@ pub fn decode_launch_batched(
     launch_columns(ctx_caps, kv, shape, kv_len, Some(cols), None, false, CoopChoice::Never)
 }
 
-/// The decode kernel's variant for `shape` with blocks of `block` query heads, in wide
-/// workgroups (`AttnShape::decode_wide_takes`) or the usual ones, merging its own splits
-/// (`AttnShape::decode_merges`) or not.
-pub fn decode_key(
-    caps: &crate::gpu::Caps,
-    kv: KvKind,
-    shape: &AttnShape,
-    block: u32,
-    batched: bool,
-    q8_out: bool,
-    wide: bool,
-    merge: bool,
-) -> KernelKey {
+/// What a plain decode kernel's step does besides attending (`KernelKey::AttnDecode`'s flags):
+/// one query per column of a batched step; the int8 output; wide workgroups
+/// (`AttnShape::decode_wide_takes`); splits merged by their last workgroups
+/// (`AttnShape::decode_merges`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeForm {
+    pub batched: bool,
+    pub q8_out: bool,
+    pub wide: bool,
+    pub merge: bool,
+}
+
+/// The decode kernel's variant for `shape` with blocks of `block` query heads in `form`.
+pub fn decode_key(caps: &crate::gpu::Caps, kv: KvKind, shape: &AttnShape, block: u32, form: DecodeForm) -> KernelKey {
+    let DecodeForm { batched, q8_out, wide, merge } = form;
     KernelKey::AttnDecode {
         kv,
         subgroups: caps.subgroups,
@@ -588,14 +590,14 @@ fn launch_columns(
     let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched, q8_out };
     // One sequence's context just past a split: wide workgroups take it whole.
     if !batched && shape.decode_wide_takes(ctx_caps, kv_len, block) {
-        let key = decode_key(ctx_caps, kv, shape, block, false, q8_out, true, false);
+        let key = decode_key(ctx_caps, kv, shape, block, DecodeForm { q8_out, wide: true, ..Default::default() });
         let params = shape.decode_params(shape.decode_wide_chunk());
         return Ok(DecodeLaunch { params, key, grid: [shape.n_head, 1, 1], combine: None, combine_key });
     }
     let splits = shape.decode_splits(kv_len);
     let params = shape.decode_params(shape.decode_chunk());
     let merge = !batched && splits > 1 && shape.decode_merges(ctx_caps);
-    let key = decode_key(ctx_caps, kv, shape, block, batched, q8_out, false, merge);
+    let key = decode_key(ctx_caps, kv, shape, block, DecodeForm { batched, q8_out, merge, wide: false });
     let grid = [shape.n_head / block, splits, z];
     let combine = (splits > 1 && !merge).then_some([shape.n_head, 1, z]);
     Ok(DecodeLaunch { params, key, grid, combine, combine_key })
@@ -745,5 +747,32 @@ mod tests {
         assert!(matches!(batched.key, KernelKey::AttnDecode { .. }));
         // The partials buffer has room for the shortest splits at the longest context.
         assert!(tinyllama.max_splits() >= 32768 / (DECODE_COOP_SUBGROUPS * 16));
+    }
+
+    #[test]
+    fn split_decode_attention_merges_itself_where_the_adapter_can() {
+        let kv = KvKind::F16Native;
+        let merging = crate::gpu::Caps { decode_merge: true, ..coop_gpu() };
+        let tinyllama = shape(32, 4, 64);
+        // Cooperative: each KV head's last split merges (the int8 output too), no combine pass.
+        let l = decode_launch(&merging, kv, &tinyllama, 4096, true).unwrap();
+        assert_eq!(l.key, KernelKey::AttnDecodeCoop { head_dim: 64, keys: 32, merge: true, q8_out: true });
+        assert!(l.merges() && l.combine.is_none());
+        // Plain, split: one dispatch; one split: the usual kernel, which writes the output.
+        let plain = crate::gpu::Caps { coopmat: false, ..merging };
+        let l = decode_launch(&plain, kv, &tinyllama, 600, false).unwrap();
+        assert!(l.merges() && l.combine.is_none() && l.grid[1] == 600u32.div_ceil(tinyllama.decode_chunk()));
+        let l = decode_launch(&plain, kv, &tinyllama, 100, false).unwrap();
+        assert!(!l.merges() && l.combine.is_none());
+        assert_eq!(tinyllama.decode_dispatches(&plain, 600, 1), 1);
+        // Batched steps, heads of other than a multiple of 4 dimensions and adapters without
+        // the merge keep the combine pass.
+        let l = decode_launch_batched(&plain, kv, &tinyllama, 600, 2).unwrap();
+        assert!(!l.merges() && l.combine.is_some());
+        let l = decode_launch(&plain, kv, &shape(4, 2, 6), 600, false).unwrap();
+        assert!(!l.merges() && l.combine.is_some());
+        let l = decode_launch(&crate::gpu::Caps { decode_merge: false, ..plain }, kv, &tinyllama, 600, false).unwrap();
+        assert!(!l.merges() && l.combine.is_some());
+        assert_eq!(tinyllama.decode_dispatches(&crate::gpu::Caps { decode_merge: false, ..plain }, 600, 1), 2);
     }
 }

@@ -86,7 +86,8 @@ impl Session {
         // Any variant serves the bind groups: batched or not, with an int8 output or not, they
         // bind the same buffers (binding one builds its pipeline: the one steps take).
         let decode_key = |q8_out, merge| {
-            attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), false, q8_out, false, merge)
+            let form = attention::DecodeForm { q8_out, merge, ..Default::default() };
+            attention::decode_key(&ctx.caps, kv, &shape, shape.decode_block(opts.n_ctx), form)
         };
         // Split decode attention that merges its own splits counts them here (one counter a
         // block of heads, shared by the layers: their dispatches never overlap).
