@@ -211,7 +211,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             for (var u = 0u; u < VG; u++) { tot += qs[(u * NB + lid) / 4u][(u * NB + lid) % 4u]; }
             merge_put(merge_row(qh0 + h0 + lid, split, p.n_splits, hd) + hd / 4u, vec4<f32>(mx[lid], tot, 0.0, 0.0));
         }
+        // Only the splits the context reaches count (the grid never holds more).
         let n_used = (kv_len + C - 1u) / C;
+        if (split >= n_used) { return; }
         if (merge_is_last(lid, wid.x, n_used)) {
             merge_splits(lid, qh0 + h0, NB, hd, n_used, p.n_splits);
         }

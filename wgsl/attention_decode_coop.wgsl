@@ -147,7 +147,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             merge_put(row + c, acc);
             if (c == 0u) { merge_put(row + D / 4u, vec4<f32>(mm * 0.6931471805599453, tot, 0.0, 0.0)); }
         }
+        // Only the splits the context reaches count (the grid never holds more).
         let n_used = (kv_len + p.chunk - 1u) / p.chunk;
+        if (split >= n_used) { return; }
         if (merge_is_last(lid, kvh, n_used)) {
             merge_splits(lid, kvh * g, g, D, n_used, p.n_splits);
         }
