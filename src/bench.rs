@@ -55,6 +55,9 @@ impl AdapterRecord {
         if c.decode_merge {
             features.push("decode-merge".into());
         }
+        if let Some(s) = c.q8_add_norm {
+            features.push(format!("int8-residual-epilogue({}x{}x{})", s.wg, s.rows, s.groups));
+        }
         let l = &ctx.limits;
         let limits = BTreeMap::from([
             ("max_buffer_size".to_string(), l.max_buffer_size),

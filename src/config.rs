@@ -311,6 +311,24 @@ pub fn gemv_q8_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
     shape_for(RULES.get_or_init(|| shape_rules("KILN_GEMV_Q8")), n, k)
 }
 
+/// `KILN_GEMV_Q8_ADD_NORM=off|on|<wg>x<rows>x<groups>`: whether one-token decode steps run the
+/// projections added to the residual stream with the int8 residual epilogue (writing the next
+/// GEMV's int8 input through its RMSNorm), and its shape (`on`: `plan::GEMV_Q8_ADD_NORM`; a
+/// knob for measurements). `None` where unset or unreadable.
+pub fn gemv_q8_add_norm_from_env() -> Option<Option<crate::plan::GemvShape>> {
+    static SHAPE: std::sync::OnceLock<Option<Option<crate::plan::GemvShape>>> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let v = std::env::var("KILN_GEMV_Q8_ADD_NORM").ok()?;
+        match v.trim() {
+            "off" | "0" => return Some(None),
+            "on" | "1" => return Some(Some(crate::plan::GEMV_Q8_ADD_NORM)),
+            _ => {}
+        }
+        let shape = parse_gemv_shape(&v)?;
+        crate::plan::covers_q8_rows(shape).then_some(Some(shape))
+    })
+}
+
 /// `KILN_GEMV_Q8_SWIGLU=off|on|<wg>x<rows>x<groups>`: whether one-token decode steps run the
 /// gate/up projection with the int8 SwiGLU epilogue, and its shape (`on`: the planner's,
 /// `plan::GEMV_Q8_SWIGLU`; a knob for measurements). `None` where unset or unreadable.

@@ -233,6 +233,27 @@ pub fn covers_q8_blocks(shape: GemvShape) -> bool {
     shape.groups > 1 && shape.rows % 2 == 0 && shape.rows_per_workgroup() % 64 == 0
 }
 
+/// The int8 GEMV's shape for the one-token projections added to the residual stream (the
+/// output and down projections) with the int8 residual epilogue (`kernels::Epi::AddQ8Norm`,
+/// `Caps::q8_add_norm`): 16 groups of 64 invocations, each its own 2 rows, so that a
+/// workgroup's 32 rows are one int8 block of the next GEMV's input, which it writes through the
+/// next RMSNorm's weights; that GEMV (Q/K/V, gate/up, the LM head) then needs no quantize
+/// dispatch. Of the 32-row shapes the fastest without the epilogue (H200, run 238,
+/// `KILN_GEMV_Q8`: Llama-7B Q4_K_M tg128 351 tok/s against the planner's 356).
+pub const GEMV_Q8_ADD_NORM: GemvShape = GemvShape::grouped(1024, 2, 16);
+
+/// Whether the workgroups of the int8 GEMV's `shape` cover whole int8 blocks of 32 rows of Y
+/// (the int8 residual epilogue's): grouped, row pairs, 32 rows or a multiple.
+pub fn covers_q8_rows(shape: GemvShape) -> bool {
+    shape.groups > 1 && shape.rows % 2 == 0 && shape.rows_per_workgroup() % 32 == 0
+}
+
+/// `Caps::q8_add_norm` without the context option: `KILN_GEMV_Q8_ADD_NORM` where set, else off
+/// until measured on a GPU (built in a session without GPU time; tested on lavapipe).
+pub fn gemv_q8_add_norm_shape() -> Option<GemvShape> {
+    crate::config::gemv_q8_add_norm_from_env().unwrap_or(None)
+}
+
 /// `Caps::q8_swiglu` on an adapter without the context option: `KILN_GEMV_Q8_SWIGLU` where
 /// set, else `GEMV_Q8_SWIGLU` (for the matrices `q8_swiglu_takes` lets through).
 pub fn gemv_q8_swiglu_shape() -> Option<GemvShape> {

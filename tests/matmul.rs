@@ -485,6 +485,34 @@ fn fused_epilogues_match_reference() {
                         assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
                     }
                 }
+                // A projection added to the residual stream also writing the next GEMV's int8
+                // input through its RMSNorm (`Caps::q8_add_norm`): 3 workgroups of 32 rows,
+                // with a bias, at one column; `mm::run` checks the blocks and their sums of
+                // squares against the Y the kernel wrote. Rows that are not whole blocks are
+                // refused.
+                let opts = kiln::gpu::ContextOptions {
+                    q8_add_norm: Some(Some(kiln::plan::GEMV_Q8_ADD_NORM)),
+                    ..Default::default()
+                };
+                let add = std::sync::Arc::new(kiln::gpu::GpuContext::new(&opts).unwrap());
+                if g.name == "native" && add.caps.q8_add_norm.is_some() {
+                    let kernel = MatmulKernel::Gemv { ncols: 1, shape: kiln::plan::GEMV_Q8_ADD_NORM, q8: true };
+                    let run = Run {
+                        kernel,
+                        bias: true,
+                        accumulate: true,
+                        input: Input::Plain,
+                        epi: Epi::AddQ8Norm,
+                        splits: 1,
+                    };
+                    for o in mm::run(&add, &case(format, 96, k, 1, 21), &run).unwrap().outputs {
+                        let what = format!("[{}] {format} int8 residual epilogue: {}", g.name, o.what);
+                        assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
+                    }
+                    let err =
+                        mm::run(&add, &case(format, 80, k, 1, 22), &run).err().expect("80 rows are not whole blocks");
+                    assert!(err.to_string().contains("whole blocks of 32"), "{err}");
+                }
             }
             for (what, m, kernel) in kernels {
                 let tol = epilogue_tol(kernel);

@@ -396,13 +396,24 @@ fn int8_gemv_decode_matches_reference() {
 
 /// A synthetic model (`kiln synth` spec) loaded on `ctx`.
 fn synth(ctx: &Arc<GpuContext>, spec: &str) -> Model {
+    synth_with(ctx, spec, |_, _| {})
+}
+
+/// As `synth`, its file changed by `edit` before it is written.
+fn synth_with(
+    ctx: &Arc<GpuContext>,
+    spec: &str,
+    edit: impl Fn(&mut kiln::gguf::writer::GgufWriter, &kiln::synth::Preset),
+) -> Model {
+    // A file of its own per call: tests run side by side in threads of one process.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (p, ft) = kiln::synth::parse_spec(spec).unwrap();
     let name = spec.replace(':', "-");
-    let path = std::env::temp_dir().join(format!("kiln-test-{name}-{}.gguf", std::process::id()));
-    kiln::synth::build(&p, ft)
-        .unwrap()
-        .write(&mut std::io::BufWriter::new(std::fs::File::create(&path).unwrap()))
-        .unwrap();
+    let path = std::env::temp_dir().join(format!("kiln-test-{name}-{}-{call}.gguf", std::process::id()));
+    let mut w = kiln::synth::build(&p, ft).unwrap();
+    edit(&mut w, &p);
+    w.write(&mut std::io::BufWriter::new(std::fs::File::create(&path).unwrap())).unwrap();
     let m = Model::load(ctx.clone(), &path, &mut |_| {}).unwrap();
     std::fs::remove_file(&path).ok();
     m
@@ -508,6 +519,70 @@ fn merged_decode_splits_match_the_combine_pass() {
             let tol = if q8 { 1e-2 } else { 1e-5 };
             assert!(max <= tol * largest, "{spec} (int8 output: {q8}): max |Δ| {max} of {largest}");
         }
+    }
+}
+
+/// One-token steps whose output and down projections also write the int8 input of the GEMV
+/// after them through its RMSNorm (`Caps::q8_add_norm`: gate/up, the next layer's Q/K/V) give
+/// the logits of the quantize dispatches they replace (the same blocks of the same float
+/// values, only each block's sum of squares added in another order: within 1e-5 of the
+/// largest logit), with that many dispatches fewer: two a layer but the last (whose down
+/// projection feeds the LM head, which keeps its quantize dispatch). On the int8 GEMV for every
+/// quantized matrix, with decode attention writing the output projection's int8 input and the
+/// gate/up projection reading quantized blocks (not quantizing its own input), over a stacked
+/// Q/K/V projection and qwen3's separate ones.
+#[test]
+fn residual_epilogue_writes_the_next_gemvs_int8_input() {
+    let native = &gpus()[0];
+    if native.ctx.info.backend != wgpu::Backend::Vulkan {
+        eprintln!("int8 GEMV runs on Vulkan only; {} has none", native.ctx.describe());
+        return;
+    }
+    let base = kiln::gpu::ContextOptions {
+        int8_gemv_always: true,
+        attn_q8_out: Some(true),
+        quantize_lanes: Some(true),
+        q8_swiglu: Some(None),
+        ..Default::default()
+    };
+    let ctx =
+        |add| Arc::new(GpuContext::new(&kiln::gpu::ContextOptions { q8_add_norm: Some(add), ..base.clone() }).unwrap());
+    let (on, off) = (ctx(Some(kiln::plan::GEMV_Q8_ADD_NORM)), ctx(None));
+    if on.caps.q8_add_norm.is_none() {
+        eprintln!("{}: no int8 residual epilogue here", on.describe());
+        return;
+    }
+    assert!(on.caps.quantize_lanes && on.caps.attn_q8_out && off.caps.q8_add_norm.is_none(), "{:?}", on.caps);
+    let ids: Vec<u32> = greedy_tokens().iter().take(40).map(|&t| t % 1024).collect();
+    // A stacked Q/K/V projection and qwen3's separate ones; the norms' weights spread around 1
+    // (a synthetic model's are all 1, which would hide a block left unscaled).
+    for spec in ["tiny-test:q4_k_m", "tiny-qwen3:q6_k"] {
+        let run = |ctx: &Arc<GpuContext>| {
+            let model = synth_with(ctx, spec, |w, p| {
+                let mut r = common::rng(5);
+                for name in (0..p.n_layer)
+                    .flat_map(|i| [format!("blk.{i}.attn_norm.weight"), format!("blk.{i}.ffn_norm.weight")])
+                {
+                    let g: Vec<f32> = r.normal(p.n_embd as usize, 0.5).iter().map(|v| 1.0 + v).collect();
+                    assert!(w.replace_tensor(&name, bytemuck::cast_slice(&g).to_vec()), "{name}");
+                }
+            });
+            let mut s = model.session(opts(true, 1, true)).unwrap();
+            let before = kiln::gpu::buffers::dispatches_recorded();
+            let mut logits = Vec::new();
+            for i in 0..ids.len() {
+                logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
+            }
+            let c = &model.cfg;
+            (logits, kiln::gpu::buffers::dispatches_recorded() - before, c.n_layer as u64, c.n_vocab as usize)
+        };
+        let (got, d_on, n_layer, n_vocab) = run(&on);
+        let (want, d_off, ..) = run(&off);
+        assert_eq!(d_off - d_on, (2 * n_layer - 1) * ids.len() as u64, "{spec}: the quantize dispatches replaced");
+        let largest = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let (max, ..) = compare(&got, &want, n_vocab);
+        eprintln!("{spec}: the residual epilogue's int8 input vs the quantize dispatches: max |Δ| {max:.3e} (largest logit {largest:.3})");
+        assert!(max <= 1e-5 * largest, "{spec}: max |Δ| {max} of {largest}");
     }
 }
 

@@ -23,9 +23,12 @@
 // products (common/gemv_q8_rows.wgsl). ROW_GROUPS 1: every invocation along K of the same rows.
 var<workgroup> partial: array<f32, PARTIALS>;
 // EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs ([output][column]), quantized by blocks of 32
-// once all are in (write_group_rows); Q8_OUT_BLOCKS blocks a column.
-var<workgroup> acts: array<f32, GROUP_OUTS / 2u + 1u>;
-const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / 64u;
+// once all are in (write_group_rows); EPI_ADD_Q8_NORM: its rows of Y (one column), likewise.
+// Q8_OUT_BLOCKS blocks a column.
+const ADD_Q8: bool = EPI == EPI_ADD_Q8_NORM;
+var<workgroup> acts: array<f32, select(GROUP_OUTS / 2u, GROUP_OUTS, ADD_Q8) + 1u>;
+const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / select(64u, 32u, ADD_Q8);
+const_assert !ADD_Q8 || NCOLS == 1u;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -44,10 +47,46 @@ fn keep_pair(i: u32, row: u32, inside: bool, t0: f32, t1: f32) {
         if (inside) { v = swiglu_pair(p.row_offset + row, t0, t1); }
         acts[i] = v;
     }
+    if (ADD_Q8) {
+        // Y's rows as store_pair just wrote them (the residual added): one column, pair i.
+        var v = vec2<f32>(0.0);
+        if (inside) {
+            let o = col0 * p.y_stride + p.row_offset + row;
+            v = vec2<f32>(y[o], y[o + 1u]);
+        }
+        acts[2u * i] = v.x;
+        acts[2u * i + 1u] = v.y;
+    }
 }
 
 fn pairs_kept(row0: u32, lane: Lane) {
     if (EPI == EPI_SWIGLU_Q8) { quantize_outputs(row0, lane); }
+    if (ADD_Q8) { quantize_rows(row0, lane); }
+}
+
+// EPI_ADD_Q8_NORM: the workgroup's rows of Y (in acts) quantized block by block, times the next
+// RMSNorm's weights, into the next GEMV's int8 input, each block's sum of squares of Y in its
+// sums' last slot (quantize_q8_lanes.wgsl's layout through the norm): one invocation per block
+// of 32 rows, block b starting at row row0 + 32 b.
+fn quantize_rows(row0: u32, lane: Lane) {
+    workgroupBarrier();
+    for (var b = lane.lid; b < Q8_OUT_BLOCKS; b += WG) {
+        let first = row0 + 32u * b;
+        if (col0 < p.n_cols && first < p.n_rows) {
+            var v: array<vec4<f32>, 8>;
+            var ss = 0.0;
+            for (var j = 0u; j < 8u; j++) {
+                let a = 32u * b + 4u * j;
+                let y4 = vec4<f32>(acts[a], acts[a + 1u], acts[a + 2u], acts[a + 3u]);
+                let n = p.row_offset + first + 4u * j;
+                v[j] = y4 * vec4<f32>(q8_out_weight(n), q8_out_weight(n + 1u), q8_out_weight(n + 2u), q8_out_weight(n + 3u));
+                ss += dot(y4, y4);
+            }
+            var q = q8_block(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            q.sums.w = bitcast<u32>(ss);
+            store_q8_block(col0 * (p.y_stride / 32u) + (p.row_offset + first) / 32u, q);
+        }
+    }
 }
 
 // EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs (in acts) quantized block by block into the

@@ -390,6 +390,27 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
                     ck.close(format!("{kernel} m=1 swiglu+int8 blocks {}", o.what), &o.got, &o.want, tol);
                 }
             }
+            // Where one-token steps run the output and down projections writing the next
+            // GEMV's int8 input through its norm (`Caps::q8_add_norm`), that kernel too, adding
+            // to the residual, its blocks and their sums of squares checked as well.
+            if let (true, 1, Some(shape), Input::Plain) = (q8, m, ck.ctx.caps.q8_add_norm, &input) {
+                let kernel = MatmulKernel::Gemv { ncols: 1, shape, q8: true };
+                let c = MatmulCase::new(format, 96, k, 1, seed(1, 96, k))?;
+                let run =
+                    Run { kernel, bias: true, accumulate: true, input: Input::Plain, epi: Epi::AddQ8Norm, splits: 1 };
+                let out = mm::run(ck.ctx, &c, &run)?;
+                ck.ran(1);
+                for o in &out.outputs {
+                    let bound = q8_bound(&c.w_ref, 96, k, &out.input, 1);
+                    ck.within(
+                        format!("{kernel} m=1 residual+int8 blocks {}", o.what),
+                        &o.got,
+                        &o.want,
+                        &bound,
+                        MATMUL_TOL,
+                    );
+                }
+            }
         }
         Ok(())
     }

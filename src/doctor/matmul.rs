@@ -100,6 +100,10 @@ pub enum Epi {
     SwiGluQ8,
     /// SwiGLU written as halves by the GEMMs (the down projection's f16 input), read back.
     SwiGluF16,
+    /// Y (+ the residual), and (on the int8 GEMV's one-column shapes over whole blocks of 32
+    /// rows) Y's int8 blocks times a next RMSNorm's weights with each block's sum of squares of
+    /// Y, checked against the Y the kernel wrote (`check_q8_blocks`, `check_q8_sums_of_squares`).
+    AddQ8Norm,
     Qkv(QkvShape),
 }
 
@@ -185,6 +189,38 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 false => plain(),
             };
             outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
+        }
+        Epi::AddQ8Norm => {
+            if m != 1 {
+                return Err(crate::KilnError::invalid("check", "the int8 residual epilogue takes one column"));
+            }
+            let y = ctx.upload_f32(&c.y0, "y")?;
+            let w = WeightTensor::upload(ctx, "w", c.format, n, k, &c.weights)?;
+            let b = ctx.upload_f32(&c.bias, "bias")?;
+            // The weights of the norm the next GEMV applies (values of both signs and sizes).
+            let gamma_next = super::data::Rng::new(n as u64 + 17).normal(n, 1.0);
+            let g = ctx.upload_f32(&gamma_next, "next norm")?;
+            let blocks = ctx.storage(matmul::q8_input_bytes(1, n as u32).max(16), "int8 residual output")?;
+            let mm = Matmul {
+                bias: run.bias.then_some(&b),
+                x_stride: xs as u32,
+                accumulate: run.accumulate,
+                norm,
+                glu: up.as_ref(),
+                epi: Epilogue::PlainQ8Norm { blocks: &blocks, norm_w: &g },
+                ..Matmul::dense(&w, &x, &y, 1)
+            };
+            dispatch(ctx, &mm, run)?;
+            let want = match run.accumulate {
+                true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
+                false => plain(),
+            };
+            let got = ctx.read_f32(&y, n)?;
+            let bytes = ctx.read_bytes(&blocks, 0, matmul::q8_input_bytes(1, n as u32))?;
+            let scaled: Vec<f32> = got.iter().zip(&gamma_next).map(|(v, g)| v * g).collect();
+            check_q8_blocks(&bytes, &scaled)?;
+            check_q8_sums_of_squares(&bytes, &got)?;
+            outputs.push(Output { what: "y", got, want, f16: false });
         }
         Epi::SwiGlu | Epi::SwiGluQ8 | Epi::SwiGluF16 => {
             let y = ctx.storage((m * n / 2 * 4) as u64, "act")?;
@@ -419,6 +455,29 @@ pub fn check_q8_blocks(bytes: &[u8], values: &[f32]) -> Result<()> {
             if (sums[half] as f64 - sum).abs() > 1e-5 * (16.0 * 127.0 * d as f64) {
                 return bad(format!("block {b}, half {half}: sum {} of quants summing to {sum}", sums[half]));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Whether each of `bytes`' int8 blocks (as `check_q8_blocks` reads them) holds in its sums'
+/// last slot the sum of squares of its 32 `values` (the unscaled ones: quantize_q8_lanes.wgsl's
+/// layout through an RMSNorm), within 1e-5 of it.
+pub fn check_q8_sums_of_squares(bytes: &[u8], values: &[f32]) -> Result<()> {
+    if bytes.len() != values.len() / 32 * 48 || values.len() % 32 != 0 {
+        return Err(crate::KilnError::invalid(
+            "int8 blocks",
+            format!("{} bytes for {} values", bytes.len(), values.len()),
+        ));
+    }
+    for (b, (block, xs)) in bytes.chunks(48).zip(values.chunks(32)).enumerate() {
+        let got = f32::from_le_bytes(block[44..48].try_into().expect("4 bytes")) as f64;
+        let want: f64 = xs.iter().map(|&x| x as f64 * x as f64).sum();
+        if (got - want).abs() > 1e-5 * want.max(f32::MIN_POSITIVE as f64) {
+            return Err(crate::KilnError::invalid(
+                "int8 blocks",
+                format!("block {b}: sum of squares {got}, want {want}"),
+            ));
         }
     }
     Ok(())

@@ -57,6 +57,19 @@ impl GgufWriter {
         self.tensors.push((name.to_string(), format, dims, TensorData::Bytes(data)));
     }
 
+    /// Replaces the data of the tensor `name` (already added) by `data` of the same length
+    /// (tests that need other values than a synthetic model's, e.g. norms' weights other than
+    /// 1); whether it did.
+    pub fn replace_tensor(&mut self, name: &str, data: Vec<u8>) -> bool {
+        match self.tensors.iter_mut().find(|t| t.0 == name) {
+            Some(t) if matches!(&t.3, TensorData::Bytes(b) if b.len() == data.len()) => {
+                t.3 = TensorData::Bytes(data);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// A tensor of `bytes` zero bytes (valid blocks of every format: all weights 0).
     pub fn tensor_zeros(&mut self, name: &str, format: WeightFormat, dims: Vec<u64>, bytes: u64) {
         self.tensors.push((name.to_string(), format, dims, TensorData::Zeros(bytes)));

@@ -32,6 +32,13 @@ pub struct Caps {
     /// None: the quantize dispatch (`plan::gemv_q8_swiglu_shape`). Which models take it:
     /// `plan::q8_swiglu_takes`.
     pub q8_swiglu: Option<crate::plan::GemvShape>,
+    /// Where one-token decode steps run the projections added to the residual stream (the
+    /// output and down projections) on the int8 GEMV, the workgroup shape with which they also
+    /// write the next GEMV's int8 input through its RMSNorm (`kernels::Epi::AddQ8Norm`), so that
+    /// the Q/K/V, gate/up and LM-head GEMVs after them need no quantize dispatch; None: the
+    /// quantize dispatches (`plan::gemv_q8_add_norm_shape`). With `quantize_lanes` only (the
+    /// blocks' layout through the norm is its).
+    pub q8_add_norm: Option<crate::plan::GemvShape>,
     /// `q8_swiglu` was asked for (a context option or `KILN_GEMV_Q8_SWIGLU`): every model
     /// takes it, whatever the size of its gate/up projection.
     pub q8_swiglu_any_size: bool,
@@ -89,6 +96,7 @@ impl Caps {
             int8_dot: false,
             int8_gemv_always: false,
             q8_swiglu: None,
+            q8_add_norm: None,
             q8_swiglu_any_size: false,
             q8_swiglu_norm: false,
             quantize_lanes: false,
@@ -124,6 +132,9 @@ pub struct ContextOptions {
     /// The int8 SwiGLU epilogue's shape (`Caps::q8_swiglu`): Some(None) off, Some(shape) on;
     /// None: `KILN_GEMV_Q8_SWIGLU` or the planner's default (tests of both paths).
     pub q8_swiglu: Option<Option<crate::plan::GemvShape>>,
+    /// `Caps::q8_add_norm`: Some(None) off, Some(shape) on; None: `KILN_GEMV_Q8_ADD_NORM` or the
+    /// planner's default.
+    pub q8_add_norm: Option<Option<crate::plan::GemvShape>>,
     /// `Caps::q8_swiglu_norm`; None: `KILN_GEMV_Q8_SWIGLU_NORM` or the planner's default.
     pub q8_swiglu_norm: Option<bool>,
     /// `Caps::quantize_lanes`; None: `KILN_QUANTIZE_LANES` or the planner's default.
@@ -484,6 +495,13 @@ impl GpuContext {
                 info.backend == wgpu::Backend::Vulkan && limits.max_compute_invocations_per_workgroup >= s.wg
             }),
             q8_swiglu_any_size: opts.q8_swiglu.is_some() || crate::config::gemv_q8_swiglu_from_env().is_some(),
+            q8_add_norm: opts.q8_add_norm.unwrap_or_else(crate::plan::gemv_q8_add_norm_shape).filter(|s| {
+                info.backend == wgpu::Backend::Vulkan
+                    && subgroups
+                    && opts.quantize_lanes.unwrap_or_else(crate::plan::quantize_lanes)
+                    && limits.max_compute_invocations_per_workgroup >= s.wg
+                    && limits.max_compute_workgroup_size_x >= s.wg
+            }),
             q8_swiglu_norm: opts.q8_swiglu_norm.unwrap_or_else(crate::plan::gemv_q8_swiglu_norm)
                 && limits.max_compute_workgroup_storage_size >= crate::plan::GEMV_Q8_LOCAL_INPUT_BYTES,
             quantize_lanes: opts.quantize_lanes.unwrap_or_else(crate::plan::quantize_lanes) && subgroups,

@@ -67,6 +67,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/decode_merge_none.wgsl", include_str!("../../wgsl/common/decode_merge_none.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
+    ("common/q8_out_norm.wgsl", include_str!("../../wgsl/common/q8_out_norm.wgsl")),
+    ("common/q8_out_unweighted.wgsl", include_str!("../../wgsl/common/q8_out_unweighted.wgsl")),
     ("common/q8_in_global.wgsl", include_str!("../../wgsl/common/q8_in_global.wgsl")),
     ("common/q8_in_local.wgsl", include_str!("../../wgsl/common/q8_in_local.wgsl")),
     ("common/q8_prepare_lanes.wgsl", include_str!("../../wgsl/common/q8_prepare_lanes.wgsl")),

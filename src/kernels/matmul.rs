@@ -69,6 +69,13 @@ pub enum Epilogue<'a> {
     /// Y written as halves into `halves`, the f16 input of the cooperative GEMM after it,
     /// instead of the float Y (`Epi::SwiGluF16`). Y rows of exactly n/2, a multiple of 8.
     SwiGluF16 { halves: &'a wgpu::Buffer },
+    /// Y (+ bias) (+ Y), and where the int8 GEMV runs one column with workgroups over whole
+    /// blocks of 32 rows (`Caps::q8_add_norm` for one-token steps), Y also quantized times
+    /// `norm_w` (the weights of the RMSNorm the next GEMV applies to Y) into `blocks`, with each
+    /// block's sum of squares of Y: the next GEMV's int8 input as quantize_q8_lanes.wgsl writes
+    /// it through the norm (`BoundMatmul::q8_output`), whose quantize dispatch is then skipped
+    /// (`BoundMatmul::record_after`). Y rows of exactly n, a multiple of 32.
+    PlainQ8Norm { blocks: &'a wgpu::Buffer, norm_w: &'a wgpu::Buffer },
     /// W's rows are Q, K and V stacked (Q and K rows in NeoX order where `neox`): Q is
     /// rotated into Y, K rotated and V copied into the caches at each token's position.
     Qkv {
@@ -88,7 +95,7 @@ pub enum Epilogue<'a> {
 impl Epilogue<'_> {
     pub fn key(&self) -> Epi {
         match *self {
-            Epilogue::Plain => Epi::Plain,
+            Epilogue::Plain | Epilogue::PlainQ8Norm { .. } => Epi::Plain,
             Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } | Epilogue::SwiGluF16 { .. } => Epi::SwiGlu,
             Epilogue::Qkv { kv, neox, .. } => Epi::Qkv { kv, neox, batched: false },
         }
@@ -266,14 +273,28 @@ struct Q8Input {
     blocks: wgpu::Buffer,
 }
 
-/// The int8 SwiGLU epilogue's output (`Epilogue::SwiGluQ8`): one binding per weight chunk,
-/// as `Q8Input::chunks` with `blocks` at binding 6, where the kernel writes its outputs'
-/// int8 blocks; or, `local_input` (`Caps::q8_swiglu_norm`, a fused RMSNorm), with X and the
-/// norm's weights, which each workgroup quantizes itself (no quantize dispatch).
+/// The int8 epilogues' output (`Epilogue::SwiGluQ8`, `Epilogue::PlainQ8Norm`): one binding per
+/// weight chunk, as `Q8Input::chunks` with `blocks` at binding 6, where the kernel writes its
+/// outputs' int8 blocks (and the norm's weights at 7); or, `local_input`
+/// (`Caps::q8_swiglu_norm`, a fused RMSNorm), with X and the norm's weights, which each
+/// workgroup quantizes itself (no quantize dispatch). One-token steps take the int8 GEMV in
+/// `shape`, which covers the epilogue's blocks.
 struct Q8Output {
     chunks: Vec<Bound>,
     blocks: wgpu::Buffer,
     local_input: bool,
+    epi: Epi,
+    shape: crate::plan::GemvShape,
+}
+
+impl Q8Output {
+    /// Whether the int8 GEMV's workgroups of `shape` cover this epilogue's blocks.
+    fn covered_by(&self, shape: crate::plan::GemvShape) -> bool {
+        match self.epi {
+            Epi::AddQ8Norm => crate::plan::covers_q8_rows(shape),
+            _ => crate::plan::covers_q8_blocks(shape),
+        }
+    }
 }
 
 /// The f16 SwiGLU epilogue's output (`Epilogue::SwiGluF16`): the GEMMs' bindings with
@@ -385,8 +406,9 @@ impl MatmulScratch {
         Self::blocks_in(&self.outputs, ctx, k)
     }
 
-    /// The int8 blocks the session's quantize dispatches write for inputs of k values.
-    fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
+    /// The int8 blocks the session's quantize dispatches write for inputs of k values (which
+    /// the int8 residual epilogue writes instead where it runs, `Epilogue::PlainQ8Norm`).
+    pub fn blocks(&self, ctx: &GpuContext, k: u32) -> Result<wgpu::Buffer> {
         Self::blocks_in(&self.blocks, ctx, k)
     }
 
@@ -734,7 +756,7 @@ impl BoundMatmul {
     ) -> Result<BoundMatmul> {
         // Y columns written: every row's, half (SwiGLU pairs), or Q's (checked by the caller).
         let y_cols = match mm.epi {
-            Epilogue::Plain => mm.w.rows,
+            Epilogue::Plain | Epilogue::PlainQ8Norm { .. } => mm.w.rows,
             Epilogue::SwiGlu | Epilogue::SwiGluQ8 { .. } | Epilogue::SwiGluF16 { .. } => mm.w.rows / 2,
             Epilogue::Qkv { .. } => 0,
         };
@@ -848,7 +870,47 @@ impl BoundMatmul {
                 };
                 let (x_in, norm_in) = if local_input { (mm.x, norm_w) } else { (&input.blocks, &dummy) };
                 let chunks = bind_chunks(&okey, [x_in, mm.y, bias, norm_in], &[out])?;
-                Some(Q8Output { chunks, blocks: (*out).clone(), local_input })
+                let shape = ctx.caps.q8_swiglu.unwrap_or(crate::plan::GEMV_Q8_SWIGLU);
+                Some(Q8Output { chunks, blocks: (*out).clone(), local_input, epi: Epi::SwiGluQ8, shape })
+            }
+            (Epilogue::PlainQ8Norm { blocks: out, norm_w: out_norm }, Some(input)) => {
+                let n = mm.w.rows;
+                let shape = ctx.caps.q8_add_norm.ok_or_else(|| {
+                    KilnError::invalid("matmul", "the int8 residual epilogue where the adapter does not take it")
+                })?;
+                if n % 32 != 0
+                    || mm.y_stride != n
+                    || mm.w.chunks.iter().any(|c| c.row_start % 32 != 0)
+                    || mm.norm.is_some()
+                    || mm.glu.is_some()
+                {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        format!("the int8 residual epilogue needs outputs in whole blocks of 32 (n={n}, y stride {}), chunks on them and no fused input", mm.y_stride),
+                    ));
+                }
+                if *out == &input.blocks || out.size() < q8_input_bytes(1, n) || out_norm.size() < n as u64 * 4 {
+                    return Err(KilnError::invalid(
+                        "matmul",
+                        "the int8 residual epilogue's blocks must be a buffer of their own for one column, and its norm weights cover n",
+                    ));
+                }
+                let okey = KernelKey::Gemv {
+                    format: mm.w.format,
+                    ncols: 1,
+                    rows: shape.rows as u8,
+                    groups: shape.groups as u8,
+                    wg: shape.wg as u16,
+                    subgroups: ctx.caps.subgroups,
+                    norm: false,
+                    glu: false,
+                    q8: true,
+                    x_local: false,
+                    epi: Epi::AddQ8Norm,
+                    second: None,
+                };
+                let chunks = bind_chunks(&okey, [&input.blocks, mm.y, bias, &dummy], &[out, out_norm])?;
+                Some(Q8Output { chunks, blocks: (*out).clone(), local_input: false, epi: Epi::AddQ8Norm, shape })
             }
             _ => None,
         };
@@ -1007,25 +1069,46 @@ impl BoundMatmul {
         } else {
             self.plan(ctx, m)
         };
-        match (kernel, ctx.caps.q8_swiglu) {
-            (MatmulKernel::Gemv { q8: true, .. }, Some(shape)) if m == 1 && self.q8_out.is_some() => {
-                MatmulKernel::Gemv { ncols: 1, shape, q8: true }
+        match (kernel, &self.q8_out) {
+            // (The residual epilogue for one sequence's steps only: batched ones quantize.)
+            (MatmulKernel::Gemv { q8: true, .. }, Some(o)) if m == 1 && !(batched && o.epi == Epi::AddQ8Norm) => {
+                MatmulKernel::Gemv { ncols: 1, shape: o.shape, q8: true }
             }
             _ => kernel,
         }
     }
 
-    /// Whether `kernel` writes the int8 SwiGLU epilogue's blocks.
+    /// Whether `kernel` writes the int8 epilogue's blocks.
     fn writes_q8_out(&self, kernel: MatmulKernel) -> bool {
-        matches!(kernel, MatmulKernel::Gemv { q8: true, shape, .. } if crate::plan::covers_q8_blocks(shape))
-            && self.q8_out.is_some()
+        match (kernel, &self.q8_out) {
+            (MatmulKernel::Gemv { q8: true, shape, ncols }, Some(o)) => {
+                o.covered_by(shape) && (o.epi != Epi::AddQ8Norm || ncols == 1)
+            }
+            _ => false,
+        }
     }
 
-    /// The int8 blocks this matmul's step over m columns also writes its SwiGLU output into
-    /// (`Epilogue::SwiGluQ8`), for the GEMV that reads them next (`record_after`).
+    /// The int8 blocks this matmul's step over m columns also writes its output into
+    /// (`Epilogue::SwiGluQ8`, `Epilogue::PlainQ8Norm`), for the GEMV that reads them next
+    /// (`record_after`).
     pub fn q8_output(&self, ctx: &GpuContext, m: u32, batched: bool) -> Option<&wgpu::Buffer> {
         let kernel = self.plan_step(ctx, m, batched);
         self.q8_out.as_ref().filter(|_| self.writes_q8_out(kernel)).map(|o| &o.blocks)
+    }
+
+    /// The int8 blocks a one-token step of one sequence reads as its input through its fused
+    /// RMSNorm, the norm's 1 / rms taken from the blocks' sums of squares
+    /// (`Caps::quantize_lanes`): what the int8 residual epilogue of the matmul before it can
+    /// write instead of this one's quantize dispatch (`Epilogue::PlainQ8Norm`). None where the
+    /// step runs another kernel or quantizes its own input.
+    pub fn q8_input_through_norm(&self, ctx: &GpuContext) -> Option<&wgpu::Buffer> {
+        let kernel = self.plan_step(ctx, 1, false);
+        let local = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
+        let lanes = ctx.caps.quantize_lanes && self.k % 32 == 0 && self.norm_eps.is_some() && !self.glu;
+        match kernel {
+            MatmulKernel::Gemv { q8: true, .. } if lanes && !local => self.q8.as_ref().map(|q| &q.blocks),
+            _ => None,
+        }
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks (for
@@ -1263,7 +1346,7 @@ impl BoundMatmul {
                 }
                 match &self.q8_out {
                     Some(o) if self.writes_q8_out(kernel) => {
-                        epi = Epi::SwiGluQ8;
+                        epi = o.epi;
                         o.chunks.iter().collect()
                     }
                     _ => q8.chunks.iter().collect(),

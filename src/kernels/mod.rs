@@ -172,6 +172,14 @@ pub enum Epi {
     /// A split-K GEMM's raw sums over its K range, into the partials scratch (the real
     /// epilogue runs in `KernelKey::GemmReduce`).
     Partial,
+    /// As `Plain` (a projection added to the residual stream), and Y also quantized to int8
+    /// blocks times the next RMSNorm's weights (binding 6: common/q8_out.wgsl; the weights at
+    /// binding 7: common/q8_out_norm.wgsl), each block with its sum of squares, the int8 input
+    /// of the GEMV after the norm (its 1 / rms taken from those sums, as after
+    /// quantize_q8_lanes.wgsl), so that GEMV needs no quantize dispatch. The int8 GEMV's
+    /// grouped shapes over one column whose workgroups cover whole blocks of 32 rows
+    /// (`plan::covers_q8_rows`) only.
+    AddQ8Norm,
 }
 
 impl Epi {
@@ -198,6 +206,7 @@ impl Epi {
             Epi::Partial => 3,
             Epi::SwiGluQ8 => 4,
             Epi::SwiGluF16 => 5,
+            Epi::AddQ8Norm => 6,
         }
     }
 }
@@ -420,6 +429,10 @@ impl KernelKey {
             | KernelKey::GemmReduce { epi: Epi::Qkv { .. } } => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite, Uniform, Read]
             }
+            // The int8 blocks, then the norm's weights they are scaled by.
+            KernelKey::Gemv { epi: Epi::AddQ8Norm, .. } => {
+                &[Uniform, Read, Read, ReadWrite, Read, Read, ReadWrite, Read]
+            }
             // The int8 blocks, or the halves, written last.
             KernelKey::Gemv { epi: Epi::SwiGluQ8, .. }
             | KernelKey::Gemm { epi: Epi::SwiGluF16, .. }
@@ -521,6 +534,12 @@ impl KernelKey {
         if let KernelKey::Gemv { epi: Epi::SwiGluF16, .. } = self {
             return Err(crate::error::KilnError::invalid("kernel", "the f16 SwiGLU epilogue is the GEMMs' only"));
         }
+        if let KernelKey::Gemm { epi: Epi::AddQ8Norm, .. } | KernelKey::GemmReduce { epi: Epi::AddQ8Norm } = self {
+            return Err(crate::error::KilnError::invalid(
+                "kernel",
+                "the int8 residual epilogue is the int8 GEMV's only",
+            ));
+        }
         match *self {
             KernelKey::Gemv { format, ncols, rows, groups, wg, subgroups, norm, glu, q8, x_local, epi, second } => {
                 // The int8 GEMV's fused RMSNorm, over one column: each workgroup quantizes the
@@ -538,6 +557,12 @@ impl KernelKey {
                     return Err(crate::error::KilnError::invalid(
                         "kernel",
                         format!("the int8 SwiGLU epilogue needs the int8 GEMV's workgroups over whole blocks of 32 outputs, not {wg}x{rows}x{groups}"),
+                    ));
+                }
+                if epi == Epi::AddQ8Norm && !(q8 && ncols == 1 && crate::plan::covers_q8_rows(shape)) {
+                    return Err(crate::error::KilnError::invalid(
+                        "kernel",
+                        format!("the int8 residual epilogue needs the int8 GEMV over one column in workgroups over whole blocks of 32 rows, not {wg}x{rows}x{groups} over {ncols}"),
                     ));
                 }
                 if groups == 0 || (groups > 1 && !q8 && ncols != 1) || wg % groups as u16 != 0 {
@@ -571,8 +596,13 @@ impl KernelKey {
                     .include("common/inv_rms.wgsl");
                 let c = epilogue(c, epi);
                 if q8 {
-                    let out = if epi == Epi::SwiGluQ8 { "common/q8_out.wgsl" } else { "common/q8_out_none.wgsl" };
-                    let c = c.include("common/q8_block.wgsl").include(out);
+                    // Where the epilogue writes the next GEMV's int8 blocks, and what scales them.
+                    let c = c.include("common/q8_block.wgsl");
+                    let c = match epi {
+                        Epi::SwiGluQ8 => c.include("common/q8_out.wgsl").include("common/q8_out_unweighted.wgsl"),
+                        Epi::AddQ8Norm => c.include("common/q8_out.wgsl").include("common/q8_out_norm.wgsl"),
+                        _ => c.include("common/q8_out_none.wgsl"),
+                    };
                     let c = if x_local {
                         let c = c.include("common/gemv_input.wgsl").include("common/q8_in_local.wgsl");
                         if subgroups {
@@ -960,6 +990,8 @@ impl KernelKey {
                         }
                         if ncols == 1 {
                             kinds.push((crate::plan::GEMV_Q8_SWIGLU, true, (true, false), Epi::SwiGluQ8));
+                            // The output and down projections writing the next GEMV's input.
+                            kinds.push((crate::plan::GEMV_Q8_ADD_NORM, true, (false, false), Epi::AddQ8Norm));
                         }
                     }
                     let key = |shape: GemvShape, q8, norm, glu, x_local, epi| KernelKey::Gemv {

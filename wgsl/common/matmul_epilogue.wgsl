@@ -16,6 +16,12 @@
 //              the down projection's int8 input (common/q8_out.wgsl).
 //   EPI_SWIGLU_F16 as EPI_SWIGLU into halves (common/epilogue_f16_out.wgsl: store_half), the
 //              f16 input of the cooperative GEMM after it, instead of the float Y (GEMMs).
+//   EPI_ADD_Q8_NORM as EPI_PLAIN (a projection added to the residual stream), and the int8
+//              GEMV (gemv_q8.wgsl, one column, grouped shapes whose workgroups cover whole
+//              blocks of 32 rows) also quantizes Y's blocks times the next RMSNorm's weights,
+//              with each block's sum of squares of Y, as quantize_q8_lanes.wgsl would for the
+//              GEMV after it (common/q8_out.wgsl, common/q8_out_norm.wgsl): no quantize
+//              dispatch before that GEMV.
 // The including file declares y (binding 3) and bias (binding 4) and `p` (matmul_params);
 // store_qkv and store_half come from common/epilogue_qkv.wgsl (EPI_QKV),
 // epilogue_f16_out.wgsl (EPI_SWIGLU_F16) or epilogue_none.wgsl.
@@ -26,6 +32,7 @@ const EPI_QKV: u32 = 2u;
 const EPI_PARTIAL: u32 = 3u;
 const EPI_SWIGLU_Q8: u32 = 4u;
 const EPI_SWIGLU_F16: u32 = 5u;
+const EPI_ADD_Q8_NORM: u32 = 6u;
 
 // One value of Y, plain (ragged last rows of a plain matmul).
 fn write_one(gm: u32, row: u32, v: f32) {
@@ -60,7 +67,7 @@ fn store_pair(gm: u32, row: u32, v0: f32, v1: f32) {
         if (row + 1u < p.n_rows) { y[o + 1u] = v1; }
         return;
     }
-    if (EPI == EPI_PLAIN) {
+    if (EPI == EPI_PLAIN || EPI == EPI_ADD_Q8_NORM) {
         write_one(gm, row, v0);
         write_one(gm, row + 1u, v1);
         return;

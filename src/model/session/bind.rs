@@ -181,6 +181,13 @@ impl Session {
         // Decode attention's int8 output where the session does not take it.
         let no_q8 = st(16, "unused int8 output")?;
         let rope_neox = c.rope_mode == RopeMode::Neox;
+        // One-token steps' output and down projections may write the int8 input of the GEMV
+        // after them (gate/up, the next layer's Q/K/V) through its RMSNorm
+        // (`Caps::q8_add_norm`), into the blocks that GEMV's quantize dispatch would write.
+        let embd_blocks = scratch.blocks(&ctx, c.n_embd)?;
+        let residual_q8 = |reads: Option<&wgpu::Buffer>| {
+            ctx.caps.q8_add_norm.is_some() && c.n_embd % 32 == 0 && reads == Some(&embd_blocks)
+        };
         let mut layers: Vec<LayerOps> = Vec::new();
         let mut k_caches: Vec<wgpu::Buffer> = Vec::new();
         for (li, w) in weights.layers.iter().enumerate() {
@@ -292,6 +299,18 @@ impl Session {
                     (ops, q_src)
                 }
             };
+            // The blocks this layer's one-token Q/K/V GEMV reads through the norm: the next
+            // layer's, bound alike, reads the same.
+            let qkv_reads = match &qkv {
+                QkvOps::Stacked { decode, one_dispatch, .. } => {
+                    match one_dispatch.as_ref().filter(|b| b.takes_step(1, false)) {
+                        Some(one) => one.q8_input_through_norm(&ctx),
+                        None => decode.first().and_then(|d| d.q8_input_through_norm(&ctx)),
+                    }
+                }
+                QkvOps::Separate { q_fused, .. } => q_fused.q8_input_through_norm(&ctx),
+            };
+            let next_attn_norm = weights.layers.get(li + 1).map(|n| &n.attn_norm).filter(|_| residual_q8(qkv_reads));
             // One-token steps' decode attention may write the output projection's int8 input
             // (`Caps::attn_q8_out`), into blocks apart from the quantize dispatches'.
             let takes = crate::plan::attn_q8_out_takes(&ctx.caps, c.q_dim(), c.n_embd);
@@ -311,12 +330,20 @@ impl Session {
                         true if sf == c.n_ff && whole_blocks => Some(scratch.q8_output(&ctx, c.n_ff)?),
                         _ => None,
                     };
+                    // (With the next layer's Q/K/V int8 input written by its epilogue, into blocks
+                    // apart from its own input's: those of n_ff values, unless the gate/up
+                    // epilogue writes them.)
+                    let own_input_apart = q8_out.is_some() || c.n_ff != c.n_embd;
+                    let down = Matmul {
+                        epi: match next_attn_norm.filter(|_| own_input_apart) {
+                            Some(norm_w) => Epilogue::PlainQ8Norm { blocks: &embd_blocks, norm_w },
+                            None => Epilogue::Plain,
+                        },
+                        ..dense(&w.w_down, &act, sf, &x, se, None, true)
+                    };
                     let down = match &q8_out {
-                        Some(blocks) => {
-                            let down = dense(&w.w_down, &act, sf, &x, se, None, true);
-                            BoundMatmul::reading_q8_in(&ctx, &down, "ffn_down", &scratch, blocks)?
-                        }
-                        None => mm(&w.w_down, &act, sf, &x, se, None, true, "ffn_down")?,
+                        Some(blocks) => BoundMatmul::reading_q8_in(&ctx, &down, "ffn_down", &scratch, blocks)?,
+                        None => BoundMatmul::new_in(&ctx, &down, "ffn_down", &scratch)?,
                     };
                     // Prefill's gate/up GEMM may write the down projection's f16 input itself
                     // (`Caps::prefill_f16_inputs`; a buffer apart from its own f16 input).
@@ -468,7 +495,16 @@ impl Session {
                 )?,
                 wo: match &wo_q8 {
                     Some(blocks) => {
-                        let wo = dense(&w.wo, &attn, q, &x, se, None, true);
+                        // With the gate/up projection's int8 input written by its epilogue.
+                        let gate_up_reads = match &ffn {
+                            FfnOps::Interleaved { decode, .. } => decode.q8_input_through_norm(&ctx),
+                            FfnOps::Separate { gate_fused, .. } => gate_fused.q8_input_through_norm(&ctx),
+                        };
+                        let epi = match residual_q8(gate_up_reads) {
+                            true => Epilogue::PlainQ8Norm { blocks: &embd_blocks, norm_w: &w.ffn_norm },
+                            false => Epilogue::Plain,
+                        };
+                        let wo = Matmul { epi, ..dense(&w.wo, &attn, q, &x, se, None, true) };
                         BoundMatmul::fed_q8_in(&ctx, &wo, "attn_out", &scratch, blocks)?
                     }
                     None => mm(&w.wo, &attn, q, &x, se, None, true, "attn_out")?,

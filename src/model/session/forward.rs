@@ -152,15 +152,24 @@ impl Session {
             && (batched || m <= self.prefill_gemv_cols)
             && step.together.is_none();
         let group_work = |g: &[BoundMatmul]| StageWork::combine(g.iter().map(|b| b.work(ctx, m, batched)).collect());
+        // One sequence's one-token steps: the int8 input of the Q/K/V projection where the
+        // previous layer's down projection wrote it (`Caps::q8_add_norm`).
+        let one_token = m == 1 && !batched;
+        let mut qkv_input: Option<&wgpu::Buffer> = None;
         for l in &self.layers {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
             // over the cache, then the output projection added to the residual stream.
             match &l.qkv {
                 QkvOps::Stacked { decode, prefill, one_dispatch } => {
                     let one = one_dispatch.as_ref().filter(|b| b.takes_step(m, batched));
+                    let prepared = Prepared { blocks: qkv_input, halves: None };
                     if let (true, Some(one)) = (fused, one) {
                         rec.stage(Stage::AttnNormQkv, || one.work(ctx, m, batched));
-                        one.record(ctx, rec.pass(), m, batched)?;
+                        one.record_after(ctx, rec.pass(), m, batched, prepared)?;
+                    } else if fused && one_token {
+                        rec.stage(Stage::AttnNormQkv, || group_work(decode));
+                        let group = decode.iter().collect::<Vec<_>>();
+                        BoundMatmul::record_group_after(ctx, rec.pass(), &group, m, false, prepared)?;
                     } else if fused {
                         rec.stage(Stage::AttnNormQkv, || group_work(decode));
                         BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m, batched)?;
@@ -196,7 +205,15 @@ impl Session {
                                 v_fused.work(ctx, m, batched),
                             ])
                         });
-                        BoundMatmul::record_group(ctx, rec.pass(), &[q_fused, k_fused, v_fused], m, false)?;
+                        let prepared = Prepared { blocks: qkv_input, halves: None };
+                        BoundMatmul::record_group_after(
+                            ctx,
+                            rec.pass(),
+                            &[q_fused, k_fused, v_fused],
+                            m,
+                            false,
+                            prepared,
+                        )?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
@@ -390,7 +407,9 @@ impl Session {
                     let mut down_input = Prepared::default();
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || decode.work(ctx, m, batched));
-                        decode.record(ctx, rec.pass(), m, batched)?;
+                        // Its int8 input where the output projection's epilogue wrote it.
+                        let blocks = l.wo.q8_output(ctx, m, batched).filter(|_| one_token);
+                        decode.record_after(ctx, rec.pass(), m, batched, Prepared { blocks, halves: None })?;
                         down_input.blocks = decode.q8_output(ctx, m, batched);
                     } else {
                         rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
@@ -405,13 +424,16 @@ impl Session {
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
                     down.record_after(ctx, rec.pass(), m, batched, down_input)?;
+                    qkv_input = down.q8_output(ctx, m, batched).filter(|_| one_token);
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
                     if fused {
                         rec.stage(Stage::FfnNormGateUp, || {
                             StageWork::combine(vec![gate_fused.work(ctx, m, batched), up_fused.work(ctx, m, batched)])
                         });
-                        BoundMatmul::record_group(ctx, rec.pass(), &[gate_fused, up_fused], m, false)?;
+                        let blocks = l.wo.q8_output(ctx, m, batched).filter(|_| one_token);
+                        let prepared = Prepared { blocks, halves: None };
+                        BoundMatmul::record_group_after(ctx, rec.pass(), &[gate_fused, up_fused], m, false, prepared)?;
                         rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m, batched));
                         down_fused.record(ctx, rec.pass(), m, batched)?;
                     } else {
