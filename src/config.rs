@@ -318,14 +318,7 @@ pub fn gemv_q8_from_env(n: u32, k: u32) -> Option<crate::plan::GemvShape> {
 pub fn gemv_q8_add_norm_from_env() -> Option<Option<crate::plan::GemvShape>> {
     static SHAPE: std::sync::OnceLock<Option<Option<crate::plan::GemvShape>>> = std::sync::OnceLock::new();
     *SHAPE.get_or_init(|| {
-        let v = std::env::var("KILN_GEMV_Q8_ADD_NORM").ok()?;
-        match v.trim() {
-            "off" | "0" => return Some(None),
-            "on" | "1" => return Some(Some(crate::plan::GEMV_Q8_ADD_NORM)),
-            _ => {}
-        }
-        let shape = parse_gemv_shape(&v)?;
-        crate::plan::covers_q8_rows(shape).then_some(Some(shape))
+        epilogue_shape("KILN_GEMV_Q8_ADD_NORM", crate::plan::GEMV_Q8_ADD_NORM, crate::plan::covers_q8_rows)
     })
 }
 
@@ -335,15 +328,26 @@ pub fn gemv_q8_add_norm_from_env() -> Option<Option<crate::plan::GemvShape>> {
 pub fn gemv_q8_swiglu_from_env() -> Option<Option<crate::plan::GemvShape>> {
     static SHAPE: std::sync::OnceLock<Option<Option<crate::plan::GemvShape>>> = std::sync::OnceLock::new();
     *SHAPE.get_or_init(|| {
-        let v = std::env::var("KILN_GEMV_Q8_SWIGLU").ok()?;
-        match v.trim() {
-            "off" | "0" => return Some(None),
-            "on" | "1" => return Some(Some(crate::plan::GEMV_Q8_SWIGLU)),
-            _ => {}
-        }
-        let shape = parse_gemv_shape(&v)?;
-        crate::plan::covers_q8_blocks(shape).then_some(Some(shape))
+        epilogue_shape("KILN_GEMV_Q8_SWIGLU", crate::plan::GEMV_Q8_SWIGLU, crate::plan::covers_q8_blocks)
     })
+}
+
+/// An int8 epilogue's knob, `off|on|<wg>x<rows>x<groups>`: Some(None) off, Some(shape) for `on`
+/// (`on_shape`) or a shape whose workgroups cover the epilogue's blocks (`covers`); None where
+/// unset or unreadable.
+fn epilogue_shape(
+    var: &str,
+    on_shape: crate::plan::GemvShape,
+    covers: fn(crate::plan::GemvShape) -> bool,
+) -> Option<Option<crate::plan::GemvShape>> {
+    let v = std::env::var(var).ok()?;
+    match v.trim() {
+        "off" | "0" => return Some(None),
+        "on" | "1" => return Some(Some(on_shape)),
+        _ => {}
+    }
+    let shape = parse_gemv_shape(&v)?;
+    covers(shape).then_some(Some(shape))
 }
 
 /// `KILN_GEMV_Q8_SWIGLU_NORM=0|1`: whether the int8 SwiGLU epilogue's gate/up projection

@@ -171,16 +171,35 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
     let plain = || matmul::reference(&c.w_ref, n, k, &input, m, bias_values, None);
     let mut outputs = Vec::new();
     match run.epi {
-        Epi::Plain => {
+        Epi::Plain | Epi::AddQ8Norm => {
+            let add_q8 = matches!(run.epi, Epi::AddQ8Norm);
+            if add_q8 && m != 1 {
+                return Err(crate::KilnError::invalid("check", "the int8 residual epilogue takes one column"));
+            }
             let y = ctx.upload_f32(&c.y0, "y")?;
             let w = WeightTensor::upload(ctx, "w", c.format, n, k, &c.weights)?;
             let b = ctx.upload_f32(&c.bias, "bias")?;
+            // The int8 residual epilogue's blocks and the weights of the norm the next GEMV
+            // applies, which scale them (values of both signs and sizes).
+            let next = match add_q8 {
+                true => {
+                    let gamma = super::data::Rng::new(n as u64 + 17).normal(n, 1.0);
+                    let g = ctx.upload_f32(&gamma, "next norm")?;
+                    let bytes = matmul::q8_input_bytes(1, n as u32).max(16);
+                    Some((gamma, g, ctx.storage(bytes, "int8 residual output")?))
+                }
+                false => None,
+            };
             let mm = Matmul {
                 bias: run.bias.then_some(&b),
                 x_stride: xs as u32,
                 accumulate: run.accumulate,
                 norm,
                 glu: up.as_ref(),
+                epi: match &next {
+                    Some((_, g, blocks)) => Epilogue::PlainQ8Norm { blocks, norm_w: g },
+                    None => Epilogue::Plain,
+                },
                 ..Matmul::dense(&w, &x, &y, m as u32)
             };
             dispatch(ctx, &mm, run)?;
@@ -188,38 +207,13 @@ pub fn run(ctx: &GpuContext, c: &MatmulCase, run: &Run) -> Result<Outcome> {
                 true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
                 false => plain(),
             };
-            outputs.push(Output { what: "y", got: ctx.read_f32(&y, m * n)?, want, f16: false });
-        }
-        Epi::AddQ8Norm => {
-            if m != 1 {
-                return Err(crate::KilnError::invalid("check", "the int8 residual epilogue takes one column"));
+            let got = ctx.read_f32(&y, m * n)?;
+            if let Some((gamma, _, blocks)) = &next {
+                let bytes = ctx.read_bytes(blocks, 0, matmul::q8_input_bytes(1, n as u32))?;
+                let scaled: Vec<f32> = got.iter().zip(gamma).map(|(v, g)| v * g).collect();
+                check_q8_blocks(&bytes, &scaled)?;
+                check_q8_sums_of_squares(&bytes, &got)?;
             }
-            let y = ctx.upload_f32(&c.y0, "y")?;
-            let w = WeightTensor::upload(ctx, "w", c.format, n, k, &c.weights)?;
-            let b = ctx.upload_f32(&c.bias, "bias")?;
-            // The weights of the norm the next GEMV applies (values of both signs and sizes).
-            let gamma_next = super::data::Rng::new(n as u64 + 17).normal(n, 1.0);
-            let g = ctx.upload_f32(&gamma_next, "next norm")?;
-            let blocks = ctx.storage(matmul::q8_input_bytes(1, n as u32).max(16), "int8 residual output")?;
-            let mm = Matmul {
-                bias: run.bias.then_some(&b),
-                x_stride: xs as u32,
-                accumulate: run.accumulate,
-                norm,
-                glu: up.as_ref(),
-                epi: Epilogue::PlainQ8Norm { blocks: &blocks, norm_w: &g },
-                ..Matmul::dense(&w, &x, &y, 1)
-            };
-            dispatch(ctx, &mm, run)?;
-            let want = match run.accumulate {
-                true => plain().iter().zip(&c.y0).map(|(a, b)| (*a as f64 + *b as f64) as f32).collect(),
-                false => plain(),
-            };
-            let got = ctx.read_f32(&y, n)?;
-            let bytes = ctx.read_bytes(&blocks, 0, matmul::q8_input_bytes(1, n as u32))?;
-            let scaled: Vec<f32> = got.iter().zip(&gamma_next).map(|(v, g)| v * g).collect();
-            check_q8_blocks(&bytes, &scaled)?;
-            check_q8_sums_of_squares(&bytes, &got)?;
             outputs.push(Output { what: "y", got, want, f16: false });
         }
         Epi::SwiGlu | Epi::SwiGluQ8 | Epi::SwiGluF16 => {
