@@ -394,6 +394,16 @@ fn int8_gemv_decode_matches_reference() {
     }
 }
 
+/// Every logit of `ids` fed one token a step to `s`, and the dispatches those steps recorded.
+fn token_by_token(s: &mut kiln::model::Session, ids: &[u32]) -> (Vec<f32>, u64) {
+    let before = kiln::gpu::buffers::dispatches_recorded();
+    let mut logits = Vec::new();
+    for i in 0..ids.len() {
+        logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
+    }
+    (logits, kiln::gpu::buffers::dispatches_recorded() - before)
+}
+
 /// A synthetic model (`kiln synth` spec) loaded on `ctx`.
 fn synth(ctx: &Arc<GpuContext>, spec: &str) -> Model {
     synth_with(ctx, spec, |_, _| {})
@@ -488,11 +498,7 @@ fn merged_decode_splits_match_the_combine_pass() {
             let run = |ctx: &Arc<GpuContext>| {
                 let model = synth(ctx, spec);
                 let mut s = model.session(SessionOptions { n_ctx: 512, ..opts(true, 1, true) }).unwrap();
-                let before = kiln::gpu::buffers::dispatches_recorded();
-                let mut logits = Vec::new();
-                for i in 0..ids.len() {
-                    logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
-                }
+                let (logits, dispatches) = token_by_token(&mut s, &ids);
                 let c = &model.cfg;
                 let shape = kiln::kernels::attention::AttnShape {
                     n_head: c.n_head,
@@ -504,7 +510,7 @@ fn merged_decode_splits_match_the_combine_pass() {
                 let split = (1..=ids.len() as u32)
                     .filter(|&kv| shape.decode_dispatches(&off.caps, kv, shape.decode_block(kv)) == 2)
                     .count() as u64;
-                (logits, kiln::gpu::buffers::dispatches_recorded() - before, c.n_layer as u64 * split)
+                (logits, dispatches, c.n_layer as u64 * split)
             };
             let (got, d_on, _) = run(&on);
             let (want, d_off, saved) = run(&off);
@@ -568,13 +574,9 @@ fn residual_epilogue_writes_the_next_gemvs_int8_input() {
                 }
             });
             let mut s = model.session(opts(true, 1, true)).unwrap();
-            let before = kiln::gpu::buffers::dispatches_recorded();
-            let mut logits = Vec::new();
-            for i in 0..ids.len() {
-                logits.extend(s.forward(&ids[i..i + 1], Output::AllLogits).unwrap());
-            }
+            let (logits, dispatches) = token_by_token(&mut s, &ids);
             let c = &model.cfg;
-            (logits, kiln::gpu::buffers::dispatches_recorded() - before, c.n_layer as u64, c.n_vocab as usize)
+            (logits, dispatches, c.n_layer as u64, c.n_vocab as usize)
         };
         let (got, d_on, n_layer, n_vocab) = run(&on);
         let (want, d_off, ..) = run(&off);

@@ -27,7 +27,9 @@ var<workgroup> partial: array<f32, PARTIALS>;
 // Q8_OUT_BLOCKS blocks a column.
 const ADD_Q8: bool = EPI == EPI_ADD_Q8_NORM;
 var<workgroup> acts: array<f32, select(GROUP_OUTS / 2u, GROUP_OUTS, ADD_Q8) + 1u>;
-const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / select(64u, 32u, ADD_Q8);
+// Weight rows per int8 block of outputs: 64 interleaved gate/up rows, or 32 rows of Y.
+const BLOCK_ROWS: u32 = select(64u, 32u, ADD_Q8);
+const Q8_OUT_BLOCKS: u32 = ROW_GROUPS * ROWS / BLOCK_ROWS;
 const_assert !ADD_Q8 || NCOLS == 1u;
 
 @compute @workgroup_size(WG)
@@ -60,52 +62,47 @@ fn keep_pair(i: u32, row: u32, inside: bool, t0: f32, t1: f32) {
 }
 
 fn pairs_kept(row0: u32, lane: Lane) {
-    if (EPI == EPI_SWIGLU_Q8) { quantize_outputs(row0, lane); }
-    if (ADD_Q8) { quantize_rows(row0, lane); }
+    if (EPI == EPI_SWIGLU_Q8 || ADD_Q8) { quantize_outputs(row0, lane); }
 }
 
-// EPI_ADD_Q8_NORM: the workgroup's rows of Y (in acts) quantized block by block, times the next
-// RMSNorm's weights, into the next GEMV's int8 input, each block's sum of squares of Y in its
-// sums' last slot (quantize_q8_lanes.wgsl's layout through the norm): one invocation per block
-// of 32 rows, block b starting at row row0 + 32 b.
-fn quantize_rows(row0: u32, lane: Lane) {
-    workgroupBarrier();
-    for (var b = lane.lid; b < Q8_OUT_BLOCKS; b += WG) {
-        let first = row0 + 32u * b;
-        if (col0 < p.n_cols && first < p.n_rows) {
-            var v: array<vec4<f32>, 8>;
-            var ss = 0.0;
-            for (var j = 0u; j < 8u; j++) {
-                let a = 32u * b + 4u * j;
-                let y4 = vec4<f32>(acts[a], acts[a + 1u], acts[a + 2u], acts[a + 3u]);
-                let n = p.row_offset + first + 4u * j;
-                v[j] = y4 * vec4<f32>(q8_out_weight(n), q8_out_weight(n + 1u), q8_out_weight(n + 2u), q8_out_weight(n + 3u));
-                ss += dot(y4, y4);
-            }
-            var q = q8_block(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-            q.sums.w = bitcast<u32>(ss);
-            store_q8_block(col0 * (p.y_stride / 32u) + (p.row_offset + first) / 32u, q);
-        }
-    }
-}
-
-// EPI_SWIGLU_Q8: the workgroup's SwiGLU outputs (in acts) quantized block by block into the
-// down projection's int8 input, one invocation per block of 32 and column. Block b of column
-// m starts at weight row row0 + 64 b; its index among the row's blocks counts from the whole
-// matrix's first row (p.row_offset: chunks start on whole blocks), y_stride / 32 of them a row.
+// The workgroup's outputs (in acts) quantized block by block into the next GEMV's int8 input,
+// one invocation per block of 32 and column: EPI_SWIGLU_Q8's SwiGLU outputs, the down
+// projection's input; EPI_ADD_Q8_NORM's rows of Y (one column) times the next RMSNorm's
+// weights, each block's sum of squares of Y in its sums' last slot (quantize_q8_lanes.wgsl's
+// layout through the norm). Block b of column m starts at weight row row0 + BLOCK_ROWS b; its
+// index among the row's blocks counts from the whole matrix's first row (p.row_offset: chunks
+// start on whole blocks), y_stride / 32 of them a row.
 fn quantize_outputs(row0: u32, lane: Lane) {
     workgroupBarrier();
     for (var i = lane.lid; i < Q8_OUT_BLOCKS * NCOLS; i += WG) {
         let m = i % NCOLS;
         let b = i / NCOLS;
-        let first = row0 + 64u * b;
+        let first = row0 + BLOCK_ROWS * b;
         if (col0 + m < p.n_cols && first < p.n_rows) {
             let a = 32u * b * NCOLS + m;
-            let q = q8_block(acts4(a), acts4(a + 4u * NCOLS), acts4(a + 8u * NCOLS), acts4(a + 12u * NCOLS),
-                             acts4(a + 16u * NCOLS), acts4(a + 20u * NCOLS), acts4(a + 24u * NCOLS), acts4(a + 28u * NCOLS));
-            store_q8_block((col0 + m) * (p.y_stride / 32u) + (p.row_offset + first) / 64u, q);
+            // The block's first output (of the matrix's, counting from its first row).
+            let n = (p.row_offset + first) / (BLOCK_ROWS / 32u);
+            var q = q8_block(out4(a, n, 0u), out4(a, n, 1u), out4(a, n, 2u), out4(a, n, 3u),
+                             out4(a, n, 4u), out4(a, n, 5u), out4(a, n, 6u), out4(a, n, 7u));
+            if (ADD_Q8) {
+                var ss = 0.0;
+                for (var j = 0u; j < 8u; j++) {
+                    let y4 = acts4(a + 4u * j * NCOLS);
+                    ss += dot(y4, y4);
+                }
+                q.sums.w = bitcast<u32>(ss);
+            }
+            store_q8_block((col0 + m) * (p.y_stride / 32u) + n / 32u, q);
         }
     }
+}
+
+// Outputs 4j .. 4j + 3 of the block whose first is output n (at index a of acts), scaled by the
+// next RMSNorm's weights (EPI_ADD_Q8_NORM; common/q8_out_unweighted.wgsl's are 1).
+fn out4(a: u32, n: u32, j: u32) -> vec4<f32> {
+    let o = n + 4u * j;
+    let w = vec4<f32>(q8_out_weight(o), q8_out_weight(o + 1u), q8_out_weight(o + 2u), q8_out_weight(o + 3u));
+    return acts4(a + 4u * j * NCOLS) * w;
 }
 
 // Four consecutive outputs of one column from acts, starting at index i.

@@ -1103,12 +1103,25 @@ impl BoundMatmul {
     /// step runs another kernel or quantizes its own input.
     pub fn q8_input_through_norm(&self, ctx: &GpuContext) -> Option<&wgpu::Buffer> {
         let kernel = self.plan_step(ctx, 1, false);
-        let local = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
-        let lanes = ctx.caps.quantize_lanes && self.k % 32 == 0 && self.norm_eps.is_some() && !self.glu;
+        let lanes = self.lanes_input(ctx, 1, self.quantizes_own_input(kernel));
         match kernel {
-            MatmulKernel::Gemv { q8: true, .. } if lanes && !local => self.q8.as_ref().map(|q| &q.blocks),
+            MatmulKernel::Gemv { q8: true, .. } if lanes && self.norm_eps.is_some() && !self.glu => {
+                self.q8.as_ref().map(|q| &q.blocks)
+            }
             _ => None,
         }
+    }
+
+    /// Whether `kernel` is the int8 GEMV quantizing its own input (`Q8Output::local_input`).
+    fn quantizes_own_input(&self, kernel: MatmulKernel) -> bool {
+        self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input)
+    }
+
+    /// Whether a step over m columns takes its int8 input quantized 8 invocations a block, the
+    /// RMSNorm's 1 / rms left to the GEMV (`Caps::quantize_lanes`): chosen by m alone, so that
+    /// every group member reading the blocks one of them wrote takes them alike.
+    fn lanes_input(&self, ctx: &GpuContext, m: u32, local_input: bool) -> bool {
+        ctx.caps.quantize_lanes && self.k % 32 == 0 && m == 1 && !local_input
     }
 
     /// What one call over m columns does, for the profile: the kernel the planner picks (for
@@ -1228,7 +1241,20 @@ impl BoundMatmul {
         m: u32,
         batched: bool,
     ) -> Result<()> {
-        Self::record_group_as(ctx, pass, group, m, batched, batched, Prepared::default())
+        Self::record_group_with(ctx, pass, group, m, batched, Prepared::default())
+    }
+
+    /// As `record_group`, after a dispatch that `prepared` the shared input (the int8 blocks the
+    /// residual epilogue wrote, `Epilogue::PlainQ8Norm`).
+    pub fn record_group_with(
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &[&BoundMatmul],
+        m: u32,
+        batched: bool,
+        prepared: Prepared<'_>,
+    ) -> Result<()> {
+        Self::record_group_as(ctx, pass, group, m, batched, batched, prepared)
     }
 
     /// As `record_group` for one sequence's step (`rows`: as `record_group_rows`, several
@@ -1312,14 +1338,15 @@ impl BoundMatmul {
         // X's stride as the kernel reads it (halves per row for the cooperative GEMM).
         let mut x_stride = self.x_stride;
         let mut half_partials: Option<&Vec<Bound>> = None;
-        // The int8 GEMV quantizing its own input (`Q8Output::local_input`).
-        let local_input = self.writes_q8_out(kernel) && self.q8_out.as_ref().is_some_and(|o| o.local_input);
-        // One token's int8 input quantized 8 invocations a block, the RMSNorm's 1 / rms left to
-        // the GEMV (`Caps::quantize_lanes`): chosen by m alone, so that every group member
-        // reading the blocks one of them wrote takes them alike.
-        // Its bindings are the other quantizer's.
-        let lanes_key = (ctx.caps.quantize_lanes && self.k % 32 == 0 && m == 1 && !local_input)
-            .then_some(KernelKey::QuantizeQ8 { subgroups: true, norm, glu: self.glu, lanes: true });
+        let local_input = self.quantizes_own_input(kernel);
+        // One token's int8 input quantized 8 invocations a block (`lanes_input`); its bindings
+        // are the other quantizer's.
+        let lanes_key = self.lanes_input(ctx, m, local_input).then_some(KernelKey::QuantizeQ8 {
+            subgroups: true,
+            norm,
+            glu: self.glu,
+            lanes: true,
+        });
         // The fused input the kernel applies itself: the int8 GEMV's is applied by its quantize
         // dispatch (`Q8Input`), but where the GEMV quantizes its own input or takes the norm's
         // 1 / rms from the blocks.

@@ -472,14 +472,15 @@ impl Session {
                     "attention",
                     &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8)],
                 )?,
-                attn_decode_merge: match merges {
-                    true => Some(Bound::new::<AttnDecodeParams>(
+                attn_decode_merge: if merges {
+                    Some(Bound::new::<AttnDecodeParams>(
                         &ctx,
                         &decode_key(wo_q8.is_some(), true),
                         "attention",
                         &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8), &partial, &merge_done],
-                    )?),
-                    false => None,
+                    )?)
+                } else {
+                    None
                 },
                 attn_decode_split: Bound::new::<AttnDecodeParams>(
                     &ctx,
@@ -500,9 +501,10 @@ impl Session {
                             FfnOps::Interleaved { decode, .. } => decode.q8_input_through_norm(&ctx),
                             FfnOps::Separate { gate_fused, .. } => gate_fused.q8_input_through_norm(&ctx),
                         };
-                        let epi = match residual_q8(gate_up_reads) {
-                            true => Epilogue::PlainQ8Norm { blocks: &embd_blocks, norm_w: &w.ffn_norm },
-                            false => Epilogue::Plain,
+                        let epi = if residual_q8(gate_up_reads) {
+                            Epilogue::PlainQ8Norm { blocks: &embd_blocks, norm_w: &w.ffn_norm }
+                        } else {
+                            Epilogue::Plain
                         };
                         let wo = Matmul { epi, ..dense(&w.wo, &attn, q, &x, se, None, true) };
                         BoundMatmul::fed_q8_in(&ctx, &wo, "attn_out", &scratch, blocks)?

@@ -166,13 +166,10 @@ impl Session {
                     if let (true, Some(one)) = (fused, one) {
                         rec.stage(Stage::AttnNormQkv, || one.work(ctx, m, batched));
                         one.record_after(ctx, rec.pass(), m, batched, prepared)?;
-                    } else if fused && one_token {
-                        rec.stage(Stage::AttnNormQkv, || group_work(decode));
-                        let group = decode.iter().collect::<Vec<_>>();
-                        BoundMatmul::record_group_after(ctx, rec.pass(), &group, m, false, prepared)?;
                     } else if fused {
                         rec.stage(Stage::AttnNormQkv, || group_work(decode));
-                        BoundMatmul::record_group(ctx, rec.pass(), &decode.iter().collect::<Vec<_>>(), m, batched)?;
+                        let group = decode.iter().collect::<Vec<_>>();
+                        BoundMatmul::record_group_with(ctx, rec.pass(), &group, m, batched, prepared)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         // The parts read one input: rounded to f16 (or quantized) once.
@@ -206,14 +203,8 @@ impl Session {
                             ])
                         });
                         let prepared = Prepared { blocks: qkv_input, halves: None };
-                        BoundMatmul::record_group_after(
-                            ctx,
-                            rec.pass(),
-                            &[q_fused, k_fused, v_fused],
-                            m,
-                            false,
-                            prepared,
-                        )?;
+                        let group = [q_fused, k_fused, v_fused];
+                        BoundMatmul::record_group_with(ctx, rec.pass(), &group, m, false, prepared)?;
                     } else {
                         rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         norm(&l.attn_norm, m, c.n_embd, se, rec.pass());
@@ -433,7 +424,7 @@ impl Session {
                         });
                         let blocks = l.wo.q8_output(ctx, m, batched).filter(|_| one_token);
                         let prepared = Prepared { blocks, halves: None };
-                        BoundMatmul::record_group_after(ctx, rec.pass(), &[gate_fused, up_fused], m, false, prepared)?;
+                        BoundMatmul::record_group_with(ctx, rec.pass(), &[gate_fused, up_fused], m, false, prepared)?;
                         rec.stage(Stage::FfnActDown, || down_fused.work(ctx, m, batched));
                         down_fused.record(ctx, rec.pass(), m, batched)?;
                     } else {
