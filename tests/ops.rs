@@ -278,7 +278,7 @@ fn decode_attention_blocks_and_splits() {
                     );
                     wide_runs += wide_takes as usize;
                     // Split contexts take a combine pass unless their last workgroups merge them.
-                    let merges = shape.decode_merges(&g.ctx.caps);
+                    let merges = shape.decode_merges_at(&g.ctx.caps, shape.decode_splits(kv_len), false);
                     let want_dispatches =
                         if wide_takes || merges { 1 } else { shape.decode_splits(kv_len).min(2) as usize };
                     assert_eq!(dispatches, want_dispatches, "one dispatch unless split (merges: {merges})");
@@ -293,7 +293,14 @@ fn decode_attention_blocks_and_splits() {
                     if attention::takes_q8_out(&shape) {
                         let (got8, blocks, n) = case.decode_q8(&g.ctx, &q, kv_len).unwrap();
                         assert_eq!(n, dispatches, "{what}: int8 output, dispatches");
-                        assert_eq!(got8, got, "{what}: int8 output, float output");
+                        if merges && shape.decode_splits(kv_len) > 1 && !wide_takes {
+                            // The merge may share an output's splits among fewer invocations
+                            // where int8 blocks must stay within a subgroup: the same sums in
+                            // another order.
+                            assert_close(&format!("{what}: int8 output, float output"), &got8, &got, 1e-6);
+                        } else {
+                            assert_eq!(got8, got, "{what}: int8 output, float output");
+                        }
                         if let Err(e) = kiln::doctor::matmul::check_q8_blocks(&blocks, &got) {
                             panic!("{what}: int8 output: {e}");
                         }
@@ -369,7 +376,8 @@ fn decode_attention_on_cooperative_matrices() {
                 let ds = attention::prepare_decode(&g.ctx, kv, &shape, &a).unwrap();
                 // The cooperative kernel's grid (splits x KV heads), and the combine pass
                 // unless each KV head's last split merges them.
-                let want_ds = if shape.decode_merges(&g.ctx.caps) { 1 } else { 2 };
+                let splits = kv_len.div_ceil(attention::DECODE_COOP_SUBGROUPS * keys);
+                let want_ds = if shape.decode_merges_at(&g.ctx.caps, splits, true) { 1 } else { 2 };
                 assert_eq!(ds.len(), want_ds, "{what}: dispatches");
                 assert_eq!(ds[0].workgroups, [kv_len.div_ceil(chunk), nkv, 1], "{what}: grid");
                 kiln::gpu::run_dispatches(&g.ctx, &ds.iter().collect::<Vec<_>>()).unwrap();

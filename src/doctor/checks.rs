@@ -558,7 +558,8 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
                 );
                 ck.close(what.clone(), &got, &case.reference(&q, 1, kv_len as usize - 1), 1e-4);
                 // The output also as the output projection's int8 blocks (`Caps::attn_q8_out`).
-                decode_q8_output(ck, &case, &q, kv_len, &what, &got)?;
+                let merged = splits > 1 && shape.decode_merges_at(&ck.ctx.caps, splits, false);
+                decode_q8_output(ck, &case, &q, kv_len, &what, &got, merged)?;
             }
             ck.ran(1);
         }
@@ -568,16 +569,27 @@ fn attention_decode(ck: &mut Checker) -> Result<()> {
 
 /// Where the heads make whole int8 blocks: the decode attention `case` of query `q` at
 /// `kv_len` positions also writing the output projection's int8 input gives the same float
-/// output `got` and blocks that quantize it.
-fn decode_q8_output(ck: &mut Checker, case: &AttnCase, q: &[f32], kv_len: u32, what: &str, got: &[f32]) -> Result<()> {
+/// output `got` (to the bit, or to rounding where its splits `merged` themselves: the merge may
+/// share an output's splits among fewer invocations where int8 blocks must stay within a
+/// subgroup, common/decode_merge.wgsl's `merge_groups`) and blocks that quantize it.
+fn decode_q8_output(
+    ck: &mut Checker,
+    case: &AttnCase,
+    q: &[f32],
+    kv_len: u32,
+    what: &str,
+    got: &[f32],
+    merged: bool,
+) -> Result<()> {
     if !crate::kernels::attention::takes_q8_out(&case.shape) {
         return Ok(());
     }
     let (got8, blocks, _) = case.decode_q8(ck.ctx, q, kv_len)?;
     let blocks_ok = crate::doctor::matmul::check_q8_blocks(&blocks, got);
+    let same = if merged { crate::doctor::compare::close(&got8, got, 1e-6).passed() } else { got8 == got };
     ck.expect(
         format!("{what}: int8 output"),
-        got8 == got && blocks_ok.is_ok(),
+        same && blocks_ok.is_ok(),
         match blocks_ok {
             Err(e) => e.to_string(),
             Ok(()) => "its float output differs".to_string(),
@@ -608,7 +620,16 @@ fn attention_decode_coop(ck: &mut Checker) -> Result<()> {
                 let (got, _) = case.decode(ck.ctx, &q, kv_len)?;
                 let what = format!("heads {nh} / {nkv} KV of {hd}, tiles of {keys} keys, {kv_len} positions");
                 ck.close(what.clone(), &got, &case.reference(&q, 1, kv_len as usize - 1), 5e-3);
-                decode_q8_output(ck, &case, &q, kv_len, &what, &got)?;
+                let splits = kv_len.div_ceil(attention::DECODE_COOP_SUBGROUPS * keys);
+                decode_q8_output(
+                    ck,
+                    &case,
+                    &q,
+                    kv_len,
+                    &what,
+                    &got,
+                    shape.decode_merges_at(&ck.ctx.caps, splits, true),
+                )?;
             }
         }
         ck.ran(1);
