@@ -195,6 +195,15 @@ pub fn decode_merge_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_DECODE_MERGE"))
 }
 
+/// `KILN_DECODE_MERGE_SPLITS=<n>`: the most splits a decode launch merges in its last
+/// workgroups (`kernels::attention::DECODE_MERGE_MOST_SPLITS`; a knob for measurements).
+pub fn decode_merge_splits_from_env() -> Option<u32> {
+    static MOST: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *MOST.get_or_init(|| {
+        std::env::var("KILN_DECODE_MERGE_SPLITS").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n >= 2)
+    })
+}
+
 /// `KILN_DECODE_COOP_FROM=N|off`: the context from which one sequence's decode attention runs
 /// on cooperative matrices (`attention::decode_coop_from`; a knob for measurements). Some(None):
 /// off.

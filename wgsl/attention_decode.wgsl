@@ -83,9 +83,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let opaque = wid.z == 0xffffffffu;
     let hd = select(p.head_dim, 0u, opaque);
     let blocks_per_kv = p.group / NB;
-    let kvh = wid.x / blocks_per_kv;
-    let h0 = kvh * p.group + (wid.x % blocks_per_kv) * NB;   // first query head of the block
-    let split = wid.y;
+    // The grid: (head blocks, splits, columns); with MERGE (splits, head blocks), so that a
+    // block's splits run together and its merge overlaps the later blocks' splits instead of
+    // every merge waiting for the last wave.
+    let blk = select(wid.x, wid.y, MERGE);
+    let split = select(wid.y, wid.x, MERGE);
+    let kvh = blk / blocks_per_kv;
+    let h0 = kvh * p.group + (blk % blocks_per_kv) * NB;   // first query head of the block
     let j0 = split * C;
     // The column: 0 for one sequence (a constant, so its terms fold away).
     let col = select(0u, wid.z, BATCHED);
@@ -214,7 +218,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         // Only the splits the context reaches count (the grid never holds more).
         let n_used = (kv_len + C - 1u) / C;
         if (split >= n_used) { return; }
-        if (merge_is_last(lid, wid.x, n_used)) {
+        if (merge_is_last(lid, blk, n_used)) {
             merge_splits(lid, qh0 + h0, NB, hd, n_used, p.n_splits);
         }
         return;

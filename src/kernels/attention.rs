@@ -108,7 +108,8 @@ impl AttnShape {
     /// `block` heads (off cooperative matrices): one, or the split attention and the combine
     /// pass where its splits do not merge themselves (`decode_merges`).
     pub fn decode_dispatches(&self, caps: &crate::gpu::Caps, kv_len: u32, block: u32) -> usize {
-        if self.decode_splits(kv_len) == 1 || self.decode_wide_takes(caps, kv_len, block) || self.decode_merges(caps) {
+        let splits = self.decode_splits(kv_len);
+        if splits == 1 || self.decode_wide_takes(caps, kv_len, block) || self.decode_merges_at(caps, splits, false) {
             1
         } else {
             2
@@ -149,6 +150,36 @@ impl AttnShape {
     pub fn decode_merges(&self, caps: &crate::gpu::Caps) -> bool {
         caps.decode_merge && self.head_dim % 4 == 0
     }
+    /// Whether a launch of `splits` splits (on cooperative matrices: `coop`) merges them in
+    /// its last workgroups (`decode_merges`), or takes the combine pass: up to
+    /// `DECODE_MERGE_MOST_SPLITS` (`DECODE_MERGE_MOST_SPLITS_COOP`).
+    pub fn decode_merges_at(&self, caps: &crate::gpu::Caps, splits: u32, coop: bool) -> bool {
+        self.decode_merges(caps) && splits <= decode_merge_most_splits(coop)
+    }
+}
+
+/// The most splits a decode launch merges in its last workgroups (`AttnShape::decode_merges_at`);
+/// more take the combine pass, whose workgroup per head shares the splits among all its
+/// invocations. On an H200 (`kiln bench -p 0 -n 128 -r 3`, `KILN_DECODE_MERGE=0/1` alternated
+/// twice, tok/s): TinyLlama Q4_K_M at depth 1,024 / 4,096 (cooperative kernel, 8-9 / 33-34
+/// splits) 1,003-1,005 / 964-967 -> 1,031-1,033 / 986-988 (run 267), at depth 0 unchanged;
+/// Llama-7B (the plain kernel, one head a workgroup, splits of 64 positions) at depth 512 (9-10
+/// splits) 365.4-365.5 -> 370.4-370.5 (run 268), but at 1,024 (17-18) 348.1 -> 346.0-346.2
+/// (run 268), 2,048 / 2,560 / 4,096 (33-34 / 41-42 / 65-66) 327.4-327.6 / 315.0-315.1 /
+/// 286.0-286.2 -> 325.2-325.5 / 309.2-309.5 / 281.4-282.0 (run 267). One layer's attention alone
+/// (`cargo bench --bench kernels -- attention_decode`) says the merge wins at Llama-7B's 4,096
+/// too (34.2 against 35.5 µs), not at TinyLlama's 16,384 on cooperative matrices (64 splits:
+/// 17.9 against 17.5): the bench repeats one layer, the model's steps do not.
+pub const DECODE_MERGE_MOST_SPLITS: u32 = 16;
+pub const DECODE_MERGE_MOST_SPLITS_COOP: u32 = 48;
+
+/// `DECODE_MERGE_MOST_SPLITS` (`_COOP`), or `KILN_DECODE_MERGE_SPLITS` where set (both).
+pub fn decode_merge_most_splits(coop: bool) -> u32 {
+    crate::config::decode_merge_splits_from_env().unwrap_or(if coop {
+        DECODE_MERGE_MOST_SPLITS_COOP
+    } else {
+        DECODE_MERGE_MOST_SPLITS
+    })
 }
 
 /// Contexts up to which decode attention takes one query head per workgroup
@@ -572,7 +603,7 @@ fn launch_columns(
         let splits = kv_len.div_ceil(chunk);
         let params = shape.decode_params(chunk);
         let combine_key = KernelKey::AttnCombine { subgroups: ctx_caps.subgroups, batched: false, q8_out };
-        let merge = shape.decode_merges(ctx_caps);
+        let merge = shape.decode_merges_at(ctx_caps, splits, true);
         return Ok(DecodeLaunch {
             params,
             key: KernelKey::AttnDecodeCoop {
@@ -596,9 +627,10 @@ fn launch_columns(
     }
     let splits = shape.decode_splits(kv_len);
     let params = shape.decode_params(shape.decode_chunk());
-    let merge = !batched && splits > 1 && shape.decode_merges(ctx_caps);
+    let merge = !batched && splits > 1 && shape.decode_merges_at(ctx_caps, splits, false);
     let key = decode_key(ctx_caps, kv, shape, block, DecodeForm { batched, q8_out, merge, wide: false });
-    let grid = [shape.n_head / block, splits, z];
+    // A merging launch's splits of one head block side by side (attention_decode.wgsl).
+    let grid = if merge { [splits, shape.n_head / block, z] } else { [shape.n_head / block, splits, z] };
     let combine = (splits > 1 && !merge).then_some([shape.n_head, 1, z]);
     Ok(DecodeLaunch { params, key, grid, combine, combine_key })
 }
@@ -761,7 +793,7 @@ mod tests {
         // Plain, split: one dispatch; one split: the usual kernel, which writes the output.
         let plain = crate::gpu::Caps { coopmat: false, ..merging };
         let l = decode_launch(&plain, kv, &tinyllama, 600, false).unwrap();
-        assert!(l.merges() && l.combine.is_none() && l.grid[1] == 600u32.div_ceil(tinyllama.decode_chunk()));
+        assert!(l.merges() && l.combine.is_none() && l.grid[0] == 600u32.div_ceil(tinyllama.decode_chunk()));
         let l = decode_launch(&plain, kv, &tinyllama, 100, false).unwrap();
         assert!(!l.merges() && l.combine.is_none());
         assert_eq!(tinyllama.decode_dispatches(&plain, 600, 1), 1);
@@ -774,5 +806,22 @@ mod tests {
         let l = decode_launch(&crate::gpu::Caps { decode_merge: false, ..plain }, kv, &tinyllama, 600, false).unwrap();
         assert!(!l.merges() && l.combine.is_some());
         assert_eq!(tinyllama.decode_dispatches(&crate::gpu::Caps { decode_merge: false, ..plain }, 600, 1), 2);
+        // Past `DECODE_MERGE_MOST_SPLITS` splits (16; `_COOP`, 48), the combine pass:
+        // Llama-7B's heads at 2,048 positions (32 splits of 64), TinyLlama's on cooperative
+        // matrices at 16,384 (64); Llama-7B's at 1,024 (16) and TinyLlama's on cooperative
+        // matrices at 4,097 (33), the merge.
+        let mut llama7b = shape(32, 32, 128);
+        llama7b.n_ctx = 8192;
+        let l = decode_launch(&merging, kv, &llama7b, 2048, true).unwrap();
+        assert!(matches!(l.key, KernelKey::AttnDecode { merge: false, .. }) && l.combine.is_some());
+        assert_eq!(llama7b.decode_dispatches(&merging, 2048, 1), 2);
+        let l = decode_launch(&merging, kv, &llama7b, 1024, true).unwrap();
+        assert!(l.merges() && l.combine.is_none() && l.grid[0] == 1024 / llama7b.decode_chunk());
+        let l = decode_launch(&merging, kv, &tinyllama, 4097, true).unwrap();
+        assert!(l.merges() && l.combine.is_none() && l.grid[0] == 33);
+        let mut long = tinyllama;
+        long.n_ctx = 16384;
+        let l = decode_launch(&merging, kv, &long, 16384, true).unwrap();
+        assert!(matches!(l.key, KernelKey::AttnDecodeCoop { merge: false, .. }) && l.combine.is_some());
     }
 }
