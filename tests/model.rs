@@ -318,6 +318,8 @@ fn int8_gemv_decode_matches_reference() {
         gemv_max_cols: Some(64),
         q8_swiglu: Some(None),
         q8_swiglu_norm: Some(false),
+        // The residual epilogue (its own test below) would take quantize dispatches away too.
+        q8_add_norm: Some(None),
         ..Default::default()
     };
     let ctx = Arc::new(GpuContext::new(&opts_int8).unwrap());
