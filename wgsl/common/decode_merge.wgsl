@@ -13,7 +13,7 @@
 // Layout of the partials: per head and split a row of RV = head_dim / 4 + 1 vec4s, the split's
 // unnormalized output then (max of its scores (natural log), sum of exp(score - max), 0, 0).
 // The merge reads them as vec4s, up to 8 invocations sharing an output's splits, each with
-// eight splits' loads in flight at a time: one 16-row tile of 8 heads over 32 splits is 64 KiB,
+// sixteen splits' loads in flight at a time: one 16-row tile of 8 heads over 32 splits is 64 KiB,
 // a few round trips of the L2 cache.
 // The includer declares `dst` (binding 4: the output [n_head * head_dim] f32) and, with
 // Q8_OUT, `xq_out` (binding 6: int8 blocks of 32 values, common/q8_block.wgsl's layout,
@@ -88,6 +88,30 @@ fn merge_groups(n4: u32, sg: u32) -> u32 {
     return g;
 }
 
+// Splits s, s + step, ... s + 7 step of output vector c of head h added to a (their loads
+// first, then one rescale).
+fn merge_eight(a: MergeAcc, h: u32, s: u32, step: u32, c: u32, n_splits: u32, hd: u32) -> MergeAcc {
+    let l0 = merge_load(h, s, c, n_splits, hd);
+    let l1 = merge_load(h, s + step, c, n_splits, hd);
+    let l2 = merge_load(h, s + 2u * step, c, n_splits, hd);
+    let l3 = merge_load(h, s + 3u * step, c, n_splits, hd);
+    let l4 = merge_load(h, s + 4u * step, c, n_splits, hd);
+    let l5 = merge_load(h, s + 5u * step, c, n_splits, hd);
+    let l6 = merge_load(h, s + 6u * step, c, n_splits, hd);
+    let l7 = merge_load(h, s + 7u * step, c, n_splits, hd);
+    let m8 = max(max(max(l0.s.x, l1.s.x), max(l2.s.x, l3.s.x)), max(max(l4.s.x, l5.s.x), max(l6.s.x, l7.s.x)));
+    let m = max(a.m, m8);
+    var r = merge_rescale(a, m);
+    r = merge_add(r, l0, m);
+    r = merge_add(r, l1, m);
+    r = merge_add(r, l2, m);
+    r = merge_add(r, l3, m);
+    r = merge_add(r, l4, m);
+    r = merge_add(r, l5, m);
+    r = merge_add(r, l6, m);
+    return merge_add(r, l7, m);
+}
+
 // Partial merges of two invocations `off` apart in the subgroup combined (uniform control flow).
 fn merge_meet(a: MergeAcc, off: u32) -> MergeAcc {
     let m = max(a.m, subgroupShuffleXor(a.m, off));
@@ -118,26 +142,12 @@ fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32)
         var a = MergeAcc(-3.4028235e38, vec4<f32>(0.0), 0.0);
         var s = k;
         let step = groups;
+        // Sixteen splits' loads in flight, then eight, then one at a time.
+        for (; s + 15u * step < n_used; s += 16u * step) {
+            a = merge_eight(merge_eight(a, h, s, step, c, n_splits, hd), h, s + 8u * step, step, c, n_splits, hd);
+        }
         for (; s + 7u * step < n_used; s += 8u * step) {
-            let l0 = merge_load(h, s, c, n_splits, hd);
-            let l1 = merge_load(h, s + step, c, n_splits, hd);
-            let l2 = merge_load(h, s + 2u * step, c, n_splits, hd);
-            let l3 = merge_load(h, s + 3u * step, c, n_splits, hd);
-            let l4 = merge_load(h, s + 4u * step, c, n_splits, hd);
-            let l5 = merge_load(h, s + 5u * step, c, n_splits, hd);
-            let l6 = merge_load(h, s + 6u * step, c, n_splits, hd);
-            let l7 = merge_load(h, s + 7u * step, c, n_splits, hd);
-            let m4 = max(max(max(l0.s.x, l1.s.x), max(l2.s.x, l3.s.x)), max(max(l4.s.x, l5.s.x), max(l6.s.x, l7.s.x)));
-            let m = max(a.m, m4);
-            a = merge_rescale(a, m);
-            a = merge_add(a, l0, m);
-            a = merge_add(a, l1, m);
-            a = merge_add(a, l2, m);
-            a = merge_add(a, l3, m);
-            a = merge_add(a, l4, m);
-            a = merge_add(a, l5, m);
-            a = merge_add(a, l6, m);
-            a = merge_add(a, l7, m);
+            a = merge_eight(a, h, s, step, c, n_splits, hd);
         }
         for (; s < n_used; s += step) {
             let l = merge_load(h, s, c, n_splits, hd);
