@@ -390,6 +390,14 @@ fn switch(name: &str) -> Option<bool> {
     }
 }
 
+/// `KILN_COOP_LOAD_AHEAD=0|1`: whether the cooperative GEMM's loaders hold the next K step's
+/// loads across the barrier, for every weight format (`plan::coop_loads_ahead`; a knob for
+/// measurements).
+pub fn coop_load_ahead_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_COOP_LOAD_AHEAD"))
+}
+
 /// `KILN_ATTN_Q8_OUT=0|1`: whether one-token decode attention writes the output projection's
 /// int8 input (`plan::attn_q8_out`; a knob for measurements).
 pub fn attn_q8_out_from_env() -> Option<bool> {

@@ -460,6 +460,17 @@ pub const COOP_FILL_TILES: u64 = 128;
 /// 512x5632x2048 72 / 50 / 94, 512x2048x11264 53 / 82 / 83, Llama-7B's 512x4096x4096 59 / 93 /
 /// 93; at 128 tokens 64x64 tiles split four ways win (128x2048x2048: 39 against 30, the
 /// 128x64 tiles in between everywhere).
+/// Whether the cooperative GEMM's loaders keep the next K step's loads in registers across
+/// the step's barrier (gemm_coop.wgsl's LOAD_AHEAD) instead of loading and storing a step in
+/// one go: for Q4_K and Q5_K, whose loaders spend longest decoding. H200, F16 / Q8_0 / Q4_K /
+/// Q5_K / Q6_K, TFLOP/s at 4096^3 without -> with (run 274,
+/// profiling/results/h200-coop-load-ahead-2026-11-27-run274-*): 124.2 -> 124.2, 128.4 -> 110.4,
+/// 101.0 -> 104.5, 83.3 -> 85.5, 104.9 -> 97.3; at 512x2048x5632 Q4_K 65.1 -> 69.0, Q5_K
+/// 54.3 -> 56.2. `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format.
+pub fn coop_loads_ahead(format: WeightFormat) -> bool {
+    crate::config::coop_load_ahead_from_env().unwrap_or(matches!(format, WeightFormat::Q4K | WeightFormat::Q5K))
+}
+
 pub const COOP_WIDE_MIN_M: u32 = 256;
 pub const COOP_WIDE_MIN_N: u32 = 512;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;

@@ -8,6 +8,10 @@
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
+// LOAD_AHEAD (plan::coop_loads_ahead: Q4_K and Q5_K): the loaders issue the step after
+// next's loads right after storing the next step and hold them in registers across the
+// barrier, so that their decode-heavy steps overlap the loads; formats whose loaders mostly
+// move bytes lost with it (Q8_0 -14%, Q6_K -7% at 4096^3, H200 run 274).
 // The X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W tile (F16 as it
 // is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
 // common/coop_w_decode.wgsl) are stored k-contiguous: X row-major (A, loaded with coopLoadT), W
@@ -23,8 +27,8 @@
 // Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
 // workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG (multiplying
-// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2). FM 1 (16-row tiles) is
-// for a few columns: batched decode steps, short prompts.
+// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0 or 1).
+// FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
 
@@ -227,15 +231,24 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // Tiles inside X and W whose K steps are all whole take the loads without clamps or masks.
     let full = m0 + BM <= p.n_cols && n0 + BN <= p.n_rows && (ks.y - k_begin) % BK == 0u;
     var b: Bases;
+    // LOAD_AHEAD: the next step's loads, held in registers across the barrier.
+    var ahead: Staged;
     if (loader) {
         b = bases(plid, m0, n0);
         stash(plid, fetch(plid, m0, n0, k_begin, full, b), 0u, full);
+        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch(plid, m0, n0, k_begin + BK, full, b); }
     }
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
         if (loader) {
-            if (step + 1u < steps) { stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full); }
+            if (LOAD_AHEAD == 0u && step + 1u < steps) {
+                stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full);
+            }
+            if (LOAD_AHEAD == 1u && step + 1u < steps) {
+                stash(plid, ahead, 1u - cur, full);
+                if (step + 2u < steps) { ahead = fetch(plid, m0, n0, k_begin + (step + 2u) * BK, full, b); }
+            }
         } else {
             multiply(cur, sm, sn);
         }
