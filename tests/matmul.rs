@@ -84,13 +84,17 @@ fn gemv_every_format() {
                 // workgroup, the last of 37 ragged.
                 (1, GemvShape::grouped(64, 2, 4)),
             ] {
-                let k = k_for(format, 3, 171);
-                let n = 37;
-                let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_GROUP_COLS), shape, q8: false };
-                let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
-                let grouped = shape.groups > 1;
-                let (bias, accumulate) = (m == 3 || grouped, m >= 8 || grouped);
-                assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, bias, accumulate, None));
+                // Float rows of 171 weights take the loop with bounds checks, rows of 176 (k % 8
+                // == 0, as every model's) the one without; block formats whole blocks.
+                let ks = [k_for(format, 3, 171), k_for(format, 3, 176)];
+                for k in if ks[0] == ks[1] { &ks[..1] } else { &ks[..] } {
+                    let (n, k) = (37, *k);
+                    let kernel = MatmulKernel::Gemv { ncols: m.min(GEMV_GROUP_COLS), shape, q8: false };
+                    let what = format!("[{}] gemv {} n={n} k={k} m={m}", g.name, format.name());
+                    let grouped = shape.groups > 1;
+                    let (bias, accumulate) = (m == 3 || grouped, m >= 8 || grouped);
+                    assert_exact(&what, run_matmul(&g.ctx, format, n, k, m as usize, kernel, bias, accumulate, None));
+                }
             }
         }
     }
@@ -253,8 +257,15 @@ fn gemv(m: usize, q8: bool) -> MatmulKernel {
 #[test]
 fn gemv_with_fused_rms_norm() {
     for g in gpus() {
-        for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q4K, WeightFormat::Q6K] {
-            let (n, k) = (45usize, k_for(format, 2, 96));
+        // Float rows of 96 weights (k % 8 == 0) and, for F16, 92: both one-column loops.
+        for (format, ragged) in [
+            (WeightFormat::F32, 96),
+            (WeightFormat::F16, 92),
+            (WeightFormat::Q8_0, 0),
+            (WeightFormat::Q4K, 0),
+            (WeightFormat::Q6K, 0),
+        ] {
+            let (n, k) = (45usize, k_for(format, 2, ragged));
             // m = 1 also on row groups (4 of 32 invocations, 4 rows each), as decode runs it.
             let grouped = MatmulKernel::Gemv { ncols: 1, shape: GemvShape::grouped(128, 4, 4), q8: false };
             for (m, kernel) in [(1usize, gemv(1, false)), (3, gemv(3, false)), (10, gemv(10, false)), (1, grouped)] {
@@ -272,8 +283,11 @@ fn gemv_with_fused_rms_norm() {
 #[test]
 fn gemv_with_fused_swiglu() {
     for g in gpus() {
-        for format in [WeightFormat::F32, WeightFormat::Q4K, WeightFormat::Q6K] {
-            let (n, k) = (33usize, k_for(format, 2, 100));
+        // F16 rows of 104 weights: the one-column loop without bounds checks (k % 8 == 0).
+        for (format, ragged) in
+            [(WeightFormat::F32, 100), (WeightFormat::F16, 104), (WeightFormat::Q4K, 0), (WeightFormat::Q6K, 0)]
+        {
+            let (n, k) = (33usize, k_for(format, 2, ragged));
             for m in [1usize, 2] {
                 let c = case(format, n, k, m, 91);
                 let input = Input::Glu { up: randn(&mut rng(8), m * k, 1.0) };

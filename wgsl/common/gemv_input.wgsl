@@ -45,6 +45,21 @@ fn input_of(v: vec4<f32>, row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec
     return v * norm_scale(c, part, inv_rms);
 }
 
+// load_x and input_of for a chunk inside a row of k % 8 == 0 (the float GEMV's aligned loop):
+// the loads alone, with no bounds checks to put a branch in front of them.
+fn load_x_inside(row_base: u32, c: u32, part: u32) -> vec4<f32> {
+    return x[row_base + 2u * c + part];
+}
+
+fn input_inside(v: vec4<f32>, row_base: u32, c: u32, part: u32) -> vec4<f32> {
+    if (GLU) {
+        let up = norm_w[row_base + 2u * c + part];
+        return v / (vec4<f32>(1.0) + exp(-v)) * up;
+    }
+    if (NORM) { return v * norm_w[2u * c + part]; }
+    return v;
+}
+
 // 1 / rms of each x row (columns col0 .. col0 + NCOLS - 1) for the fused RMSNorm (k % 4 == 0 there); 1 without NORM.
 // Uniform control flow: it has barriers.
 fn row_inv_rms(lane: Lane) -> array<f32, NCOLS> {

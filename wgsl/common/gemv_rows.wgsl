@@ -36,6 +36,33 @@ fn x_unit(xr: u32, u: u32) -> XUnit {
     return x;
 }
 
+// x_chunk and x_unit for rows of k % 8 == 0, every chunk inside the row: no bounds checks.
+fn x_chunk_inside(xr: u32, c: u32) -> XChunk {
+    let a = load_x_inside(xr, c, 0u);
+    let b = load_x_inside(xr, c, 1u);
+    var x = XChunk(input_inside(a, xr, c, 0u), input_inside(b, xr, c, 1u), 0.0, 0.0);
+    x.sum = dot(x.lo + x.hi, vec4<f32>(1.0));
+    if (NORM) { x.ss = dot(a, a) + dot(b, b); }
+    return x;
+}
+
+fn x_unit_inside(xr: u32, u: u32) -> XUnit {
+    var x: XUnit;
+    x.c0 = x_chunk_inside(xr, unit_chunk(u, 0u));
+    if (UNIT_CHUNKS == 2u) { x.c1 = x_chunk_inside(xr, unit_chunk(u, 1u)); }
+    return x;
+}
+
+// unit_dot for rows of k % 8 == 0: float weights (one chunk a unit, scale 1, offset 0) from
+// one load with no branch in front of it; block formats as unit_dot.
+fn unit_dot_inside(row: u32, u: u32, x: XUnit) -> f32 {
+    if (BLOCK_ELEMS == 1u) {
+        let ch = unpack8(fetch8_inside(row, u, p.k));
+        return dot(ch.lo, x.c0.lo) + dot(ch.hi, x.c0.hi);
+    }
+    return unit_dot(row, u, x);
+}
+
 // Row `row`'s products with unit u: its header unpacked once for its one or two chunks.
 fn unit_dot(row: u32, u: u32, x: XUnit) -> f32 {
     let h = unit_header(row, u, p.k);
@@ -71,13 +98,24 @@ fn gemv_rows(row0: u32, last_row: u32, out0: u32, lane: Lane) {
         // group g's lanes stride over its rows' units.
         let grow0 = row0 + (lane.lid / K_LANES) * ROWS;
         let xr = min(col0, p.n_cols - 1u) * (p.x_stride / 4u);
-        for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
-            let xu = x_unit(xr, u);
-            ss += xu.c0.ss + xu.c1.ss;
-            for (var r = 0u; r < ROWS; r++) {
-                // Rows past the weights' end (in their last workgroup) read the last row again,
-                // so that no load waits behind a branch; their sums are never stored.
-                acc[r] += unit_dot(min(grow0 + r, last_row), u, xu);
+        // Rows whose chunks all lie inside them (k % 8 == 0: every model's) take the loop
+        // without bounds checks, so that no load waits behind a branch; rows past the weights'
+        // end (in their last workgroup) read the last row again, their sums never stored.
+        if (p.k % 8u == 0u) {
+            for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
+                let xu = x_unit_inside(xr, u);
+                ss += xu.c0.ss + xu.c1.ss;
+                for (var r = 0u; r < ROWS; r++) {
+                    acc[r] += unit_dot_inside(min(grow0 + r, last_row), u, xu);
+                }
+            }
+        } else {
+            for (var u = lane.lid % K_LANES; u < n_units; u += K_LANES) {
+                let xu = x_unit(xr, u);
+                ss += xu.c0.ss + xu.c1.ss;
+                for (var r = 0u; r < ROWS; r++) {
+                    acc[r] += unit_dot(min(grow0 + r, last_row), u, xu);
+                }
             }
         }
     } else {

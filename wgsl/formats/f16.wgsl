@@ -7,6 +7,10 @@ struct Raw8 { w: vec4<u32> }
 
 fn fetch8(row: u32, c: u32, k: u32) -> Raw8 { return Raw8(halves8(row, c, k)); }
 
+// fetch8 of a chunk inside a row of k % 8 == 0 weights (the float GEMV's aligned loop): one
+// vector load, without the alignment and bounds branches in front of it.
+fn fetch8_inside(row: u32, c: u32, k: u32) -> Raw8 { return Raw8(w128((row * k) / 8u + c)); }
+
 // Converted by the hardware (exact: every half, subnormals included, is an f32; the tests
 // hold it to ggml's bits).
 fn unpack8(r: Raw8) -> Chunk8 {

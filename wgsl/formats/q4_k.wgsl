@@ -48,6 +48,10 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     return Raw8(w32(qw), w32(qw + 1u), w32(b), w32(b + 1u), w32(b + 2u), w32(b + 3u), 2u * grp + (cb / 4u) % 2u);
 }
 
+// Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop
+// calls it by this name for every format).
+fn fetch8_inside(row: u32, c: u32, k: u32) -> Raw8 { return fetch8(row, c, k); }
+
 fn unpack8(r: Raw8) -> Chunk8 {
     let so = kquant_sub_scale(r.dm, r.s0, r.s1, r.s2, r.sub);
     if ((r.sub & 1u) == 0u) {

@@ -56,6 +56,10 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     );
 }
 
+// Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop
+// calls it by this name for every format).
+fn fetch8_inside(row: u32, c: u32, k: u32) -> Raw8 { return fetch8(row, c, k); }
+
 fn unpack8(r: Raw8) -> Chunk8 {
     let so = kquant_sub_scale(r.dm, r.s0, r.s1, r.s2, r.sub);
     let hs = vec4<u32>(r.sub, r.sub + 8u, r.sub + 16u, r.sub + 24u);

@@ -71,6 +71,10 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     return Raw8(w32(qlw), w32(qlw + 1u), w32(qhw), w32(qhw + 1u), w32(b + 48u + si / 4u), w32(b + 52u), 4u * (q / 2u), 2u * q, si % 4u);
 }
 
+// Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop
+// calls it by this name for every format).
+fn fetch8_inside(row: u32, c: u32, k: u32) -> Raw8 { return fetch8(row, c, k); }
+
 fn unpack8(r: Raw8) -> Chunk8 {
     let sh = vec4<u32>(r.nib, r.nib + 8u, r.nib + 16u, r.nib + 24u);
     let hsh = vec4<u32>(r.hs, r.hs + 8u, r.hs + 16u, r.hs + 24u);

@@ -29,6 +29,10 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     return Raw8(w32(qw), w32(qw + 1u), w32(b + 8u));
 }
 
+// Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop
+// calls it by this name for every format).
+fn fetch8_inside(row: u32, c: u32, k: u32) -> Raw8 { return fetch8(row, c, k); }
+
 fn unpack8(r: Raw8) -> Chunk8 { return Chunk8(i8x4(r.q0), i8x4(r.q1), unpack2x16float(r.d).x, 0.0); }
 
 fn decode8(row: u32, c: u32, k: u32) -> Chunk8 { return unpack8(fetch8(row, c, k)); }
