@@ -453,13 +453,6 @@ pub fn gemv_q8_min_cols() -> u32 {
 /// Below four 128x64 tiles per SM instead, Llama-7B's 4096-wide matrices went to 64x64 tiles
 /// and its pp512 fell from 3,376 to 2,710 (run 21).
 pub const COOP_FILL_TILES: u64 = 128;
-/// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K where they are
-/// fewer than COOP_FILL_TILES, `gemm_splits`), and outputs from which (fewer go to 64x64 tiles). H200 sweep
-/// at Q4_K, TFLOP/s for 64x64 / 128x128 / 128x128 split in two (run 54,
-/// profiling/results/h200-coop-gemm-2026-11-24-run54-*): 512x2048x2048 56 / 41 / 67,
-/// 512x5632x2048 72 / 50 / 94, 512x2048x11264 53 / 82 / 83, Llama-7B's 512x4096x4096 59 / 93 /
-/// 93; at 128 tokens 64x64 tiles split four ways win (128x2048x2048: 39 against 30, the
-/// 128x64 tiles in between everywhere).
 /// Whether the cooperative GEMM's loaders keep the next K step's loads in registers across
 /// the step's barrier (gemm_coop.wgsl's LOAD_AHEAD) instead of loading and storing a step in
 /// one go: for Q4_K and Q5_K, whose loaders spend longest decoding. H200, F16 / Q8_0 / Q4_K /
@@ -471,6 +464,13 @@ pub fn coop_loads_ahead(format: WeightFormat) -> bool {
     crate::config::coop_load_ahead_from_env().unwrap_or(matches!(format, WeightFormat::Q4K | WeightFormat::Q5K))
 }
 
+/// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K where they are
+/// fewer than COOP_FILL_TILES, `gemm_splits`), and outputs from which (fewer go to 64x64 tiles). H200 sweep
+/// at Q4_K, TFLOP/s for 64x64 / 128x128 / 128x128 split in two (run 54,
+/// profiling/results/h200-coop-gemm-2026-11-24-run54-*): 512x2048x2048 56 / 41 / 67,
+/// 512x5632x2048 72 / 50 / 94, 512x2048x11264 53 / 82 / 83, Llama-7B's 512x4096x4096 59 / 93 /
+/// 93; at 128 tokens 64x64 tiles split four ways win (128x2048x2048: 39 against 30, the
+/// 128x64 tiles in between everywhere).
 pub const COOP_WIDE_MIN_M: u32 = 256;
 pub const COOP_WIDE_MIN_N: u32 = 512;
 pub const GEMV_Q8_MIN_WEIGHTS_Q8_0: u64 = 1 << 24;

@@ -242,12 +242,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (var step = 0u; step < steps; step++) {
         let cur = step % 2u;
         if (loader) {
-            if (LOAD_AHEAD == 0u && step + 1u < steps) {
-                stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full);
-            }
-            if (LOAD_AHEAD == 1u && step + 1u < steps) {
+            if (step + 1u < steps && LOAD_AHEAD == 1u) {
                 stash(plid, ahead, 1u - cur, full);
                 if (step + 2u < steps) { ahead = fetch(plid, m0, n0, k_begin + (step + 2u) * BK, full, b); }
+            } else if (step + 1u < steps) {
+                stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full);
             }
         } else {
             multiply(cur, sm, sn);

@@ -39,10 +39,14 @@ fn input_of(v: vec4<f32>, row_base: u32, c: u32, part: u32, inv_rms: f32) -> vec
     if (GLU) {
         let k0 = c * 8u + part * 4u;
         if (k0 >= p.k) { return vec4<f32>(0.0); }
-        let up = norm_w[row_base + 2u * c + part];
-        return v / (vec4<f32>(1.0) + exp(-v)) * up;
+        return silu_times(v, norm_w[row_base + 2u * c + part]);
     }
     return v * norm_scale(c, part, inv_rms);
+}
+
+// SwiGLU's silu(gate) * up.
+fn silu_times(gate: vec4<f32>, up: vec4<f32>) -> vec4<f32> {
+    return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
 }
 
 // load_x and input_of for a chunk inside a row of k % 8 == 0 (the float GEMV's aligned loop):
@@ -52,10 +56,7 @@ fn load_x_inside(row_base: u32, c: u32, part: u32) -> vec4<f32> {
 }
 
 fn input_inside(v: vec4<f32>, row_base: u32, c: u32, part: u32) -> vec4<f32> {
-    if (GLU) {
-        let up = norm_w[row_base + 2u * c + part];
-        return v / (vec4<f32>(1.0) + exp(-v)) * up;
-    }
+    if (GLU) { return silu_times(v, norm_w[row_base + 2u * c + part]); }
     if (NORM) { return v * norm_w[2u * c + part]; }
     return v;
 }

@@ -17,8 +17,12 @@ struct XChunk {
 fn x_chunk(xr: u32, c: u32) -> XChunk {
     let a = load_x(xr, c, 0u);
     let b = load_x(xr, c, 1u);
-    var x = XChunk(input_of(a, xr, c, 0u, 1.0), input_of(b, xr, c, 1u, 1.0), 0.0, 0.0);
-    x.sum = dot(x.lo + x.hi, vec4<f32>(1.0));
+    return x_chunk_of(a, b, input_of(a, xr, c, 0u, 1.0), input_of(b, xr, c, 1u, 1.0));
+}
+
+// The chunk from x's raw values a, b and the products' inputs lo, hi made of them.
+fn x_chunk_of(a: vec4<f32>, b: vec4<f32>, lo: vec4<f32>, hi: vec4<f32>) -> XChunk {
+    var x = XChunk(lo, hi, dot(lo + hi, vec4<f32>(1.0)), 0.0);
     if (NORM) { x.ss = dot(a, a) + dot(b, b); }
     return x;
 }
@@ -40,10 +44,7 @@ fn x_unit(xr: u32, u: u32) -> XUnit {
 fn x_chunk_inside(xr: u32, c: u32) -> XChunk {
     let a = load_x_inside(xr, c, 0u);
     let b = load_x_inside(xr, c, 1u);
-    var x = XChunk(input_inside(a, xr, c, 0u), input_inside(b, xr, c, 1u), 0.0, 0.0);
-    x.sum = dot(x.lo + x.hi, vec4<f32>(1.0));
-    if (NORM) { x.ss = dot(a, a) + dot(b, b); }
-    return x;
+    return x_chunk_of(a, b, input_inside(a, xr, c, 0u), input_inside(b, xr, c, 1u));
 }
 
 fn x_unit_inside(xr: u32, u: u32) -> XUnit {
