@@ -11,12 +11,15 @@ fn prepare_x(lane: Lane) {
     for (var base = 0u; base < p.k / 4u; base += WG) {
         let i = base + lane.sg_id * sg_size + lane.sg_lane;
         let inside = i < p.k / 4u;
-        var v = vec4<f32>(0.0);
-        if (inside) { v = load_x(xr, i / 2u, i % 2u); }
+        // The loads from a clamped index (k % 4 == 0 here), what lies past x zeroed after:
+        // no load behind a branch.
+        let ic = min(i, p.k / 4u - 1u);
+        let raw = load_x_inside(xr, ic / 2u, ic % 2u);
+        let v = select(vec4<f32>(0.0), raw, inside);
         ss += dot(v, v);
         let blk = i / 8u;
         let j = i % 8u;
-        let b = q8_lanes8(input_of(v, xr, i / 2u, i % 2u, 1.0), j);
+        let b = q8_lanes8(select(vec4<f32>(0.0), input_inside(raw, xr, ic / 2u, ic % 2u), inside), j);
         if (inside) {
             xq[3u * blk + j / 4u][j % 4u] = b.q;
             if (j == 0u) { xq[3u * blk + 2u] = bitcast<vec4<u32>>(b.sums); }
