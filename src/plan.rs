@@ -459,7 +459,8 @@ pub const COOP_FILL_TILES: u64 = 128;
 /// Q5_K / Q6_K, TFLOP/s at 4096^3 without -> with (run 274,
 /// profiling/results/h200-coop-load-ahead-2026-11-27-run274-*): 124.2 -> 124.2, 128.4 -> 110.4,
 /// 101.0 -> 104.5, 83.3 -> 85.5, 104.9 -> 97.3; at 512x2048x5632 Q4_K 65.1 -> 69.0, Q5_K
-/// 54.3 -> 56.2. `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format.
+/// 54.3 -> 56.2. With the K-quants' blocks loaded as vectors (run 282) still: Q4_K 115.1 ->
+/// 125.4, Q5_K 102.8 -> 111.5. `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format.
 pub fn coop_loads_ahead(format: WeightFormat) -> bool {
     crate::config::coop_load_ahead_from_env().unwrap_or(matches!(format, WeightFormat::Q4K | WeightFormat::Q5K))
 }

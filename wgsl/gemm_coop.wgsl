@@ -147,11 +147,11 @@ fn put8(t: u32, h: Half8, which: u32) {
 
 fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
     if (full) {
-        if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), s.x0.h, 0u); }
-        if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), s.x1.h, 0u); }
+        if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), x_halves_full(s.x0), 0u); }
+        if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), x_halves_full(s.x1), 0u); }
         if (X_PER == 4u) {
-            put8(slot(lid, 2u, buf, BM), s.x2.h, 0u);
-            put8(slot(lid, 3u, buf, BM), s.x3.h, 0u);
+            put8(slot(lid, 2u, buf, BM), x_halves_full(s.x2), 0u);
+            put8(slot(lid, 3u, buf, BM), x_halves_full(s.x3), 0u);
         }
         put8(slot(lid, 0u, buf, BN), halves_w_full(s.w0), 1u);
         put8(slot(lid, 1u, buf, BN), halves_w_full(s.w1), 1u);

@@ -686,8 +686,12 @@ impl KernelKey {
                         .include("common/quant_words.wgsl")
                         .include(format_file(format))
                         // Float weights are streamed as whole 16-byte vectors; block formats
-                        // read scattered words.
-                        .include(if format.is_quantized() {
+                        // read scattered words, but in the cooperative GEMM the K-quants' 16-byte
+                        // aligned blocks are bound as vectors too, their headers and quant pairs
+                        // a load each (the format files' fetch8). H200, run 282, TFLOP/s at
+                        // 4096^3 words -> vectors: Q4_K 94.7 -> 125.4, Q5_K 81.9 -> 111.5, Q6_K
+                        // 101.3 -> 109.5; Q8_0, whose 36-byte blocks straddle vectors, 128.7 -> 123.9.
+                        .include(if format.is_quantized() && !(coop && format != WeightFormat::Q8_0) {
                             "common/weights_words.wgsl"
                         } else {
                             "common/weights_vec4.wgsl"

@@ -1,13 +1,18 @@
 // The cooperative GEMM's X in f16 (rows of x_stride halves, x_stride % 8 == 0): eight halves
-// in one 16-byte load, stored to workgroup memory as they are. (Rounding f32 X to f16 inside
-// the GEMM costs a conversion per value per tile of N, and conversions run at a fraction of
-// the rate of everything else.) Half8: common/half8.wgsl.
+// in one 16-byte load. (Rounding f32 X to f16 inside the GEMM costs a conversion per value per
+// tile of N, and conversions run at a fraction of the rate of everything else.)
+// X is bound as 16-byte vectors of words, not as Half8 (common/half8.wgsl): NVIDIA's compiler
+// loads a Half8, two 8-byte-aligned vec4<f16>, in two 8-byte loads, and the loads set the GEMM's
+// pace. naga rejects bitcasts from u32 to f16 vectors (gfx-rs/wgpu#4403), so each word's two
+// halves go through f32 as they are stored (exact). H200, run 281, TFLOP/s Half8 -> words:
+// 4096^3 F16 124.2 -> 137.6, Q4_K 104.3 -> 106.8; 512x4096x11008 F16 105.3 -> 116.2 (the same
+// for F16 W cost more in conversions than it saved: 4096^3 135.0 -> 132.6, run 280).
 
-@group(0) @binding(2) var<storage, read> x: array<Half8>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<u32>>;
 
 // X[gm, gk .. gk + 7] (gk % 8 == 0) as loaded, and how many of the eight lie inside X.
 struct XStage {
-    h: Half8,
+    v: vec4<u32>,
     n: u32,
 }
 
@@ -32,8 +37,17 @@ fn load_x8_at(base: u32, c: u32) -> XStage {
     return XStage(x[base + c], 8u);
 }
 
+// The eight halves of a chunk inside X.
+fn x_halves_full(s: XStage) -> Half8 {
+    let lo = vec4<f32>(unpack2x16float(s.v.x), unpack2x16float(s.v.y));
+    let hi = vec4<f32>(unpack2x16float(s.v.z), unpack2x16float(s.v.w));
+    return Half8(vec4<f16>(lo), vec4<f16>(hi));
+}
+
+// Those of any chunk, what lies outside X zeroed.
 fn x_halves(s: XStage) -> Half8 {
+    let h = x_halves_full(s);
     let i = vec4<u32>(0u, 1u, 2u, 3u);
     let n = vec4<u32>(s.n);
-    return Half8(select(vec4<f16>(0.0), s.h.lo, i < n), select(vec4<f16>(0.0), s.h.hi, i + vec4<u32>(4u) < n));
+    return Half8(select(vec4<f16>(0.0), h.lo, i < n), select(vec4<f16>(0.0), h.hi, i + vec4<u32>(4u) < n));
 }

@@ -5,5 +5,11 @@
 
 fn w32(i: u32) -> u32 { return wq[i >> 2u][i & 3u]; }
 
+// Words i and i + 1 (i even): one load of their vector, not two.
+fn w64(i: u32) -> vec2<u32> {
+    let v = wq[i >> 2u];
+    return select(v.xy, v.zw, (i & 2u) != 0u);
+}
+
 // Words 4i .. 4i + 3.
 fn w128(i: u32) -> vec4<u32> { return wq[i]; }

@@ -45,7 +45,11 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     let cb = c % 32u;
     let grp = cb / 8u;
     let qw = b + 4u + grp * 8u + 2u * (cb % 4u);
-    return Raw8(w32(qw), w32(qw + 1u), w32(b), w32(b + 1u), w32(b + 2u), w32(b + 3u), 2u * grp + (cb / 4u) % 2u);
+    // Whole vectors where the weights are bound as vec4s (blocks are 16-byte aligned): the
+    // header in one load, the quant pair in one.
+    let q = w64(qw);
+    let hd = w128(b / 4u);
+    return Raw8(q.x, q.y, hd.x, hd.y, hd.z, hd.w, 2u * grp + (cb / 4u) % 2u);
 }
 
 // Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop

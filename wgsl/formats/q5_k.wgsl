@@ -49,11 +49,11 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     let pair = cb % 4u;
     let qw = b + 12u + grp * 8u + 2u * pair;
     let qhw = b + 4u + 2u * pair;
-    return Raw8(
-        w32(qw), w32(qw + 1u), w32(qhw), w32(qhw + 1u),
-        w32(b), w32(b + 1u), w32(b + 2u), w32(b + 3u),
-        2u * grp + (cb / 4u) % 2u,
-    );
+    // Whole vectors where the weights are bound as vec4s (as Q4_K's).
+    let q = w64(qw);
+    let qh = w64(qhw);
+    let hd = w128(b / 4u);
+    return Raw8(q.x, q.y, qh.x, qh.y, hd.x, hd.y, hd.z, hd.w, 2u * grp + (cb / 4u) % 2u);
 }
 
 // Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop

@@ -68,7 +68,9 @@ fn fetch8(row: u32, c: u32, k: u32) -> Raw8 {
     let qlw = b + (64u * n + 32u * (q % 2u) + l0) / 4u;
     let qhw = b + 32u + (32u * n + l0) / 4u;
     let si = 8u * n + 2u * q + l0 / 16u;
-    return Raw8(w32(qlw), w32(qlw + 1u), w32(qhw), w32(qhw + 1u), w32(b + 48u + si / 4u), w32(b + 52u), 4u * (q / 2u), 2u * q, si % 4u);
+    let l = w64(qlw);
+    let h = w64(qhw);
+    return Raw8(l.x, l.y, h.x, h.y, w32(b + 48u + si / 4u), w32(b + 52u), 4u * (q / 2u), 2u * q, si % 4u);
 }
 
 // Whole blocks never straddle a row's end: fetch8 itself (the float GEMV's aligned loop
