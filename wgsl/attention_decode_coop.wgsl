@@ -41,8 +41,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<f16>;
-@group(0) @binding(3) var<storage, read> v_cache: array<f16>;
+// Bindings 2 and 3, the K and V caches: declared by the tile file, as it reads them.
 // The partials [n_head, n_splits, head_dim + 2]: each split's unnormalized output, then its
 // max (natural log) and sum; with MERGE the output [n_head * head_dim] (the partials in
 // common/decode_merge.wgsl's).

@@ -4,6 +4,9 @@
 // before Q has arrived). For 128-dimension heads, and 64-key tiles, whose workgroup memory
 // would not hold the staged tiles (common/decode_coop_staged.wgsl).
 
+@group(0) @binding(2) var<storage, read> k_cache: array<f16>;
+@group(0) @binding(3) var<storage, read> v_cache: array<f16>;
+
 // The subgroup's fragments, each named (arrays of cooperative matrices may live in slow
 // memory): K's kDC (16 dimensions D, 16 keys C), V's vCD; the output's (oD) are in
 // common/coop_out.wgsl.

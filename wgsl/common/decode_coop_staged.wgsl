@@ -1,5 +1,5 @@
 // Decode attention on cooperative matrices (attention_decode_coop.wgsl): a subgroup's tile
-// (64-dimension heads, tiles of 16 or 32 keys) loaded as 8-byte vectors, K's and V's all in
+// (64-dimension heads, tiles of 16 or 32 keys) loaded as 16-byte vectors (below), K's and V's all in
 // flight together into registers before Q has arrived, then through the subgroup's own slice of
 // workgroup memory (K, then V in its place) into fragments. Against fragments straight from the
 // cache (common/decode_coop_direct.wgsl) on an H200 (runs 205-206): the split kernel at 1,024 /
@@ -7,33 +7,39 @@
 // 939-944 / 908-912 -> 950-954 / 913-917 tok/s. (Both paths in one shader, the other's calls
 // dead behind a constant, returned NaN from the direct one on the H200: a file each.)
 
-const LDV: u32 = (D + 8u) / 4u;               // vec4s a staged row (bank padding)
-const PER_LANE: u32 = BK * D / 4u / 32u;      // vectors of a tile each lane loads
-var<workgroup> kvs: array<vec4<f16>, NSG * BK * LDV>;
-var<private> kx: array<vec4<f16>, PER_LANE>;
-var<private> vx: array<vec4<f16>, PER_LANE>;
+// The cache as 16-byte vectors of words, eight halves a load: read as f16 (four 2-byte loads
+// a vec4, which NVIDIA's compiler does not merge: it cannot know their alignment) it took
+// a load instruction per 2 bytes. naga rejects bitcasts from u32 to f16 vectors
+// (gfx-rs/wgpu#4403), so each word's halves go through f32 as they are stored (exact). Rows
+// start at multiples of 8 halves (D and the cache's row stride are).
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
 
-// This lane's share of the tile (rows of D / 4 vectors) whose first key's first dimension is
+const LDV: u32 = (D + 8u) / 4u;               // vec4s a staged row (bank padding)
+const PER_LANE: u32 = BK * D / 8u / 32u;      // 8-half chunks of a tile each lane loads
+var<workgroup> kvs: array<vec4<f16>, NSG * BK * LDV>;
+var<private> kx: array<vec4<u32>, PER_LANE>;
+var<private> vx: array<vec4<u32>, PER_LANE>;
+
+// This lane's share of the tile (rows of D / 8 chunks) whose first key's first dimension is
 // element r of a cache.
-fn fetch(lane: u32, r: u32, which_v: bool) -> array<vec4<f16>, PER_LANE> {
-    var x: array<vec4<f16>, PER_LANE>;
+fn fetch(lane: u32, r: u32, which_v: bool) -> array<vec4<u32>, PER_LANE> {
+    var x: array<vec4<u32>, PER_LANE>;
     for (var i = 0u; i < PER_LANE; i++) {
         let e = lane + 32u * i;
-        let at = r + (e / (D / 4u)) * p.kv_stride + 4u * (e % (D / 4u));
-        if (which_v) {
-            x[i] = vec4<f16>(v_cache[at], v_cache[at + 1u], v_cache[at + 2u], v_cache[at + 3u]);
-        } else {
-            x[i] = vec4<f16>(k_cache[at], k_cache[at + 1u], k_cache[at + 2u], k_cache[at + 3u]);
-        }
+        let at = (r + (e / (D / 8u)) * p.kv_stride) / 8u + e % (D / 8u);
+        if (which_v) { x[i] = v_cache[at]; } else { x[i] = k_cache[at]; }
     }
     return x;
 }
 
 // A share into the subgroup's slice of kvs.
-fn put(lane: u32, sg: u32, x: array<vec4<f16>, PER_LANE>) {
+fn put(lane: u32, sg: u32, x: array<vec4<u32>, PER_LANE>) {
     for (var i = 0u; i < PER_LANE; i++) {
         let e = lane + 32u * i;
-        kvs[sg * BK * LDV + (e / (D / 4u)) * LDV + e % (D / 4u)] = x[i];
+        let at = sg * BK * LDV + (e / (D / 8u)) * LDV + 2u * (e % (D / 8u));
+        kvs[at] = vec4<f16>(vec4<f32>(unpack2x16float(x[i].x), unpack2x16float(x[i].y)));
+        kvs[at + 1u] = vec4<f16>(vec4<f32>(unpack2x16float(x[i].z), unpack2x16float(x[i].w)));
     }
     subgroupBarrier();
 }
