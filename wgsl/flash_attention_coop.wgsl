@@ -48,14 +48,19 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f16>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f16>>;
+// The caches as 16-byte vectors of words, eight halves a load (as f16 vectors they took two
+// 8-byte loads; naga rejects bitcasts from u32 to f16 vectors, gfx-rs/wgpu#4403, so each
+// word's halves go through f32 as they are stored, exactly). Rows start at multiples of 8
+// halves (D and the cache's row stride are).
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 // Split keys: each split's unnormalized output rows ([split][row][D / 4]), then each row's
 // max and sum ([split][row], as (max, sum, 0, 0)), for flash_combine.wgsl.
 @group(0) @binding(6) var<storage, read_write> partial: array<vec4<f32>>;
 
 const LDS: u32 = D + 8u;       // f16 row stride of the Q, K and V tiles (bank padding)
+const LDV: u32 = LDS / 4u;     // the same in vec4s (the tiles' elements)
 // Row strides, in vec4s, of a subgroup's probabilities (f16, 16 x BK) and of its scores (f32,
 // 16 x BK) or output (16 x D): 2 mod 8 vec4s, so that the lanes of a quarter of a subgroup
 // (4 rows x 2 halves of a row) reach 8 different 16-byte banks.
@@ -72,8 +77,8 @@ const TH: f32 = 8.0;
 // V in K's place (the tiles would not fit in 48 KiB), four workgroup barriers a tile. Q is
 // staged through kv before the loop.
 const SEP: bool = D == 64u;
-var<workgroup> kv: array<f16, BK * LDS>;
-var<workgroup> vs: array<f16, select(8u, BK * LDS, SEP)>;
+var<workgroup> kv: array<vec4<f16>, BK * LDV>;
+var<workgroup> vs: array<vec4<f16>, select(2u, BK * LDV, SEP)>;
 var<workgroup> ss: array<vec4<f32>, NSG * 16u * SS4>;
 var<workgroup> ps: array<vec4<f16>, NSG * 16u * PS4>;
 
@@ -81,58 +86,66 @@ alias TileA = coop_mat16x16<f16, A>;
 alias TileB = coop_mat16x16<f16, B>;
 alias TileC = coop_mat16x16<f32, C>;
 
-// Four halves at t of vs (which == 2, SEP) or kv.
+// Four halves at half t (a multiple of 4) of vs (which == 2, SEP) or kv: one 8-byte store.
 fn put4(t: u32, h: vec4<f16>, which: u32) {
     if (SEP && which == 2u) {
-        vs[t] = h.x;
-        vs[t + 1u] = h.y;
-        vs[t + 2u] = h.z;
-        vs[t + 3u] = h.w;
+        vs[t / 4u] = h;
     } else {
-        kv[t] = h.x;
-        kv[t + 1u] = h.y;
-        kv[t + 2u] = h.z;
-        kv[t + 3u] = h.w;
+        kv[t / 4u] = h;
     }
 }
 
-// vec4s of a K or V tile each invocation stages (BK x D halves: 8 for 64 dimensions and 4
-// subgroups, 32 for 128 and 2).
-const KV_PER: u32 = BK * D / 4u / WG;
+// Eight halves at half t (a multiple of 8) from a cache's words.
+fn put8(t: u32, w: vec4<u32>, which: u32) {
+    put4(t, vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))), which);
+    put4(t + 4u, vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))), which);
+}
+
+// 8-half chunks of a K or V tile each invocation stages (BK x D halves: 4 for 64 dimensions
+// and 4 subgroups, 16 for 128 and 2).
+const KV_PER: u32 = BK * D / 8u / WG;
 // PREFETCH (header, `flash_attention::coop_prefetches`): where that is a few registers, the
 // next tile's K and V are loaded while this tile computes (held in registers, written to
 // workgroup memory at the next tile); else each is loaded when it is staged.
 // The registers that hold them (one, unused, without PREFETCH).
 const PF_LEN: u32 = select(1u, KV_PER, PREFETCH);
 
-// The i-th vec4 of keys j0 .. j0 + BK of K (which_v false) or V, zeros past n_keys.
-fn load_kv(i: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> vec4<f16> {
-    let key = j0 + i / (D / 4u);
-    let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 4u + i % (D / 4u);
-    var h: vec4<f16>;
-    if (which_v) { h = v_cache[src]; } else { h = k_cache[src]; }
-    return select(vec4<f16>(0.0), h, key < n_keys);
+// The i-th 8-half chunk of keys j0 .. j0 + BK of K (which_v false) or V, zeros past n_keys.
+fn load_kv(i: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> vec4<u32> {
+    let key = j0 + i / (D / 8u);
+    let src = (min(key, n_keys - 1u) * p.kv_stride + kv_base) / 8u + i % (D / 8u);
+    var w: vec4<u32>;
+    if (which_v) { w = v_cache[src]; } else { w = k_cache[src]; }
+    return select(vec4<u32>(0u), w, key < n_keys);
 }
 
-// Where the i-th vec4 of a tile goes in kv.
-fn tile_at(i: u32) -> u32 { return (i / (D / 4u)) * LDS + (i % (D / 4u)) * 4u; }
+// Where the i-th chunk of a tile goes in kv, in halves.
+fn tile_at(i: u32) -> u32 { return (i / (D / 8u)) * LDS + (i % (D / 8u)) * 8u; }
 
 // This invocation's share of a tile (PREFETCH), held in registers ...
-fn fetch_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> array<vec4<f16>, PF_LEN> {
-    var r: array<vec4<f16>, PF_LEN>;
+fn fetch_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) -> array<vec4<u32>, PF_LEN> {
+    var r: array<vec4<u32>, PF_LEN>;
     for (var u = 0u; u < PF_LEN; u++) { r[u] = load_kv(lid + u * WG, j0, n_keys, kv_base, which_v); }
     return r;
 }
 
 // ... and written into the tile in kv.
-fn put_kv(lid: u32, r: array<vec4<f16>, PF_LEN>, which: u32) {
-    for (var u = 0u; u < PF_LEN; u++) { put4(tile_at(lid + u * WG), r[u], which); }
+fn put_kv(lid: u32, r: array<vec4<u32>, PF_LEN>, which: u32) {
+    for (var u = 0u; u < PF_LEN; u++) { put8(tile_at(lid + u * WG), r[u], which); }
 }
 
-// Without PREFETCH, the tile loaded and stored value by value (holding a whole tile's share
-// in registers cost Llama-7B's 128-dimension heads 14% of pp512 on an H200, run 118).
+// Without PREFETCH, the tile loaded and stored STAGE_BATCH chunks at a time, a batch's loads
+// in flight together in a few registers (holding a whole tile's share in registers cost
+// Llama-7B's 128-dimension heads 14% of pp512 on an H200, run 118). One 8-byte load at a time,
+// each waiting on its own round trip, took Llama-7B's heads 146.6 µs at 512 tokens; batches of
+// four 16-byte chunks 97.3 (run 286; batches of 8 and 4 f16 vec4s 110.5 and 144.0).
+const STAGE_BATCH: u32 = min(4u, KV_PER);
 fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
-    for (var i = lid; i < BK * D / 4u; i += WG) { put4(tile_at(i), load_kv(i, j0, n_keys, kv_base, which_v), 1u); }
+    for (var i0 = 0u; i0 < KV_PER; i0 += STAGE_BATCH) {
+        var r: array<vec4<u32>, STAGE_BATCH>;
+        for (var u = 0u; u < STAGE_BATCH; u++) { r[u] = load_kv(lid + (i0 + u) * WG, j0, n_keys, kv_base, which_v); }
+        for (var u = 0u; u < STAGE_BATCH; u++) { put8(tile_at(lid + (i0 + u) * WG), r[u], 1u); }
+    }
 }
 
 
@@ -162,10 +175,10 @@ fn scores(q0: TileA, q1: TileA, q2: TileA, q3: TileA, q4: TileA, q5: TileA, q6: 
             case 7u: { a = q7; }
             default: {}
         }
-        let b0 = coopLoad<TileB>(&kv[d0], LDS);
-        let b1 = coopLoad<TileB>(&kv[16u * LDS + d0], LDS);
-        let b2 = coopLoad<TileB>(&kv[32u * LDS + d0], LDS);
-        let b3 = coopLoad<TileB>(&kv[48u * LDS + d0], LDS);
+        let b0 = coopLoad<TileB>(&kv[d0 / 4u], LDV);
+        let b1 = coopLoad<TileB>(&kv[(16u * LDS + d0) / 4u], LDV);
+        let b2 = coopLoad<TileB>(&kv[(32u * LDS + d0) / 4u], LDV);
+        let b3 = coopLoad<TileB>(&kv[(48u * LDS + d0) / 4u], LDV);
         s0 = coopMultiplyAdd(a, b0, s0);
         s1 = coopMultiplyAdd(a, b1, s1);
         s2 = coopMultiplyAdd(a, b2, s2);
@@ -186,25 +199,25 @@ fn weigh(pslice4: u32) {
         var b2: TileB;
         var b3: TileB;
         if (SEP) {
-            b0 = coopLoadT<TileB>(&vs[c0 * LDS], LDS);
-            b1 = coopLoadT<TileB>(&vs[c0 * LDS + 16u], LDS);
-            b2 = coopLoadT<TileB>(&vs[c0 * LDS + 32u], LDS);
-            b3 = coopLoadT<TileB>(&vs[c0 * LDS + 48u], LDS);
+            b0 = coopLoadT<TileB>(&vs[(c0 * LDS) / 4u], LDV);
+            b1 = coopLoadT<TileB>(&vs[(c0 * LDS + 16u) / 4u], LDV);
+            b2 = coopLoadT<TileB>(&vs[(c0 * LDS + 32u) / 4u], LDV);
+            b3 = coopLoadT<TileB>(&vs[(c0 * LDS + 48u) / 4u], LDV);
         } else {
-            b0 = coopLoadT<TileB>(&kv[c0 * LDS], LDS);
-            b1 = coopLoadT<TileB>(&kv[c0 * LDS + 16u], LDS);
-            b2 = coopLoadT<TileB>(&kv[c0 * LDS + 32u], LDS);
-            b3 = coopLoadT<TileB>(&kv[c0 * LDS + 48u], LDS);
+            b0 = coopLoadT<TileB>(&kv[(c0 * LDS) / 4u], LDV);
+            b1 = coopLoadT<TileB>(&kv[(c0 * LDS + 16u) / 4u], LDV);
+            b2 = coopLoadT<TileB>(&kv[(c0 * LDS + 32u) / 4u], LDV);
+            b3 = coopLoadT<TileB>(&kv[(c0 * LDS + 48u) / 4u], LDV);
         }
         o0 = coopMultiplyAdd(a, b0, o0);
         o1 = coopMultiplyAdd(a, b1, o1);
         o2 = coopMultiplyAdd(a, b2, o2);
         o3 = coopMultiplyAdd(a, b3, o3);
         if (D == 128u) {
-            let b4 = coopLoadT<TileB>(&kv[c0 * LDS + 64u], LDS);
-            let b5 = coopLoadT<TileB>(&kv[c0 * LDS + 80u], LDS);
-            let b6 = coopLoadT<TileB>(&kv[c0 * LDS + 96u], LDS);
-            let b7 = coopLoadT<TileB>(&kv[c0 * LDS + 112u], LDS);
+            let b4 = coopLoadT<TileB>(&kv[(c0 * LDS + 64u) / 4u], LDV);
+            let b5 = coopLoadT<TileB>(&kv[(c0 * LDS + 80u) / 4u], LDV);
+            let b6 = coopLoadT<TileB>(&kv[(c0 * LDS + 96u) / 4u], LDV);
+            let b7 = coopLoadT<TileB>(&kv[(c0 * LDS + 112u) / 4u], LDV);
             o4 = coopMultiplyAdd(a, b4, o4);
             o5 = coopMultiplyAdd(a, b5, o5);
             o6 = coopMultiplyAdd(a, b6, o6);
@@ -264,18 +277,18 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // The subgroup's Q fragments (64 dimensions: the last four repeat the first, unused).
     let qa = sg * 16u * LDS;
     workgroupBarrier();
-    let qf0 = coopLoadT<TileA>(&kv[qa], LDS);
-    let qf1 = coopLoadT<TileA>(&kv[qa + 16u], LDS);
-    let qf2 = coopLoadT<TileA>(&kv[qa + 32u], LDS);
-    let qf3 = coopLoadT<TileA>(&kv[qa + 48u], LDS);
-    let qf4 = coopLoadT<TileA>(&kv[qa + select(0u, 64u, D == 128u)], LDS);
-    let qf5 = coopLoadT<TileA>(&kv[qa + select(0u, 80u, D == 128u)], LDS);
-    let qf6 = coopLoadT<TileA>(&kv[qa + select(0u, 96u, D == 128u)], LDS);
-    let qf7 = coopLoadT<TileA>(&kv[qa + select(0u, 112u, D == 128u)], LDS);
+    let qf0 = coopLoadT<TileA>(&kv[qa / 4u], LDV);
+    let qf1 = coopLoadT<TileA>(&kv[(qa + 16u) / 4u], LDV);
+    let qf2 = coopLoadT<TileA>(&kv[(qa + 32u) / 4u], LDV);
+    let qf3 = coopLoadT<TileA>(&kv[(qa + 48u) / 4u], LDV);
+    let qf4 = coopLoadT<TileA>(&kv[(qa + select(0u, 64u, D == 128u)) / 4u], LDV);
+    let qf5 = coopLoadT<TileA>(&kv[(qa + select(0u, 80u, D == 128u)) / 4u], LDV);
+    let qf6 = coopLoadT<TileA>(&kv[(qa + select(0u, 96u, D == 128u)) / 4u], LDV);
+    let qf7 = coopLoadT<TileA>(&kv[(qa + select(0u, 112u, D == 128u)) / 4u], LDV);
 
     // The next tile's share of K and V (PREFETCH).
-    var k_next: array<vec4<f16>, PF_LEN>;
-    var v_next: array<vec4<f16>, PF_LEN>;
+    var k_next: array<vec4<u32>, PF_LEN>;
+    var v_next: array<vec4<u32>, PF_LEN>;
     if (PREFETCH) {
         k_next = fetch_kv(lid, k_begin, n_keys, kv_base, false);
         v_next = fetch_kv(lid, k_begin, n_keys, kv_base, true);
