@@ -135,11 +135,11 @@ fn put_kv(lid: u32, r: array<vec4<u32>, PF_LEN>, which: u32) {
 }
 
 // Without PREFETCH, the tile loaded and stored STAGE_BATCH chunks at a time, a batch's loads
-// in flight together in a few registers (holding a whole tile's share in registers cost
+// in flight together in 32 registers (holding a whole tile's share in registers cost
 // Llama-7B's 128-dimension heads 14% of pp512 on an H200, run 118). One 8-byte load at a time,
 // each waiting on its own round trip, took Llama-7B's heads 146.6 µs at 512 tokens; batches of
-// four 16-byte chunks 97.3 (run 286; batches of 8 and 4 f16 vec4s 110.5 and 144.0).
-const STAGE_BATCH: u32 = min(4u, KV_PER);
+// four 16-byte chunks 97.2, of eight 85.5 (runs 286-287; of 8 and 4 f16 vec4s 110.5 and 144.0).
+const STAGE_BATCH: u32 = min(8u, KV_PER);
 fn stage_kv(lid: u32, j0: u32, n_keys: u32, kv_base: u32, which_v: bool) {
     for (var i0 = 0u; i0 < KV_PER; i0 += STAGE_BATCH) {
         var r: array<vec4<u32>, STAGE_BATCH>;
