@@ -33,12 +33,10 @@ fn halves8(row: u32, c: u32, k: u32) -> vec4<u32> {
 // Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
 // (scale0, offset0, scale1, offset1): weight = scale * q + offset.
 fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
-    let dm = w32(b);
-    let s0 = w32(b + 1u);
-    let s1 = w32(b + 2u);
-    let s2 = w32(b + 3u);
-    let a = kquant_sub_scale(dm, s0, s1, s2, 2u * grp);
-    let c = kquant_sub_scale(dm, s0, s1, s2, 2u * grp + 1u);
+    // The block's first four words, one load where the weights are bound as vectors.
+    let hd = w128(b / 4u);
+    let a = kquant_sub_scale(hd.x, hd.y, hd.z, hd.w, 2u * grp);
+    let c = kquant_sub_scale(hd.x, hd.y, hd.z, hd.w, 2u * grp + 1u);
     return vec4<f32>(a.x, a.y, c.x, c.y);
 }
 

@@ -118,8 +118,10 @@ fn dot_header(row: u32, u: u32, k: u32) -> DotHeader {
     let n = v / 4u;
     // Scales 8n + 2q + hf for q = q0 (word 48 + 2n) and q0 + 2 (word 49 + 2n), byte 2 q0 + hf.
     let sh = 24u - 8u * (v % 4u);
-    let sc0 = bitcast<i32>(w32(b + 48u + 2u * n) << sh) >> 24u;
-    let sc1 = bitcast<i32>(w32(b + 49u + 2u * n) << sh) >> 24u;
+    // Words 48 .. 51 in one load where the weights are bound as vectors.
+    let sw = w128(b / 4u + 12u);
+    let sc0 = bitcast<i32>(select(sw.x, sw.z, n == 1u) << sh) >> 24u;
+    let sc1 = bitcast<i32>(select(sw.y, sw.w, n == 1u) << sh) >> 24u;
     let d = unpack2x16float(w32(b + 52u)).x;
     return DotHeader(w128(b / 4u + v), w128(b / 4u + 8u + 2u * n + v % 2u), 2u * ((v / 2u) % 2u), d * f32(sc0), d * f32(sc1));
 }
