@@ -216,13 +216,16 @@ const DECODE_COOP_SMALLEST_TILE: u32 = DECODE_COOP_TILES[DECODE_COOP_TILES.len()
 /// 23.2 / 18.0 / 15.1; TinyLlama Q4_K_M tg128 at depth 4096 901 / 912-913 / 884 tok/s).
 pub const DECODE_COOP_TARGET_WORKGROUPS: u32 = 128;
 
+/// The most keys of a 64-dimension tile staged through workgroup memory.
+pub const DECODE_COOP_STAGED_MOST: u32 = 32;
+
 /// How the cooperative decode kernel's subgroups load a tile of `keys` keys of `head_dim`
 /// dimensions: 64-dimension heads in tiles of up to 32 keys through workgroup memory (the
 /// 64-key tiles of those would not fit it with the rest), the others straight from the cache
 /// into fragments (H200, runs 205-206: the split kernel at 1,024 / 4,096 positions 4.5 / 5.6
 /// -> 3.9 / 4.8 µs staged).
 pub fn decode_coop_tile_file(head_dim: u32, keys: u32) -> &'static str {
-    if head_dim == 64 && keys <= 32 {
+    if head_dim == 64 && keys <= DECODE_COOP_STAGED_MOST {
         "common/decode_coop_staged.wgsl"
     } else {
         "common/decode_coop_direct.wgsl"
@@ -244,15 +247,21 @@ pub enum CoopChoice {
 }
 
 /// Keys of each cooperative decode subgroup's tile at `kv_len` positions: the largest tile
-/// whose splits make `DECODE_COOP_TARGET_WORKGROUPS`, else the smallest; or
-/// `KILN_DECODE_COOP_KEYS` (16, 32 or 64).
+/// whose splits make `DECODE_COOP_TARGET_WORKGROUPS`, else the smallest; 64-dimension heads
+/// never below 32 keys, the largest of their staged tiles (`decode_coop_tile_file`), which
+/// beat 16-key tiles' more workgroups once they loaded the cache in 16-byte vectors (H200, run
+/// 291, TinyLlama Q4_K_M tg128, 16 -> 32 keys: at depth 1,024 1,054-1,055 -> 1,055-1,060
+/// tok/s, 2,048 1,013-1,017 -> 1,036-1,038, 3,072 954-965 -> 1,002-1,011; at 4,096 both
+/// chose 32). Or `KILN_DECODE_COOP_KEYS` (16, 32 or 64).
 pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
     crate::config::decode_coop_keys_from_env().unwrap_or_else(|| {
         let workgroups = |keys: u32| kv_len.div_ceil(DECODE_COOP_SUBGROUPS * keys) * shape.n_kv_head;
+        let smallest = if shape.head_dim == 64 { DECODE_COOP_STAGED_MOST } else { DECODE_COOP_SMALLEST_TILE };
         DECODE_COOP_TILES
             .into_iter()
+            .filter(|&k| k >= smallest)
             .find(|&k| workgroups(k) >= DECODE_COOP_TARGET_WORKGROUPS)
-            .unwrap_or(DECODE_COOP_SMALLEST_TILE)
+            .unwrap_or(smallest)
     })
 }
 
@@ -761,12 +770,16 @@ mod tests {
         };
         let tinyllama = shape(32, 4, 64);
         assert_eq!(coop(&tinyllama, DECODE_COOP_FROM - 1), None);
-        // Tiles of 16 keys up to where 32 make 128 workgroups (4 KV heads), of 64 from 8,193.
-        assert_eq!(coop(&tinyllama, 1024), Some((16, [16, 4, 1], true)));
+        // 64-dimension heads: tiles of 32 keys (the largest staged ones) up to where 64 make 128
+        // workgroups (4 KV heads), of 64 from 8,193.
+        assert_eq!(coop(&tinyllama, 1024), Some((32, [8, 4, 1], true)));
+        assert_eq!(coop(&tinyllama, 3072), Some((32, [24, 4, 1], true)));
         assert_eq!(coop(&tinyllama, 4096), Some((32, [32, 4, 1], true)));
         assert_eq!(coop(&tinyllama, 16384), Some((64, [64, 4, 1], true)));
-        // Llama-3-8B's 8 KV heads make 128 workgroups of 64-key tiles at 4,096 positions.
+        // Llama-3-8B's 8 KV heads make 128 workgroups of 64-key tiles at 4,096 positions; its
+        // 128-dimension heads take 16-key tiles where no larger make 128.
         assert_eq!(coop(&shape(32, 8, 128), 4096).map(|c| c.0), Some(64));
+        assert_eq!(coop(&shape(32, 8, 128), 1024).map(|c| c.0), Some(16));
         // Groups of 1 (Llama-7B), other head sizes, adapters without cooperative matrices and
         // f32 caches keep the plain kernel; batched steps too.
         assert_eq!(coop(&shape(32, 32, 128), 4096), None);
