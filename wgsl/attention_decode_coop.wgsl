@@ -21,8 +21,8 @@
 // and weigh 0 when masked); contexts are at least 64 positions (`attention::decode_coop_takes`).
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: D (64 or 128), BK (16, 32 or 64), NSG (subgroups), WG (32 NSG), MERGE,
-// Q8_OUT (with MERGE). Needs common/step_one.wgsl, common/coop_out.wgsl, one of the tile files
-// above and common/decode_merge.wgsl (or common/decode_merge_none.wgsl).
+// Q8_OUT (with MERGE). Needs common/step_one.wgsl, common/coop_out.wgsl, common/half8.wgsl,
+// one of the tile files above and common/decode_merge.wgsl (or common/decode_merge_none.wgsl).
 
 struct Params {
     head_dim: u32,

@@ -29,7 +29,7 @@
 // Subgroups of 32 in index order (as gemm_coop.wgsl), so lane = lid % 32.
 // Header constants: NSG, WG (32 NSG), BM (16 NSG), BK (64 keys), D (64 or 128), PREFETCH. The
 // chunk of rows comes from `segment(wid.z, lid)` as in flash_attention.wgsl. Needs
-// common/coop_out.wgsl.
+// common/coop_out.wgsl and common/half8.wgsl.
 
 struct Params {
     m: u32,
@@ -49,9 +49,8 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 // The caches as 16-byte vectors of words, eight halves a load (as f16 vectors they took two
-// 8-byte loads; naga rejects bitcasts from u32 to f16 vectors, gfx-rs/wgpu#4403, so each
-// word's halves go through f32 as they are stored, exactly). Rows start at multiples of 8
-// halves (D and the cache's row stride are).
+// 8-byte loads), made halves as they are stored (common/half8.wgsl's halves_of_words). Rows
+// start at multiples of 8 halves (D and the cache's row stride are).
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
@@ -97,8 +96,9 @@ fn put4(t: u32, h: vec4<f16>, which: u32) {
 
 // Eight halves at half t (a multiple of 8) from a cache's words.
 fn put8(t: u32, w: vec4<u32>, which: u32) {
-    put4(t, vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))), which);
-    put4(t + 4u, vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))), which);
+    let h = halves_of_words(w);
+    put4(t, h.lo, which);
+    put4(t + 4u, h.hi, which);
 }
 
 // 8-half chunks of a K or V tile each invocation stages (BK x D halves: 4 for 64 dimensions

@@ -691,10 +691,10 @@ impl KernelKey {
                         // a load each (the format files' fetch8). H200, run 282, TFLOP/s at
                         // 4096^3 words -> vectors: Q4_K 94.7 -> 125.4, Q5_K 81.9 -> 111.5, Q6_K
                         // 101.3 -> 109.5; Q8_0, whose 36-byte blocks straddle vectors, 128.7 -> 123.9.
-                        .include(if format.is_quantized() && !(coop && format != WeightFormat::Q8_0) {
-                            "common/weights_words.wgsl"
-                        } else {
+                        .include(if !format.is_quantized() || (coop && format != WeightFormat::Q8_0) {
                             "common/weights_vec4.wgsl"
+                        } else {
+                            "common/weights_words.wgsl"
                         })
                         .include("common/gemm_w_decode.wgsl")
                 };
@@ -766,6 +766,7 @@ impl KernelKey {
                     .include("common/flash_segment.wgsl")
                     .include(flash_segment_file(segments))
                     .include("common/coop_out.wgsl")
+                    .include("common/half8.wgsl")
                     .include("flash_attention_coop.wgsl")
                     .build()
             }
@@ -808,6 +809,7 @@ impl KernelKey {
                 .const_u32("WG", 32 * attention::DECODE_COOP_SUBGROUPS)
                 .include("common/step_one.wgsl")
                 .include("common/coop_out.wgsl")
+                .include("common/half8.wgsl")
                 .include(attention::decode_coop_tile_file(head_dim as u32, keys as u32))
                 .include("attention_decode_coop.wgsl")
                 .build(),

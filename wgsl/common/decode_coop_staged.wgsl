@@ -9,9 +9,9 @@
 
 // The cache as 16-byte vectors of words, eight halves a load: read as f16 (four 2-byte loads
 // a vec4, which NVIDIA's compiler does not merge: it cannot know their alignment) it took
-// a load instruction per 2 bytes. naga rejects bitcasts from u32 to f16 vectors
-// (gfx-rs/wgpu#4403), so each word's halves go through f32 as they are stored (exact). Rows
-// start at multiples of 8 halves (D and the cache's row stride are).
+// a load instruction per 2 bytes. The words become halves as they are stored
+// (common/half8.wgsl's halves_of_words). Rows start at multiples of 8 halves (D and the
+// cache's row stride are).
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<u32>>;
 
@@ -38,8 +38,9 @@ fn put(lane: u32, sg: u32, x: array<vec4<u32>, PER_LANE>) {
     for (var i = 0u; i < PER_LANE; i++) {
         let e = lane + 32u * i;
         let at = sg * BK * LDV + (e / (D / 8u)) * LDV + 2u * (e % (D / 8u));
-        kvs[at] = vec4<f16>(vec4<f32>(unpack2x16float(x[i].x), unpack2x16float(x[i].y)));
-        kvs[at + 1u] = vec4<f16>(vec4<f32>(unpack2x16float(x[i].z), unpack2x16float(x[i].w)));
+        let h = halves_of_words(x[i]);
+        kvs[at] = h.lo;
+        kvs[at + 1u] = h.hi;
     }
     subgroupBarrier();
 }

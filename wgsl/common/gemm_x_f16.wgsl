@@ -3,8 +3,7 @@
 // tile of N, and conversions run at a fraction of the rate of everything else.)
 // X is bound as 16-byte vectors of words, not as Half8 (common/half8.wgsl): NVIDIA's compiler
 // loads a Half8, two 8-byte-aligned vec4<f16>, in two 8-byte loads, and the loads set the GEMM's
-// pace. naga rejects bitcasts from u32 to f16 vectors (gfx-rs/wgpu#4403), so each word's two
-// halves go through f32 as they are stored (exact). H200, run 281, TFLOP/s Half8 -> words:
+// pace; the words become halves as they are stored (halves_of_words). H200, run 281, TFLOP/s Half8 -> words:
 // 4096^3 F16 124.2 -> 137.6, Q4_K 104.3 -> 106.8; 512x4096x11008 F16 105.3 -> 116.2 (the same
 // for F16 W cost more in conversions than it saved: 4096^3 135.0 -> 132.6, run 280).
 
@@ -38,11 +37,7 @@ fn load_x8_at(base: u32, c: u32) -> XStage {
 }
 
 // The eight halves of a chunk inside X.
-fn x_halves_full(s: XStage) -> Half8 {
-    let lo = vec4<f32>(unpack2x16float(s.v.x), unpack2x16float(s.v.y));
-    let hi = vec4<f32>(unpack2x16float(s.v.z), unpack2x16float(s.v.w));
-    return Half8(vec4<f16>(lo), vec4<f16>(hi));
-}
+fn x_halves_full(s: XStage) -> Half8 { return halves_of_words(s.v); }
 
 // Those of any chunk, what lies outside X zeroed.
 fn x_halves(s: XStage) -> Half8 {
