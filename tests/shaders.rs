@@ -129,3 +129,57 @@ fn pipeline_cache_is_kept_on_disk() {
     }
     assert!(!dir.exists());
 }
+
+/// `ContextOptions::dump_wgsl` (`KILN_DUMP_WGSL`): each kernel a context compiles is written
+/// with its entry point, bindings and override constants, and reads back as a SPIR-V module
+/// of that entry point and workgroup size (what `examples/pipeline_stats.rs` hands the
+/// driver); a file without that header is refused.
+#[test]
+fn compiled_kernels_dump_their_wgsl() {
+    use kiln::gpu::{dump, ContextOptions, GpuContext};
+    let dir = std::env::temp_dir().join(format!("kiln-dump-wgsl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ctx = GpuContext::new(&ContextOptions { dump_wgsl: Some(dir.clone()), ..Default::default() }).unwrap();
+    // Kernels this adapter runs, a few of each kind.
+    let runs = |k: &KernelKey| {
+        let (f16, subgroup) = k.needs();
+        !k.needs_coopmat() && (!f16 || ctx.caps.f16) && (!subgroup || ctx.caps.subgroups)
+    };
+    let mut keys: Vec<KernelKey> = Vec::new();
+    for k in KernelKey::all_variants().into_iter().filter(runs) {
+        if keys.iter().filter(|o| o.name() == k.name()).count() < 1 && keys.len() < 6 {
+            keys.push(k);
+        }
+    }
+    assert_eq!(keys.len(), 6, "six kinds of kernel");
+    for key in &keys {
+        ctx.pipeline(key).unwrap();
+        let src = key.source(&ctx.caps).unwrap();
+        let d = dump::read(&dir.join(dump::file_name(&src.label))).unwrap();
+        assert_eq!((d.label.as_str(), d.entry.as_str()), (src.label.as_str(), key.entry()));
+        assert_eq!(d.bindings, key.bindings());
+        let want: Vec<(String, f64)> = src.overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        assert_eq!(d.overrides, want, "{}", src.label);
+        let (words, size) = d.spirv().unwrap();
+        assert_eq!(words.first(), Some(&0x0723_0203), "{}: SPIR-V magic", src.label);
+        assert!(size.iter().all(|&s| s >= 1) && size[0] > 1, "{}: workgroup size {size:?}", src.label);
+    }
+    // Override constants are applied before translation (kiln's kernels set none today).
+    let with_override = dir.join("override.wgsl");
+    std::fs::write(
+        &with_override,
+        "// kiln-dump entry: main\n// kiln-dump bindings: read_write\n// kiln-dump overrides: WG=64\n\
+         // kiln-dump label: override test\n\
+         override WG: u32 = 1u;\n@group(0) @binding(0) var<storage, read_write> y: array<u32>;\n\
+         @compute @workgroup_size(WG) fn main(@builtin(local_invocation_index) i: u32) { y[i] = i; }\n",
+    )
+    .unwrap();
+    let d = dump::read(&with_override).unwrap();
+    assert_eq!(d.overrides, vec![("WG".to_string(), 64.0)]);
+    assert_eq!(d.spirv().unwrap().1, [64, 1, 1]);
+    let plain = dir.join("plain.wgsl");
+    std::fs::write(&plain, "@compute @workgroup_size(1) fn main() {}\n").unwrap();
+    let err = dump::read(&plain).unwrap_err().to_string();
+    assert!(err.contains("not a KILN_DUMP_WGSL file"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

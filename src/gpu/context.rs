@@ -157,6 +157,8 @@ pub struct ContextOptions {
     /// Directory for the driver's compiled pipelines between runs (`KILN_PIPELINE_CACHE`),
     /// used where the adapter offers PIPELINE_CACHE; None keeps them in memory only.
     pub pipeline_cache: Option<std::path::PathBuf>,
+    /// Write each kernel's composed WGSL here as it is compiled (`KILN_DUMP_WGSL`, gpu/dump.rs).
+    pub dump_wgsl: Option<std::path::PathBuf>,
 }
 
 impl ContextOptions {
@@ -168,6 +170,7 @@ impl ContextOptions {
             max_binding_override: crate::config::max_binding_from_env(),
             memory_override: crate::config::gpu_memory_from_env(),
             pipeline_cache: crate::config::pipeline_cache_from_env(),
+            dump_wgsl: std::env::var_os("KILN_DUMP_WGSL").filter(|d| !d.is_empty()).map(Into::into),
             gemv_max_cols: crate::config::gemv_max_cols_from_env(),
             ..Default::default()
         })
@@ -322,6 +325,8 @@ pub struct GpuContext {
     pub(crate) last_uploads: std::sync::Mutex<crate::gpu::upload::UploadStats>,
     /// The driver's pipeline cache, loaded from and saved to disk (gpu/pipelines.rs).
     pub(crate) disk_cache: Option<crate::gpu::pipelines::DiskCache>,
+    /// Where each kernel's WGSL is written as it is compiled (`ContextOptions::dump_wgsl`).
+    pub(crate) dump_wgsl: Option<std::path::PathBuf>,
 }
 
 /// GPU buffers alive on a device, from wgpu's internal counters.
@@ -577,6 +582,7 @@ impl GpuContext {
             max_binding,
             pipelines: PipelineCache::default(),
             disk_cache: None,
+            dump_wgsl: opts.dump_wgsl.clone(),
             poll_timeout: Duration::from_secs(120),
             device_memory: opts.memory_override.or_else(|| device_memory(adapter)),
             fault,

@@ -2,6 +2,7 @@
 
 pub mod buffers;
 pub mod context;
+pub mod dump;
 pub mod pipelines;
 pub mod shader;
 pub mod timer;

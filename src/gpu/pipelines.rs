@@ -125,6 +125,9 @@ impl GpuContext {
             return Ok(p);
         }
         let src = key.source(&self.caps)?;
+        if let Some(dir) = &self.dump_wgsl {
+            crate::gpu::dump::write(dir, key, &src);
+        }
         let layout = self.pipeline_layout(key.bindings());
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         // A driver that cannot compile the translated shader (GL below 4.3) reports an
