@@ -508,11 +508,33 @@ pub fn plan_two_formats(
     if !format.is_quantized() || format == second || !QKV_SECOND_FORMATS.contains(&second) || first_rows >= n {
         return None;
     }
-    match plan_matmul(1, n, k, format, caps) {
-        kernel @ MatmulKernel::Gemv { shape, .. } if first_rows % shape.rows_per_workgroup() == 0 => Some(kernel),
+    let kernel = match plan_matmul(1, n, k, format, caps) {
+        // The float one's planned 128 invocations on 2 rows, where no measurement asks for
+        // another shape: `GEMV_TWO_FORMATS_FLOAT_SHAPE`.
+        MatmulKernel::Gemv { ncols, shape, q8: false }
+            if shape == GemvShape::new(128, 2)
+                && !caps.cpu_adapter
+                && crate::config::gemv_float_from_env(n, k).is_none() =>
+        {
+            MatmulKernel::Gemv { ncols, shape: GEMV_TWO_FORMATS_FLOAT_SHAPE, q8: false }
+        }
+        kernel => kernel,
+    };
+    match kernel {
+        MatmulKernel::Gemv { shape, .. } if first_rows % shape.rows_per_workgroup() == 0 => Some(kernel),
         _ => None,
     }
 }
+
+/// The float GEMV over two formats (one-token Q/K/V, with the RoPE and cache-write epilogue)
+/// in workgroups of 64 invocations on 2 rows rather than 128: with both formats' decoding it
+/// takes 53 registers an invocation on the H200 (`examples/pipeline_stats.rs`, run 301;
+/// one format's float GEMVs 32-40), so 128-invocation workgroups fit 9 an SM, 1,188 at once
+/// on 132 SMs, and TinyLlama Q4_K_M's 1,280 (2,560 rows) ran the last 92 as a second round;
+/// 64 fit 18 an SM. Run 302 (TinyLlama Q4_K_M tg128, alternated twice with the 128 x 2 shape,
+/// `KILN_GEMV_FLOAT=2560x2048=<shape>`): 1,166-1,171 -> 1,178-1,179 tok/s; 128 x 4 (640
+/// workgroups) 1,177-1,178; 32 x 2, 64 x 1, 128 x 1, 64 x 4 and grouped shapes 1,108-1,168.
+pub const GEMV_TWO_FORMATS_FLOAT_SHAPE: GemvShape = GemvShape::new(64, 2);
 
 /// Picks the kernel for Y[m, n] = X[m, k] · W[n, k]ᵀ. A GEMV with a fused input (RMSNorm or
 /// SwiGLU in front) gets the same choice: the int8 GEMV applies it in its quantize dispatch
@@ -780,7 +802,8 @@ mod tests {
         let (q4, q6) = (WeightFormat::Q4K, WeightFormat::Q6K);
         // TinyLlama's Q/K (2,304 rows) and V (256): the float GEMV's 2-row workgroups.
         let k = plan_two_formats(2560, 2304, 2048, q4, q6, &gpu());
-        assert!(matches!(k, Some(MatmulKernel::Gemv { ncols: 1, q8: false, .. })), "{k:?}");
+        let shape = GEMV_TWO_FORMATS_FLOAT_SHAPE;
+        assert!(matches!(k, Some(MatmulKernel::Gemv { ncols: 1, q8: false, shape: s }) if s == shape), "{k:?}");
         // Llama-7B's: the int8 GEMV, as for the whole matrix.
         let int8 = Caps { int8_dot: true, ..gpu() };
         let k = plan_two_formats(12288, 8192, 4096, q4, q6, &int8);
