@@ -12,8 +12,11 @@
 //!    another), one line each: the driver's statistics by their own names (NVIDIA: Register
 //!    Count, Binary Size, Stack Size, Local Memory Size, Shared Memory Size; its local memory
 //!    reads 2^36 plus the spilled bytes). `--ir` writes the internal representations the
-//!    driver offers to OUT_DIR (NVIDIA's 580 driver offers none). `--spirv-only`: translate
-//!    only, no device (lavapipe does not offer the extension).
+//!    driver offers to OUT_DIR (NVIDIA's 580 driver offers none); `--cache-blobs OUT_DIR`
+//!    compiles each kernel through a pipeline cache of its own and writes the cache's data
+//!    there (the driver's binary in its own format: NVIDIA's holds the machine code as ELF
+//!    images that CUDA's `nvdisasm` reads). `--spirv-only`: translate only, no device
+//!    (lavapipe does not offer the extension).
 //!
 //! A diagnostic tool: it opens its own Vulkan instance and device through `ash` and never runs
 //! a kernel.
@@ -108,7 +111,7 @@ fn value(s: &vk::PipelineExecutableStatisticKHR) -> String {
 
 /// Compiles one kernel and returns its statistics (name, value) per executable; with `ir`,
 /// writes the internal representations there.
-fn stats(vk_: &Vulkan, d: &Dump, ir: Option<&Path>) -> Res<Vec<(String, String)>> {
+fn stats(vk_: &Vulkan, d: &Dump, ir: Option<&Path>, blobs: Option<&Path>) -> Res<Vec<(String, String)>> {
     let (words, _) = d.spirv().map_err(|e| e.to_string())?;
     let file = kiln::gpu::dump::file_name(&d.label);
     let dev = &vk_.device;
@@ -150,9 +153,23 @@ fn stats(vk_: &Vulkan, d: &Dump, ir: Option<&Path>) -> Res<Vec<(String, String)>
             vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
                 | vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR,
         );
+        // With `blobs`, the pipeline goes through a cache of its own, whose data (the driver's
+        // compiled binary in its own format) is written out.
+        let cache = match blobs {
+            Some(_) => dev
+                .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+                .map_err(|e| format!("{file}: vkCreatePipelineCache: {e}"))?,
+            None => vk::PipelineCache::null(),
+        };
         let pipeline = dev
-            .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+            .create_compute_pipelines(cache, &[info], None)
             .map_err(|(_, e)| format!("{}: vkCreateComputePipelines: {e}", file))?[0];
+        if let Some(dir) = blobs {
+            let data = dev.get_pipeline_cache_data(cache).map_err(|e| format!("{file}: cache data: {e}"))?;
+            let path = dir.join(format!("{}.cache", file.trim_end_matches(".wgsl")));
+            std::fs::write(&path, data).map_err(|e| format!("{}: {e}", path.display()))?;
+            dev.destroy_pipeline_cache(cache, None);
+        }
         let pinfo = vk::PipelineInfoKHR::default().pipeline(pipeline);
         let execs = vk_.exec.get_pipeline_executable_properties(&pinfo).map_err(|e| e.to_string())?;
         let mut out = Vec::new();
@@ -197,10 +214,11 @@ fn main() {
         eprintln!("usage: pipeline_stats <KILN_DUMP_WGSL dir> [--ir OUT_DIR]  (see the file's header)");
         std::process::exit(2);
     };
-    let ir = args.iter().position(|a| a == "--ir").and_then(|i| args.get(i + 1)).map(PathBuf::from);
-    if let Some(ir) = &ir {
-        if let Err(e) = std::fs::create_dir_all(ir) {
-            eprintln!("{}: {e}", ir.display());
+    let dir_arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let (ir, blobs) = (dir_arg("--ir"), dir_arg("--cache-blobs"));
+    for d in ir.iter().chain(blobs.iter()) {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            eprintln!("{}: {e}", d.display());
             std::process::exit(1);
         }
     }
@@ -245,7 +263,7 @@ fn main() {
     let mut failed = 0;
     for d in &dumps {
         let size = d.spirv().map(|(_, s)| s).unwrap_or([0; 3]);
-        match stats(&vk_, d, ir.as_deref()) {
+        match stats(&vk_, d, ir.as_deref(), blobs.as_deref()) {
             Ok(s) => {
                 let line: Vec<String> = s.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!("{} wg={}x{}x{} | {}", d.label, size[0], size[1], size[2], line.join(" | "));
