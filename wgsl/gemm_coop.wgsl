@@ -8,10 +8,12 @@
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
-// LOAD_AHEAD (plan::coop_loads_ahead: Q4_K and Q5_K): the loaders issue the step after
+// LOAD_AHEAD (plan::coop_loads_ahead: F16, Q4_K and Q5_K): the loaders issue the step after
 // next's loads right after storing the next step and hold them in registers across the
-// barrier, so that their decode-heavy steps overlap the loads; formats whose loaders mostly
-// move bytes lost with it (Q8_0 -14%, Q6_K -7% at 4096^3, H200 run 274).
+// barrier, so that a step's loads have two steps to arrive; what they hold must stay as loaded
+// until stored (F16 weights as words, not halves: unpacked on arrival, they made the loaders
+// wait before the barrier; H200 run 310, 4096^3 F16 127 -> 160 TFLOP/s). Q8_0 and Q6_K lost with
+// it (-14%, -7% at 4096^3, run 274).
 // The X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W tile (F16 as it
 // is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
 // common/coop_w_decode.wgsl) are stored k-contiguous: X row-major (A, loaded with coopLoadT), W

@@ -4,8 +4,9 @@
 // X is bound as 16-byte vectors of words, not as Half8 (common/half8.wgsl): NVIDIA's compiler
 // loads a Half8, two 8-byte-aligned vec4<f16>, in two 8-byte loads, and the loads set the GEMM's
 // pace; the words become halves as they are stored (halves_of_words). H200, run 281, TFLOP/s Half8 -> words:
-// 4096^3 F16 124.2 -> 137.6, Q4_K 104.3 -> 106.8; 512x4096x11008 F16 105.3 -> 116.2 (the same
-// for F16 W cost more in conversions than it saved: 4096^3 135.0 -> 132.6, run 280).
+// 4096^3 F16 124.2 -> 137.6, Q4_K 104.3 -> 106.8; 512x4096x11008 F16 105.3 -> 116.2. F16 W as
+// words too (common/coop_w_half.wgsl) cost more in conversions than it saved alone (4096^3
+// 135.0 -> 132.6, run 280) and pays with the loads held a step ahead (run 310).
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<u32>>;
 
