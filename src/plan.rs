@@ -455,21 +455,17 @@ pub fn gemv_q8_min_cols() -> u32 {
 pub const COOP_FILL_TILES: u64 = 128;
 /// Whether the cooperative GEMM's loaders keep the next K step's loads in registers across
 /// the step's barrier (gemm_coop.wgsl's LOAD_AHEAD) instead of loading and storing a step in
-/// one go: for F16, Q4_K and Q5_K. F16 since its weights are loaded as words and unpacked only
-/// when stored (common/coop_w_half.wgsl; as `Half8` each chunk was unpacked as soon as it
-/// arrived, before the barrier): H200, run 310, TFLOP/s without -> with (Half8 weights) -> with
-/// (words): 4096^3 127.3 -> 154.8 -> 160.5, 512x4096x11008 112.3 -> 135.1 -> 139.6, 512x2048x5632
-/// 94.6 -> 104.0 -> 110.0; TinyLlama F16 pp512 44,195 / 44,356 -> 51,289 / 52,783 tok/s (the
-/// GEMM's 128x128 kernel stays at 119-127 registers, one workgroup an SM either way). Q4_K and
-/// Q5_K, whose loaders spend longest decoding, from run 274: H200, F16 / Q8_0 / Q4_K /
-/// Q5_K / Q6_K, TFLOP/s at 4096^3 without -> with (run 274,
-/// profiling/results/h200-coop-load-ahead-2026-11-27-run274-*): 124.2 -> 124.2, 128.4 -> 110.4,
-/// 101.0 -> 104.5, 83.3 -> 85.5, 104.9 -> 97.3; at 512x2048x5632 Q4_K 65.1 -> 69.0, Q5_K
-/// 54.3 -> 56.2. With the K-quants' blocks loaded as vectors (run 282) still: Q4_K 115.1 ->
-/// 125.4, Q5_K 102.8 -> 111.5. `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format.
-pub fn coop_loads_ahead(format: WeightFormat) -> bool {
-    crate::config::coop_load_ahead_from_env()
-        .unwrap_or(matches!(format, WeightFormat::F16 | WeightFormat::Q4K | WeightFormat::Q5K))
+/// one go: every format since nothing touches the held loads before the barrier (F16 weights
+/// kept as words, common/coop_w_half.wgsl; a K loop each for whole and edge tiles). H200,
+/// TFLOP/s at 4096^3 / 512x4096x11008 without -> with: F16 127.3 -> 160.5 / 112.3 -> 139.6 (run
+/// 310, then 167.8 / 145.7 with the loops apart, run 314), Q8_0 127.3 -> 149.1 / 107.4 -> 130.8,
+/// Q6_K 108.8 -> 120.8 / 92.0 -> 103.5, Q4_K and Q5_K (ahead since run 274) 124.8 -> 126.8 /
+/// 111.5 -> 115.2 with the loops apart (run 314); pp512 Llama-7B Q4_K_M 7,640 / 7,726 -> 7,969 /
+/// 7,968, TinyLlama Q8_0 42,870 / 41,852 -> 46,480 / 46,277. Before either change F16, Q8_0 and
+/// Q6_K lost with it (run 274: 124.2 -> 124.2, 128.4 -> 110.4, 104.9 -> 97.3).
+/// `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format (a measurement knob).
+pub fn coop_loads_ahead() -> bool {
+    crate::config::coop_load_ahead_from_env().unwrap_or(true)
 }
 
 /// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K where they are

@@ -8,12 +8,14 @@
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
-// LOAD_AHEAD (plan::coop_loads_ahead: F16, Q4_K and Q5_K): the loaders issue the step after
-// next's loads right after storing the next step and hold them in registers across the
-// barrier, so that a step's loads have two steps to arrive; what they hold must stay as loaded
-// until stored (F16 weights as words, not halves: unpacked on arrival, they made the loaders
-// wait before the barrier; H200 run 310, 4096^3 F16 127 -> 160 TFLOP/s). Q8_0 and Q6_K lost with
-// it (-14%, -7% at 4096^3, run 274).
+// LOAD_AHEAD (plan::coop_loads_ahead: every format): the loaders issue the step after next's
+// loads right after storing the next step and hold them in registers across the barrier, so
+// that a step's loads have two steps to arrive. Nothing may touch what they hold before the
+// barrier, or the loader waits for its loads there: F16 weights stay words until stored (as
+// halves they were unpacked on arrival), and tiles inside X and W and edge tiles run a K loop
+// each (k_steps_full, k_steps_edge; with one loop the compiler copied the held registers where
+// the two fetches joined). H200, TFLOP/s at 4096^3 before -> after: F16 127 -> 168 (runs 310,
+// 314), Q8_0 127 -> 149, Q6_K 109 -> 121 (run 314).
 // The X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W tile (F16 as it
 // is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
 // common/coop_w_decode.wgsl) are stored k-contiguous: X row-major (A, loaded with coopLoadT), W
@@ -130,11 +132,6 @@ fn fetch_full(lid: u32, b: Bases, c8: u32) -> Staged {
     return s;
 }
 
-fn fetch(lid: u32, m0: u32, n0: u32, k0: u32, full: bool, b: Bases) -> Staged {
-    if (full) { return fetch_full(lid, b, k0 / 8u); }
-    return fetch_edge(lid, m0, n0, k0);
-}
-
 // Eight halves at half t (a multiple of 8) of xs (which == 0) or ws.
 fn put8(t: u32, h: Half8, which: u32) {
     let v = t / 4u;
@@ -210,6 +207,57 @@ fn multiply(cur: u32, sm: u32, sn: u32) {
     }
 }
 
+// The K loop, once for tiles inside X and W (loads from row bases, no clamps) and once for
+// edge tiles: two copies, so that what the loaders hold across the barrier (LOAD_AHEAD) stays
+// in the registers its loads landed in. One loop over both kinds of fetch made the compiler
+// copy those registers where the two paths join, before the barrier, and a copy waits for its
+// load (Q8_0's machine code, H200 run 313).
+fn k_steps_full(loader: bool, plid: u32, b: Bases, k_begin: u32, steps: u32, sm: u32, sn: u32) {
+    var ahead: Staged;
+    if (loader) {
+        stash(plid, fetch_full(plid, b, k_begin / 8u), 0u, true);
+        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch_full(plid, b, (k_begin + BK) / 8u); }
+    }
+    workgroupBarrier();
+    for (var step = 0u; step < steps; step++) {
+        let cur = step % 2u;
+        if (loader) {
+            if (step + 1u < steps && LOAD_AHEAD == 1u) {
+                stash(plid, ahead, 1u - cur, true);
+                if (step + 2u < steps) { ahead = fetch_full(plid, b, (k_begin + (step + 2u) * BK) / 8u); }
+            } else if (step + 1u < steps) {
+                stash(plid, fetch_full(plid, b, (k_begin + (step + 1u) * BK) / 8u), 1u - cur, true);
+            }
+        } else {
+            multiply(cur, sm, sn);
+        }
+        workgroupBarrier();
+    }
+}
+
+fn k_steps_edge(loader: bool, plid: u32, m0: u32, n0: u32, k_begin: u32, steps: u32, sm: u32, sn: u32) {
+    var ahead: Staged;
+    if (loader) {
+        stash(plid, fetch_edge(plid, m0, n0, k_begin), 0u, false);
+        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch_edge(plid, m0, n0, k_begin + BK); }
+    }
+    workgroupBarrier();
+    for (var step = 0u; step < steps; step++) {
+        let cur = step % 2u;
+        if (loader) {
+            if (step + 1u < steps && LOAD_AHEAD == 1u) {
+                stash(plid, ahead, 1u - cur, false);
+                if (step + 2u < steps) { ahead = fetch_edge(plid, m0, n0, k_begin + (step + 2u) * BK); }
+            } else if (step + 1u < steps) {
+                stash(plid, fetch_edge(plid, m0, n0, k_begin + (step + 1u) * BK), 1u - cur, false);
+            }
+        } else {
+            multiply(cur, sm, sn);
+        }
+        workgroupBarrier();
+    }
+}
+
 // The first WG invocations multiply, the LWG after them load (see the top of the file).
 // Roles are per subgroup (32 invocations in index order), so the cooperative operations run
 // in subgroup-uniform control flow; they are in functions so that naga, whose analysis knows
@@ -232,28 +280,10 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let steps = (ks.y - k_begin + BK - 1u) / BK;
     // Tiles inside X and W whose K steps are all whole take the loads without clamps or masks.
     let full = m0 + BM <= p.n_cols && n0 + BN <= p.n_rows && (ks.y - k_begin) % BK == 0u;
-    var b: Bases;
-    // LOAD_AHEAD: the next step's loads, held in registers across the barrier.
-    var ahead: Staged;
-    if (loader) {
-        b = bases(plid, m0, n0);
-        stash(plid, fetch(plid, m0, n0, k_begin, full, b), 0u, full);
-        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch(plid, m0, n0, k_begin + BK, full, b); }
-    }
-    workgroupBarrier();
-    for (var step = 0u; step < steps; step++) {
-        let cur = step % 2u;
-        if (loader) {
-            if (step + 1u < steps && LOAD_AHEAD == 1u) {
-                stash(plid, ahead, 1u - cur, full);
-                if (step + 2u < steps) { ahead = fetch(plid, m0, n0, k_begin + (step + 2u) * BK, full, b); }
-            } else if (step + 1u < steps) {
-                stash(plid, fetch(plid, m0, n0, k_begin + (step + 1u) * BK, full, b), 1u - cur, full);
-            }
-        } else {
-            multiply(cur, sm, sn);
-        }
-        workgroupBarrier();
+    if (full) {
+        k_steps_full(loader, plid, bases(plid, m0, n0), k_begin, steps, sm, sn);
+    } else {
+        k_steps_edge(loader, plid, m0, n0, k_begin, steps, sm, sn);
     }
 
     let lane = lid % 32u;
