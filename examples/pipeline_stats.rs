@@ -109,15 +109,14 @@ fn value(s: &vk::PipelineExecutableStatisticKHR) -> String {
     }
 }
 
-/// Compiles one kernel and returns its statistics (name, value) per executable; with `ir`,
-/// writes the internal representations there.
-fn stats(vk_: &Vulkan, d: &Dump, ir: Option<&Path>, blobs: Option<&Path>) -> Res<Vec<(String, String)>> {
-    let (words, _) = d.spirv().map_err(|e| e.to_string())?;
+/// Compiles one kernel (its SPIR-V `words`) and returns its statistics (name, value) per
+/// executable; with `ir`, writes the internal representations there.
+fn stats(vk_: &Vulkan, d: &Dump, words: &[u32], ir: Option<&Path>, blobs: Option<&Path>) -> Res<Vec<(String, String)>> {
     let file = kiln::gpu::dump::file_name(&d.label);
     let dev = &vk_.device;
     unsafe {
         let module = dev
-            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)
             .map_err(|e| format!("{}: vkCreateShaderModule: {e}", file))?;
         let bindings: Vec<_> = d
             .bindings
@@ -262,9 +261,12 @@ fn main() {
     println!("# {} ({} kernels from {})", vk_.name, dumps.len(), dir.display());
     let mut failed = 0;
     for d in &dumps {
-        let size = d.spirv().map(|(_, s)| s).unwrap_or([0; 3]);
-        match stats(&vk_, d, ir.as_deref(), blobs.as_deref()) {
-            Ok(s) => {
+        let compiled = d
+            .spirv()
+            .map_err(|e| e.to_string())
+            .and_then(|(words, size)| Ok((stats(&vk_, d, &words, ir.as_deref(), blobs.as_deref())?, size)));
+        match compiled {
+            Ok((s, size)) => {
                 let line: Vec<String> = s.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!("{} wg={}x{}x{} | {}", d.label, size[0], size[1], size[2], line.join(" | "));
             }

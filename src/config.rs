@@ -89,6 +89,12 @@ pub fn pipeline_cache_from_env() -> Option<std::path::PathBuf> {
     }
 }
 
+/// `KILN_DUMP_WGSL=<dir>`: where each kernel's composed WGSL is written as it is compiled
+/// (gpu/dump.rs); unset or empty, nowhere.
+pub fn dump_wgsl_from_env() -> Option<std::path::PathBuf> {
+    std::env::var_os("KILN_DUMP_WGSL").filter(|d| !d.is_empty()).map(Into::into)
+}
+
 /// The Hugging Face endpoint: `HF_ENDPOINT` (a mirror, or a test server), else the hub.
 pub fn hf_endpoint_from_env() -> String {
     match std::env::var("HF_ENDPOINT") {

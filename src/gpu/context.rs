@@ -170,7 +170,7 @@ impl ContextOptions {
             max_binding_override: crate::config::max_binding_from_env(),
             memory_override: crate::config::gpu_memory_from_env(),
             pipeline_cache: crate::config::pipeline_cache_from_env(),
-            dump_wgsl: std::env::var_os("KILN_DUMP_WGSL").filter(|d| !d.is_empty()).map(Into::into),
+            dump_wgsl: crate::config::dump_wgsl_from_env(),
             gemv_max_cols: crate::config::gemv_max_cols_from_env(),
             ..Default::default()
         })

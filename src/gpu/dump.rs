@@ -92,10 +92,8 @@ impl Dump {
     /// workgroup size.
     pub fn spirv(&self) -> Result<(Vec<u32>, [u32; 3])> {
         let bad = |what: String| KilnError::Shader { label: self.label.clone(), message: what };
-        let module = naga::front::wgsl::parse_str(&self.text).map_err(|e| bad(e.emit_to_string(&self.text)))?;
-        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-            .validate(&module)
-            .map_err(|e| bad(e.emit_to_string(&self.text)))?;
+        let (module, info) =
+            crate::gpu::shader::validate_text(&self.label, &self.text, naga::valid::Capabilities::all())?;
         let mut constants = naga::back::PipelineConstants::default();
         for (k, v) in &self.overrides {
             constants.insert(k.clone(), *v);

@@ -316,19 +316,28 @@ pub fn validate(
     src: &ShaderSource,
     caps: naga::valid::Capabilities,
 ) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
-    let module = naga::front::wgsl::parse_str(&src.text)
-        .map_err(|e| KilnError::Shader { label: src.label.clone(), message: e.emit_to_string(&src.text) })?;
+    validate_text(&src.label, &src.text, caps)
+}
+
+/// `validate` for WGSL text under a label (a shader read back from `KILN_DUMP_WGSL`, gpu/dump.rs).
+pub fn validate_text(
+    label: &str,
+    text: &str,
+    caps: naga::valid::Capabilities,
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
+    let module = naga::front::wgsl::parse_str(text)
+        .map_err(|e| KilnError::Shader { label: label.to_string(), message: e.emit_to_string(text) })?;
     let info =
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).map_err(|e| {
             // The span says where; the chain of causes says what (an invalid entry point's
             // function, then its expression).
-            let mut message = e.emit_to_string(&src.text);
+            let mut message = e.emit_to_string(text);
             let mut cause = std::error::Error::source(e.as_inner());
             while let Some(c) = cause {
                 message.push_str(&format!("\ncaused by: {c}"));
                 cause = c.source();
             }
-            KilnError::Shader { label: src.label.clone(), message }
+            KilnError::Shader { label: label.to_string(), message }
         })?;
     Ok((module, info))
 }

@@ -9,12 +9,15 @@ struct WStage {
     inside: bool,
 }
 
+// Weights 8c .. 8c + 7 of W's row; outside W, a chunk inside it (zeroed by halves_w: no load
+// behind a branch, see load_x8).
 fn stage_w(row: u32, c: u32) -> WStage {
     let inside = row < p.n_rows && c * 8u < p.k;
     let r = min(row, p.n_rows - 1u);
     return WStage(wh[(r * p.k) / 8u + select(0u, c, inside)], inside);
 }
 
+// Rows inside W: row's first chunk (computed once per workgroup), and chunk c of it.
 fn w_base(row: u32) -> u32 {
     return row * (p.k / 8u);
 }
