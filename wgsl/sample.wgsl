@@ -103,18 +103,31 @@ fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
     return workgroupUniformLoad(&picked);
 }
 
-// How many of slice s's merged candidates (cand_* from slice_off[s]) come before (v, id):
-// its list is in order, so a binary search.
-fn ahead_in_slice(s: u32, v: f32, id: u32) -> u32 {
-    var a = slice_off[s];
-    var b = slice_off[s + 1u];
-    let first = a;
-    while (a < b) {
-        let mid = (a + b) / 2u;
-        let mv = cand_v[mid / 4u][mid % 4u];
-        if (mv > v || (mv == v && cand_i[mid / 4u][mid % 4u] < id)) { a = mid + 1u; } else { b = mid; }
+// How many of the merged candidates of slices s0 .. s0 + 3 (cand_* from slice_off[s]; none
+// past the last slice) come before (v, id): each list is in order, so those are a prefix of
+// it, found by a binary search of fixed steps (SCAP down to 1) with no branch, the four
+// slices' searches side by side. (Searching one slice at a time with a branching loop took
+// most of the 13 µs that merging 16 slices' lists of 40 cost a pick on an H200: run 324.)
+fn ahead_in_slices4(s0: u32, slices: u32, v: f32, id: u32) -> u32 {
+    var first = vec4<u32>(0u);
+    var len = vec4<u32>(0u);
+    for (var k = 0u; k < 4u; k++) {
+        let s = min(s0 + k, slices - 1u);
+        first[k] = slice_off[s];
+        len[k] = select(0u, slice_off[s + 1u] - slice_off[s], s0 + k < slices);
     }
-    return a - first;
+    var pos = vec4<u32>(0u);
+    for (var step = SCAP; step > 0u; step >>= 1u) {
+        for (var k = 0u; k < 4u; k++) {
+            let probe = pos[k] + step;
+            let at = min(first[k] + min(probe, max(len[k], 1u)) - 1u, CAP - 1u);
+            let mv = cand_v[at / 4u][at % 4u];
+            let mi = cand_i[at / 4u][at % 4u];
+            let ahead = mv > v || (mv == v && mi < id);
+            pos[k] = select(pos[k], probe, probe <= len[k] && ahead);
+        }
+    }
+    return pos.x + pos.y + pos.z + pos.w;
 }
 
 // TOPS: the row's top_k candidates in order in cand_*, merged from the first pass's slices'
@@ -158,7 +171,7 @@ fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
             mine_v[j] = cand_v[c / 4u][c % 4u];
             mine_i[j] = cand_i[c / 4u][c % 4u];
             var r = 0u;
-            for (var s = 0u; s < slices; s++) { r += ahead_in_slice(s, mine_v[j], mine_i[j]); }
+            for (var s0 = 0u; s0 < slices; s0 += 4u) { r += ahead_in_slices4(s0, slices, mine_v[j], mine_i[j]); }
             place[j] = r;
         }
     }
