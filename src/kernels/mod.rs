@@ -385,6 +385,12 @@ pub enum KernelKey {
         /// (binding 6; common/sample_chain.wgsl). Bound either way (one layout); never set on
         /// the first pass, which is the same for chained steps.
         chained: bool,
+        /// The session's own sampler is greedy (its second pass only reduces the slices'
+        /// maxima): that pass in `sample::SAMPLE_WG` invocations, whose barriers cost less than
+        /// the wide ones' (H200, run 326, three alternations: TinyLlama Q4_K_M tg128 1,166.5 ->
+        /// 1,170.4 tok/s, at depth 4096 1,025.8 -> 1,032.5). Any configuration still picks right
+        /// in it, only slower. Never set on the first pass or a batched step.
+        greedy: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
     Nll {
@@ -872,8 +878,12 @@ impl KernelKey {
             KernelKey::Argmax { subgroups } => {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
-            KernelKey::Sample { subgroups, batched, prune, tops, chained } => {
-                let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
+            KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy } => {
+                let wg = match (prune, greedy) {
+                    (true, _) => sample::PRUNE_WG,
+                    (false, true) => sample::SAMPLE_WG,
+                    (false, false) => sample::sample_wg(caps),
+                };
                 let c = c
                     .const_u32("WG", wg)
                     .const_bool("TOPS", tops)
@@ -1182,12 +1192,15 @@ impl KernelKey {
             }
             v.push(KernelKey::Argmax { subgroups });
             for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
-                v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: false });
-                // Chained steps' variant: the second pass only (the first is the same either way).
+                v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: false, greedy: false });
+                // Chained steps' and greedy samplers' variants: the second pass only (the first
+                // is the same either way).
                 if !prune {
-                    v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: true });
+                    for (chained, greedy) in [(true, false), (false, true), (true, true)] {
+                        v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained, greedy });
+                    }
                 }
-                v.push(KernelKey::Sample { subgroups, batched: true, prune, tops, chained: false });
+                v.push(KernelKey::Sample { subgroups, batched: true, prune, tops, chained: false, greedy: false });
             }
             v.push(KernelKey::Nll { subgroups });
         }

@@ -206,7 +206,7 @@ fn passes(
         .map(|(prune, workgroups)| {
             // The first pass is the same for chained steps (one pipeline serves both).
             let chained = chained && !prune;
-            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained };
+            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy: false };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);
             Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group, workgroups, params: Some(ub.clone()) })

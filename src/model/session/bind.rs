@@ -577,13 +577,27 @@ impl Session {
         // records any of them.
         let sample = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: false, prune: false, tops: false, chained: false },
+            &KernelKey::Sample {
+                subgroups: sub,
+                batched: false,
+                prune: false,
+                tops: false,
+                chained: false,
+                greedy: false,
+            },
             "sample",
             &[&logits, &out_id, &sample_state, &sample_slices, &step_state, &chain_tokens],
         )?;
         let sample_table = Bound::new::<SampleConfig>(
             &ctx,
-            &KernelKey::Sample { subgroups: sub, batched: true, prune: false, tops: false, chained: false },
+            &KernelKey::Sample {
+                subgroups: sub,
+                batched: true,
+                prune: false,
+                tops: false,
+                chained: false,
+                greedy: false,
+            },
             "sample",
             &[&logits, &out_id, &sample_state, &sample_configs, &step_state, &sample_slices],
         )?;
@@ -632,6 +646,7 @@ impl Session {
             argmax,
             scorer,
             sample,
+            sample_greedy: false,
             sample_table,
             sample_state,
             sample_configs,

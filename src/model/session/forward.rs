@@ -484,6 +484,7 @@ impl Session {
                     tops: ctx.caps.sample_tops,
                     // Only the second pass picks, so only it moves the chain on.
                     chained: picker == Picker::Chained && !prune,
+                    greedy: !table && !prune && self.sample_greedy,
                 };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }

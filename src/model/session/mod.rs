@@ -234,6 +234,9 @@ pub struct Session {
     /// The GPU sampler (wgsl/sample.wgsl) over the logits, writing `out_id`, configured by
     /// its uniform (sequence 0's sampler) ...
     sample: Bound,
+    /// Whether that uniform's configuration is greedy (`set_sampling`): its steps take the
+    /// narrower second pass (`KernelKey::Sample::greedy`).
+    sample_greedy: bool,
     /// ... and the one whose rows are a batched step's columns (or a sequence other than
     /// 0), each configured by its slot's entry of `sample_configs`.
     sample_table: Bound,
@@ -418,6 +421,7 @@ impl Session {
         let cfg = SampleConfig::new(&sampler.cfg, v, v);
         if slot == 0 {
             self.sample.set(&self.ctx, &cfg);
+            self.sample_greedy = cfg.greedy != 0;
         }
         let size = std::mem::size_of::<SampleConfig>() as u64;
         self.ctx.queue.write_buffer(&self.sample_configs, slot as u64 * size, bytemuck::bytes_of(&cfg));

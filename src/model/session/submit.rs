@@ -228,6 +228,13 @@ impl Session {
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
         }
+        // The second pass of the other kind of sampler (greedy or not) than the one configured
+        // now, which the steps above took.
+        for chained in [false, true] {
+            let (subgroups, tops) = (ctx.caps.subgroups, ctx.caps.sample_tops);
+            let greedy = !self.sample_greedy;
+            ctx.pipeline(&KernelKey::Sample { subgroups, batched: false, prune: false, tops, chained, greedy })?;
+        }
         // Decode attention's variant changes with the context (blocks of heads, cooperative
         // matrices and their tiles, the combine pass), only where a length crosses a multiple
         // of 64 positions: each one the session's contexts take, so that none compiles in the
