@@ -641,9 +641,9 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
 /// Q4_K_M's and Q5_K_M's V in Q6_K, Q4_K_S's in Q5_K): Q, K and V against the CPU reference
 /// for each pair of formats, through every one-column kernel the planner gives it (the float
 /// GEMV through the RMSNorm, on the GPU's two-format shape too, the int8 GEMV after its
-/// quantize dispatch where the adapter has it), with heads whose V rows are whole workgroups' rows and heads whose V rows are not
-/// (18 or 24 of them: the second part's last workgroup reads its last row again); a first part
-/// that is not whole workgroups' rows is refused.
+/// quantize dispatch where the adapter has it), with heads whose V rows are whole workgroups'
+/// rows and heads whose V rows are not (18 or 24 of them: the second part's last workgroup
+/// reads its last row again); a first part that is not whole workgroups' rows is refused.
 #[test]
 fn q_k_and_v_in_two_formats_take_one_dispatch() {
     let k = 256;

@@ -230,9 +230,8 @@ impl Session {
         }
         // The second pass of the other kind of sampler (greedy or not) than the one configured
         // now, which the steps above took.
+        let (subgroups, tops, greedy) = (ctx.caps.subgroups, ctx.caps.sample_tops, !self.sample_greedy);
         for chained in [false, true] {
-            let (subgroups, tops) = (ctx.caps.subgroups, ctx.caps.sample_tops);
-            let greedy = !self.sample_greedy;
             ctx.pipeline(&KernelKey::Sample { subgroups, batched: false, prune: false, tops, chained, greedy })?;
         }
         // Decode attention's variant changes with the context (blocks of heads, cooperative
