@@ -404,6 +404,28 @@ pub fn coop_load_ahead_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_COOP_LOAD_AHEAD"))
 }
 
+/// `KILN_PREFILL_DEQUANT=0|1`: whether prefill decodes block-format weights to an f16 copy
+/// before their GEMMs (`plan::prefill_dequant_f16`; a knob for measurements).
+pub fn prefill_dequant_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_PREFILL_DEQUANT"))
+}
+
+/// `KILN_DEQUANT_FROM=<m·k>`: tokens times row length from which a prefill GEMM over K-quant
+/// weights reads an f16 copy of them (`plan::DEQUANT_F16_FROM`; a knob for measurements).
+pub fn dequant_from_env() -> Option<u64> {
+    static FROM: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *FROM
+        .get_or_init(|| std::env::var("KILN_DEQUANT_FROM").ok().and_then(|v| v.trim().parse().ok()).filter(|&c| c >= 1))
+}
+
+/// `KILN_DEQUANT_PER=1|4`: chunks each invocation of the f16 decoder takes
+/// (`plan::dequant_chunks_per_invocation`; a knob for measurements).
+pub fn dequant_per_from_env() -> Option<u32> {
+    static PER: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *PER.get_or_init(|| std::env::var("KILN_DEQUANT_PER").ok().and_then(|v| v.trim().parse().ok()))
+}
+
 /// `KILN_ATTN_Q8_OUT=0|1`: whether one-token decode attention writes the output projection's
 /// int8 input (`plan::attn_q8_out`; a knob for measurements).
 pub fn attn_q8_out_from_env() -> Option<bool> {

@@ -363,6 +363,49 @@ pub fn prefill_f16_inputs() -> bool {
     crate::config::prefill_f16_inputs_from_env().unwrap_or(true)
 }
 
+/// `Caps::dequant_f16_from` without the context option, where the cooperative GEMM runs:
+/// `DEQUANT_F16_FROM`, or `KILN_DEQUANT_FROM` where set; never with `KILN_PREFILL_DEQUANT=0`.
+pub fn prefill_dequant_f16() -> Option<u64> {
+    let from = crate::config::dequant_from_env().unwrap_or(DEQUANT_F16_FROM);
+    crate::config::prefill_dequant_from_env().unwrap_or(true).then_some(from)
+}
+
+/// Tokens times row length (m·k) from which a prefill GEMM over K-quant weights reads an f16
+/// copy decoded just before it (`Caps::dequant_f16_from`, dequant_f16.wgsl) instead of
+/// decoding every tile in its loaders. The copy costs a pass over the weights (2.6 bytes
+/// written and read a weight: 25 µs for TinyLlama's gate/up on an H100) whatever the step's
+/// length, the GEMM's gain grows with m, and more where k is longer. H100, run 331
+/// (`KILN_BENCH_GEMM_SHAPES=... kernels`), µs as a session runs it (split along K where planned)
+/// -> via the copy: m = 512, TinyLlama (k 2048) Q/K 63.1 -> 62.1, output 46.9 -> 45.9, gate/up
+/// 201.2 -> 203.1, down (Q6_K, k 5632) 111.7 -> 102.9; Llama-7B (k 4096) Q/K 268.9 -> 242.4,
+/// output 135.2 -> 123.1, gate/up 843.0 -> 745.0, down (k 11008) 383.0 -> 321.6; m = 1024,
+/// TinyLlama gate/up 399.2 -> 367.1, output 70.9 -> 59.8, down 195.2 -> 162.4. Models (run 330,
+/// H100, mean of three, route off -> on at every size): TinyLlama Q4_K_M pp256 31,047 -> 28,853,
+/// pp384 39,009 -> 36,107, pp512 42,911 -> 42,214, pp4096 (steps of 2,048) 48,044 -> 55,526;
+/// Llama-7B pp256 7,272 -> 7,119, pp384 7,273 -> 7,767, pp512 8,018 -> 8,941. So from 384 tokens
+/// of k 4096: TinyLlama's matrices from 768 tokens (its down projection from 280), Llama-7B's
+/// from 384 (its down projection from 143).
+pub const DEQUANT_F16_FROM: u64 = 384 * 4096;
+
+/// The formats whose prefill GEMMs read an f16 copy (`Caps::dequant_f16_from`): the K-quants.
+/// Q8_0's GEMM decodes little and ran at 0.9-1.0 of F16's; with the copy's decoder before it,
+/// slower (H100, run 329, µs without -> with the copy: 512x4096x11008 342 -> 381, 2048x2048x11264
+/// 658 -> 675; H200, run 328: TinyLlama Q8_0 pp512 49,334 -> 43,547 tok/s, mean of three).
+pub fn dequant_f16_format(format: WeightFormat) -> bool {
+    matches!(format, WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K)
+}
+
+/// Chunks of eight weights each invocation of dequant_f16.wgsl decodes: 4, or
+/// `KILN_DEQUANT_PER=1` (a knob for measurements). H100: TinyLlama's gate/up copy 32.9 µs with
+/// one (run 329) -> 25.0 with four (run 331); Llama-7B Q4_K_M pp512 8,672 -> 8,941 tok/s (run
+/// 330, mean of three).
+pub fn dequant_chunks_per_invocation() -> u32 {
+    match crate::config::dequant_per_from_env() {
+        Some(1) => 1,
+        _ => 4,
+    }
+}
+
 /// K dimensions and V positions each decode-attention invocation holds in registers
 /// (attention_decode.wgsl's PER): a split is 256 x PER / head_dim positions. Fewer make more,
 /// shorter splits, which cost more: on an H200 (run 151, TinyLlama's heads, one layer with

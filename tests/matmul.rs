@@ -191,7 +191,8 @@ fn split_k_gemm_matches_reference() {
             epis.extend(qkv_shapes(g.ctx.caps.f16).into_iter().take(2).map(|s| (Epi::Qkv(s), s.rows())));
             for (epi, n) in epis {
                 let c = case(WeightFormat::Q4K, n, k, m, (m * 13 + n) as u64);
-                let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 3 };
+                let run =
+                    Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 3, dequant: false };
                 for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                     let what = format!("[{}] split-K 3 {tile:?} {epi:?} {}", g.name, o.what);
                     let tol = epilogue_tol(kernel);
@@ -465,14 +466,7 @@ fn fused_epilogues_match_reference() {
                 for m in [1u32, 3] {
                     let kernel = MatmulKernel::Gemv { ncols: m, shape: GEMV_Q8_SWIGLU, q8: true };
                     let c = case(format, 192, k, m as usize, 7 + m as u64);
-                    let run = Run {
-                        kernel,
-                        bias: true,
-                        accumulate: false,
-                        input: Input::Plain,
-                        epi: Epi::SwiGluQ8,
-                        splits: 1,
-                    };
+                    let run = Run { epi: Epi::SwiGluQ8, ..Run::plain(kernel, true, false) };
                     for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                         let what = format!("[{}] {format} int8 SwiGLU epilogue m={m} {}", g.name, o.what);
                         assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
@@ -491,7 +485,8 @@ fn fused_epilogues_match_reference() {
                 let c = case(format, 192, k, 1, 9);
                 let gamma = kiln::doctor::data::Rng::new(3).normal(k, 1.0);
                 let input = Input::Norm { gamma, eps: 1e-5 };
-                let run = Run { kernel, bias: true, accumulate: false, input, epi: Epi::SwiGluQ8, splits: 1 };
+                let run =
+                    Run { kernel, bias: true, accumulate: false, input, epi: Epi::SwiGluQ8, splits: 1, dequant: false };
                 for (ctx, how) in [(&g.ctx, "quantize dispatch"), (&local, "quantized in the workgroup")] {
                     let out = mm::run(ctx, &c, &run).unwrap();
                     for o in out.outputs {
@@ -511,14 +506,7 @@ fn fused_epilogues_match_reference() {
                 let add = std::sync::Arc::new(kiln::gpu::GpuContext::new(&opts).unwrap());
                 if g.name == "native" && add.caps.q8_add_norm.is_some() {
                     let kernel = MatmulKernel::Gemv { ncols: 1, shape: kiln::plan::GEMV_Q8_ADD_NORM, q8: true };
-                    let run = Run {
-                        kernel,
-                        bias: true,
-                        accumulate: true,
-                        input: Input::Plain,
-                        epi: Epi::AddQ8Norm,
-                        splits: 1,
-                    };
+                    let run = Run { epi: Epi::AddQ8Norm, ..Run::plain(kernel, true, true) };
                     for o in mm::run(&add, &case(format, 96, k, 1, 21), &run).unwrap().outputs {
                         let what = format!("[{}] {format} int8 residual epilogue: {}", g.name, o.what);
                         assert_close(&what, &o.got, &o.want, epilogue_tol(kernel));
@@ -539,7 +527,15 @@ fn fused_epilogues_match_reference() {
                 }
                 for (epi, n) in epis {
                     let c = case(format, n, k, m, (m * 13 + n) as u64);
-                    let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi, splits: 1 };
+                    let run = Run {
+                        kernel,
+                        bias: true,
+                        accumulate: false,
+                        input: Input::Plain,
+                        epi,
+                        splits: 1,
+                        dequant: false,
+                    };
                     for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                         let what = format!("[{}] {format} {what} {epi:?} {}", g.name, o.what);
                         assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
@@ -570,8 +566,15 @@ fn swiglu_epilogue_writes_halves_for_the_next_gemm() {
                 for splits in [1, 2] {
                     let kernel = MatmulKernel::Gemm { tile };
                     let c = case(format, 192, k, m, (m * 7 + splits as usize) as u64);
-                    let run =
-                        Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::SwiGluF16, splits };
+                    let run = Run {
+                        kernel,
+                        bias: true,
+                        accumulate: false,
+                        input: Input::Plain,
+                        epi: Epi::SwiGluF16,
+                        splits,
+                        dequant: false,
+                    };
                     for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                         assert!(o.f16);
                         let what = format!("[{}] {format} {kernel} splits={splits} {}", g.name, o.what);
@@ -627,7 +630,15 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
             s.kv_base = 7;
             s.batched = batched;
             let c = case(format, s.rows(), k, m, (m * 31 + s.rows()) as u64);
-            let run = Run { kernel, bias: true, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits };
+            let run = Run {
+                kernel,
+                bias: true,
+                accumulate: false,
+                input: Input::Plain,
+                epi: Epi::Qkv(s),
+                splits,
+                dequant: false,
+            };
             for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                 let what =
                     format!("[{}] {format} {kernel} splits={splits} batched={batched} {:?} {}", g.name, s.kv, o.what);
@@ -688,7 +699,8 @@ fn q_k_and_v_in_two_formats_take_one_dispatch() {
                 let c = case(first, s.rows(), k, 1, (i * 7 + j) as u64);
                 let gamma = kiln::doctor::data::Rng::new(j as u64).normal(k, 1.0);
                 let input = Input::Norm { gamma, eps: 1e-5 };
-                let run = Run { kernel, bias: true, accumulate: false, input, epi: Epi::Qkv(s), splits: 1 };
+                let run =
+                    Run { kernel, bias: true, accumulate: false, input, epi: Epi::Qkv(s), splits: 1, dequant: false };
                 let tol = epilogue_tol(kernel);
                 for o in mm::run(&g.ctx, &c, &run).unwrap().outputs {
                     let what = format!("[{}] {first}+{second} {kernel} heads {n_head}x{head_dim}: {}", g.name, o.what);
@@ -706,8 +718,67 @@ fn q_k_and_v_in_two_formats_take_one_dispatch() {
             ..default
         };
         let kernel = MatmulKernel::Gemv { ncols: 1, shape: GemvShape::new(64, 4), q8: false };
-        let run = Run { kernel, bias: false, accumulate: false, input: Input::Plain, epi: Epi::Qkv(s), splits: 1 };
+        let run = Run {
+            kernel,
+            bias: false,
+            accumulate: false,
+            input: Input::Plain,
+            epi: Epi::Qkv(s),
+            splits: 1,
+            dequant: false,
+        };
         let err = mm::run(&g.ctx, &case(WeightFormat::Q4K, s.rows(), k, 1, 3), &run).err().expect("126 rows");
         assert!(err.to_string().contains("whole workgroups' rows"), "{err}");
+    }
+}
+
+/// Prefill's route over block-format weights (`Caps::dequant_f16_from`): the decoder's halves
+/// are the CPU dequantizer's values rounded to f16, bit for bit, for every K-quant format; and
+/// the GEMM over the copy (the planner's for F16 weights: the float tiles on lavapipe, the
+/// cooperative ones where the adapter has them) matches the reference within the bound of
+/// rounding W (and on cooperative matrices X) to f16: ragged shapes, bias and residual add,
+/// and the SwiGLU and Q/K/V epilogues.
+#[test]
+fn gemm_over_an_f16_copy_of_block_weights() {
+    let opts = kiln::gpu::ContextOptions { dequant_f16_from: Some(Some(1)), ..Default::default() };
+    let ctx = GpuContext::new(&opts).unwrap();
+    if ctx.caps.dequant_f16_from.is_none() {
+        eprintln!("{}: no SHADER_F16, no f16 copy of the weights", ctx.describe());
+        return;
+    }
+    let tol = epilogue_tol(MatmulKernel::Gemm { tile: GemmTile::Coop128 });
+    for format in WeightFormat::ALL.into_iter().filter(|&f| kiln::plan::dequant_f16_format(f)) {
+        // The decoder alone: 38 rows of 3 blocks. (Odd row counts are uploaded in two chunks,
+        // which the route leaves to the GEMM's own decoding.)
+        let c = case(format, 38, k_for_coop(format, 3), 1, 5);
+        let w = WeightTensor::upload(&ctx, "w", format, c.n, c.k, &c.weights).unwrap();
+        let halves = ctx.storage((c.n * c.k * 2) as u64, "halves").unwrap();
+        let d = matmul::prepare_dequant_f16(&ctx, &w, &halves).unwrap();
+        run_dispatches(&ctx, &[&d]).unwrap();
+        let bytes = ctx.read_bytes(&halves, 0, (c.n * c.k * 2) as u64).unwrap();
+        for (i, (b, want)) in bytes.chunks_exact(2).zip(&c.w_ref).enumerate() {
+            let (got, want) = (u16::from_le_bytes([b[0], b[1]]), half::f16::from_f32(*want).to_bits());
+            assert_eq!(got, want, "{format}: weight {i} of {}x{} decoded to f16", c.n, c.k);
+        }
+        // The GEMMs over the copy.
+        for (m, n, blocks) in [(9usize, 46usize, 2usize), (70, 130, 1), (300, 200, 3)] {
+            let k = k_for_coop(format, blocks);
+            let c = case(format, n, k, m, (m * 7 + n) as u64);
+            let run = Run { dequant: true, ..Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, m != 70, m != 9) };
+            let (got, want, _) = run_one(&ctx, &c, &run);
+            let what = format!("{format} over an f16 copy, m={m} n={n} k={k}");
+            assert_within(&what, &got, &want, &coop_bound(&c.w_ref, n, k, &c.x, m), TOL);
+        }
+        let m = 70;
+        let mut epis = vec![(Epi::SwiGlu, 66)];
+        epis.extend(qkv_shapes(ctx.caps.f16).into_iter().map(|s| (Epi::Qkv(s), s.rows())));
+        for (epi, n) in epis {
+            let c = case(format, n, 256, m, (m * 13 + n) as u64);
+            let run = Run { epi, dequant: true, ..Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, true, false) };
+            for o in mm::run(&ctx, &c, &run).unwrap().outputs {
+                let what = format!("{format} over an f16 copy, {epi:?} {}", o.what);
+                assert_close(&what, &o.got, &o.want, if o.f16 { tol.max(1e-3) } else { tol });
+            }
+        }
     }
 }

@@ -171,6 +171,38 @@ fn derived_models_teacher_forced() {
     }
 }
 
+/// Prefill whose GEMMs read f16 copies of the block-format weights (`Caps::dequant_f16_from`,
+/// here from one token on: the route large prompts take on GPUs with matrix cores) stays
+/// within `derived_models_teacher_forced`'s tolerances, with a decoder dispatch before each
+/// GEMM (more dispatches than without the route).
+#[test]
+fn prefill_over_f16_copies_of_the_weights() {
+    let ids = greedy_tokens();
+    let on = kiln::gpu::ContextOptions { dequant_f16_from: Some(Some(1)), ..Default::default() };
+    let on = Arc::new(GpuContext::new(&on).unwrap());
+    if on.caps.dequant_f16_from.is_none() {
+        eprintln!("{}: no SHADER_F16, no f16 copy of the weights", on.describe());
+        return;
+    }
+    let off = kiln::gpu::ContextOptions { dequant_f16_from: Some(None), ..Default::default() };
+    let off = Arc::new(GpuContext::new(&off).unwrap());
+    for q in ["Q6_K", "Q5_K_M", "Q4_K_M"] {
+        let file = format!("derived/stories260K-pad256-{q}.gguf");
+        let want = f32s(&testdata().join(format!("derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32")));
+        let run = |ctx: &Arc<GpuContext>| {
+            let mut s = load(ctx, &file).session(opts(true, 256, true)).unwrap();
+            let before = kiln::gpu::buffers::dispatches_recorded();
+            let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
+            (got, kiln::gpu::buffers::dispatches_recorded() - before)
+        };
+        let ((got, with), (_, without)) = (run(&on), run(&off));
+        let (max, rms, same) = compare(&got, &want, 512);
+        eprintln!("{q} over f16 copies: max |Δ| {max:.3e}, rms {rms:.3e}, argmax {same:.3}; {with} dispatches against {without}");
+        assert!(max < 0.1 && rms < 0.02 && same >= 0.99, "{q} over f16 copies: max {max} rms {rms} argmax {same}");
+        assert!(with > without, "{q}: {with} dispatches with the f16 copies, {without} without");
+    }
+}
+
 /// Greedy 200 tokens from BOS, detokenized as they stream, reproduce llama2.c's text byte
 /// for byte.
 #[test]

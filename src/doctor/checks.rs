@@ -362,8 +362,11 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             for (what, input, epi, n, splits) in runs {
                 let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
                 let plain_epi = matches!(epi, Epi::Plain);
-                let out =
-                    mm::run(ck.ctx, &c, &Run { kernel, bias: !plain_epi, accumulate: false, input, epi, splits })?;
+                let out = mm::run(
+                    ck.ctx,
+                    &c,
+                    &Run { kernel, bias: !plain_epi, accumulate: false, input, epi, splits, dequant: false },
+                )?;
                 ck.ran(1);
                 for o in &out.outputs {
                     let what = format!("{kernel} m={m} {what} {}", o.what);
@@ -382,8 +385,15 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             if let (true, 1, Some(shape)) = (q8, m, ck.ctx.caps.q8_swiglu) {
                 let kernel = MatmulKernel::Gemv { ncols: 1, shape, q8: true };
                 let c = MatmulCase::new(format, 192, k, 1, seed(1, 192, k))?;
-                let run =
-                    Run { kernel, bias: true, accumulate: false, input: input.clone(), epi: Epi::SwiGluQ8, splits: 1 };
+                let run = Run {
+                    kernel,
+                    bias: true,
+                    accumulate: false,
+                    input: input.clone(),
+                    epi: Epi::SwiGluQ8,
+                    splits: 1,
+                    dequant: false,
+                };
                 let out = mm::run(ck.ctx, &c, &run)?;
                 ck.ran(1);
                 for o in &out.outputs {
@@ -396,8 +406,7 @@ fn fused_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>, f16: bool) ->
             if let (true, 1, Some(shape), Input::Plain) = (q8, m, ck.ctx.caps.q8_add_norm, &input) {
                 let kernel = MatmulKernel::Gemv { ncols: 1, shape, q8: true };
                 let c = MatmulCase::new(format, 96, k, 1, seed(1, 96, k))?;
-                let run =
-                    Run { kernel, bias: true, accumulate: true, input: Input::Plain, epi: Epi::AddQ8Norm, splits: 1 };
+                let run = Run { epi: Epi::AddQ8Norm, ..Run::plain(kernel, true, true) };
                 let out = mm::run(ck.ctx, &c, &run)?;
                 ck.ran(1);
                 for o in &out.outputs {

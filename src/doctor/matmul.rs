@@ -119,11 +119,15 @@ pub struct Run {
     /// A GEMM split into this many K ranges (split-K: partial sums, then the epilogue in a
     /// second pass); 1: not split.
     pub splits: u32,
+    /// A GEMM over block-format weights through an f16 copy of them decoded first (the
+    /// planner's GEMM for F16 weights over the copy; prefill's route on adapters with
+    /// `Caps::dequant_f16_from`).
+    pub dequant: bool,
 }
 
 impl Run {
     pub fn plain(kernel: MatmulKernel, bias: bool, accumulate: bool) -> Run {
-        Run { kernel, bias, accumulate, input: Input::Plain, epi: Epi::Plain, splits: 1 }
+        Run { kernel, bias, accumulate, input: Input::Plain, epi: Epi::Plain, splits: 1, dequant: false }
     }
 }
 
@@ -277,7 +281,9 @@ fn dispatch(ctx: &GpuContext, mm: &Matmul, run: &Run) -> Result<()> {
 }
 
 fn dispatch_columns(ctx: &GpuContext, mm: &Matmul, run: &Run, batched: bool) -> Result<()> {
-    let ds = if run.splits > 1 {
+    let ds = if run.dequant {
+        matmul::prepare_dequant(ctx, mm, "doctor")?
+    } else if run.splits > 1 {
         matmul::prepare_split(ctx, mm, run.kernel, run.splits, "doctor", batched)?
     } else {
         matmul::prepare_columns(ctx, mm, run.kernel, "doctor", batched)?

@@ -56,6 +56,12 @@ pub struct Caps {
     /// Prefill's RMSNorms write the cooperative GEMM's f16 input themselves where it runs
     /// (no to_half dispatch after them; `plan::prefill_f16_inputs`).
     pub prefill_f16_inputs: bool,
+    /// Prefill's GEMMs over K-quant weights whose tokens times row length (m·k) reach this read
+    /// an f16 copy of the weights decoded before each one (dequant_f16.wgsl,
+    /// `kernels::matmul::dequant_f16_bytes`): by default where the cooperative GEMM runs, from
+    /// `plan::DEQUANT_F16_FROM` (`plan::prefill_dequant_f16`); the context option sets it
+    /// wherever SHADER_F16 is (tests on adapters without matrix cores). None: never.
+    pub dequant_f16_from: Option<u64>,
     /// One-token decode attention also writes its output as the output projection's int8
     /// input, which then runs on the int8 GEMV whatever its size, with no quantize dispatch
     /// (`plan::attn_q8_out`; where the int8 GEMV runs: `int8_dot`, and on CPU adapters only
@@ -102,6 +108,7 @@ impl Caps {
             quantize_lanes: false,
             sample_tops: false,
             prefill_f16_inputs: false,
+            dequant_f16_from: None,
             attn_q8_out: false,
             attn_decode_wide: false,
             decode_merge: false,
@@ -143,6 +150,9 @@ pub struct ContextOptions {
     pub sample_tops: Option<bool>,
     /// `Caps::prefill_f16_inputs`; None: `KILN_PREFILL_F16_INPUTS` or the planner's default.
     pub prefill_f16_inputs: Option<bool>,
+    /// `Caps::dequant_f16_from`: Some(None) off, Some(Some(mk)) from m·k = mk; None:
+    /// `KILN_PREFILL_DEQUANT` and `KILN_DEQUANT_FROM` or the planner's default.
+    pub dequant_f16_from: Option<Option<u64>>,
     /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
     pub attn_q8_out: Option<bool>,
     /// `Caps::attn_decode_wide`; None: `KILN_DECODE_WIDE` or the planner's default.
@@ -476,7 +486,7 @@ impl GpuContext {
         // subgroups) and the int8 input's 8-invocation blocks (common/q8_prepare_subgroups.wgsl).
         let subgroups = features.contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size >= 8;
         let int8_dot = info.backend == wgpu::Backend::Vulkan && !opts.disable.int8dot;
-        let caps = Caps {
+        let mut caps = Caps {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -513,6 +523,7 @@ impl GpuContext {
             sample_tops: opts.sample_tops.unwrap_or_else(crate::plan::sample_tops),
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
+            dequant_f16_from: None,
             attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)
                 && int8_dot
                 && (info.device_type != wgpu::DeviceType::Cpu || opts.int8_gemv_always),
@@ -539,6 +550,12 @@ impl GpuContext {
                 && limits.max_compute_invocations_per_workgroup >= 1024
                 && limits.max_compute_workgroup_size_x >= 1024,
         };
+        caps.dequant_f16_from = match opts.dequant_f16_from {
+            Some(from) => from,
+            None if caps.coopmat && !caps.cpu_adapter => crate::plan::prefill_dequant_f16(),
+            None => None,
+        }
+        .filter(|_| caps.f16);
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding = match opts.max_binding_override {
             Some(v) => v.min(adapter_binding).max(256),

@@ -387,6 +387,10 @@ pub struct MatmulScratch {
     /// The cooperative GEMMs' f16 inputs, by k (the largest number of rows asked for so far).
     halves: std::cell::RefCell<std::collections::HashMap<u32, (u32, wgpu::Buffer)>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
+    /// The f16 copy of a block-format matrix that prefill's GEMMs read
+    /// (`Caps::dequant_f16_from`): one buffer for the session, as large as its largest such
+    /// matrix (`dequant_f16_bytes`); None where no matmul takes the route.
+    dequant: Option<wgpu::Buffer>,
     /// Columns of one sequence's steps (prompt chunks) that go to the GEMV
     /// (`plan::prefill_gemv_cols`); None: `plan::gemv_takes`.
     prefill_gemv_cols: Option<u32>,
@@ -397,6 +401,20 @@ impl MatmulScratch {
     /// GEMM.
     pub fn for_session(prefill_gemv_cols: u32) -> MatmulScratch {
         MatmulScratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
+    }
+
+    /// As it is, with a buffer for the f16 copies of the block-format matrices among `weights`
+    /// that prefill's GEMMs may read (`dequant_f16_bytes`; none where none may).
+    pub fn with_dequant<'w>(
+        mut self,
+        ctx: &GpuContext,
+        weights: impl IntoIterator<Item = &'w WeightTensor>,
+    ) -> Result<MatmulScratch> {
+        let bytes = weights.into_iter().filter_map(|w| dequant_f16_bytes(ctx, w)).max().unwrap_or(0);
+        if bytes > 0 {
+            self.dequant = Some(ctx.storage(bytes, "f16 weights (prefill)")?);
+        }
+        Ok(self)
     }
 
     /// Int8 blocks of k activations that one matmul writes for the next
@@ -460,6 +478,19 @@ impl MatmulScratch {
         *self.partials.borrow_mut() = Some(b.clone());
         Ok(Some(b))
     }
+}
+
+/// Bytes of the f16 copy of `w` that prefill's GEMMs may read instead of `w` itself
+/// (`Caps::dequant_f16_from`): K-quant formats (`plan::dequant_f16_format`) in one chunk whose
+/// copy one binding holds.
+pub fn dequant_f16_bytes(ctx: &GpuContext, w: &WeightTensor) -> Option<u64> {
+    let bytes = w.rows as u64 * w.k as u64 * 2;
+    let takes = ctx.caps.dequant_f16_from.is_some()
+        && crate::plan::dequant_f16_format(w.format)
+        && w.chunks.len() == 1
+        && w.k % 8 == 0
+        && crate::gpu::buffers::storage_size(bytes) <= ctx.max_storage();
+    takes.then_some(bytes)
 }
 
 /// Bytes of the split-K partials scratch (`plan::SPLIT_K_SCRATCH_FLOATS` floats).
@@ -526,6 +557,20 @@ pub struct BoundMatmul {
     /// The rows past the first part's in a second format, from a second buffer
     /// (`two_formats_in`): one GEMV dispatch over both.
     second: Option<SecondPart>,
+    /// Where prefill's GEMMs may read an f16 copy of block-format weights
+    /// (`Caps::dequant_f16_from`).
+    dequant: Option<DequantRoute>,
+}
+
+/// A block-format matmul's GEMMs over an f16 copy of its weights: the dispatch decoding them
+/// into the session's scratch (dequant_f16.wgsl), then the same matmul bound over the copy as
+/// F16 weights (the planner's F16 GEMM, with this matmul's X, Y, epilogue and scratch). The
+/// copy is rewritten before every GEMM that reads it: the session's matmuls share it.
+struct DequantRoute {
+    decode: Bound,
+    f16: Box<BoundMatmul>,
+    /// Steps whose columns times k reach this take it (`Caps::dequant_f16_from`; 1 in tests).
+    from: u64,
 }
 
 /// The rows of a stacked matrix from `first_rows` on, in `format` (`BoundMatmul::two_formats_in`),
@@ -593,7 +638,7 @@ impl BoundMatmul {
         let halves = scratch.halves_for(ctx, mm)?;
         let mut b = Self::bind(ctx, mm, stage, blocks, halves, scratch.partials(ctx)?, None)?;
         b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
-        Ok(b)
+        b.with_dequant_route(ctx, mm, stage, scratch)
     }
 
     /// For prefill only (no int8 GEMV), with the session's split-K scratch.
@@ -606,7 +651,72 @@ impl BoundMatmul {
         let halves = scratch.halves_for(ctx, mm)?;
         let mut b = Self::bind(ctx, mm, stage, None, halves, scratch.partials(ctx)?, None)?;
         b.gemv_cols = 0;
-        Ok(b)
+        b.with_dequant_route(ctx, mm, stage, scratch)
+    }
+
+    /// This matmul with the route through the session's f16 copy of its weights
+    /// (`DequantRoute`) where its GEMMs may take it: block-format weights the scratch holds a
+    /// copy of (`dequant_f16_bytes`), no fused input (the GEMV's only) and one format.
+    fn with_dequant_route(
+        mut self,
+        ctx: &GpuContext,
+        mm: &Matmul,
+        stage: &'static str,
+        scratch: &MatmulScratch,
+    ) -> Result<BoundMatmul> {
+        let (Some(copy), Some(bytes)) = (&scratch.dequant, dequant_f16_bytes(ctx, mm.w)) else {
+            return Ok(self);
+        };
+        if copy.size() < bytes || mm.norm.is_some() || mm.glu.is_some() || self.second.is_some() {
+            return Ok(self);
+        }
+        let chunk = &mm.w.chunks[0];
+        let w16 = WeightTensor {
+            name: format!("{} (f16 copy)", mm.w.name),
+            format: crate::quant::WeightFormat::F16,
+            rows: mm.w.rows,
+            k: mm.w.k,
+            chunks: vec![crate::gpu::buffers::WeightChunk {
+                buffer: copy.clone(),
+                row_start: chunk.row_start,
+                rows: chunk.rows,
+            }],
+        };
+        // The GEMMs' epilogues (the int8 outputs are the GEMV's).
+        let epi = match mm.epi {
+            Epilogue::SwiGluQ8 { .. } => Epilogue::SwiGlu,
+            Epilogue::PlainQ8Norm { .. } => Epilogue::Plain,
+            e => e,
+        };
+        let over_copy = Matmul {
+            w: &w16,
+            x: mm.x,
+            y: mm.y,
+            bias: mm.bias,
+            m: mm.m,
+            x_stride: mm.x_stride,
+            y_stride: mm.y_stride,
+            accumulate: mm.accumulate,
+            norm: None,
+            glu: None,
+            epi,
+        };
+        let halves = self.half.as_ref().map(|h| h.halves.clone());
+        let mut f16 = Self::bind(ctx, &over_copy, stage, None, halves, scratch.partials(ctx)?, None)?;
+        f16.gemv_cols = 0;
+        f16.forced_splits = self.forced_splits;
+        // Bindings 2, 4 and 5 are unused by the decoder; any buffer fills them.
+        let key = KernelKey::DequantF16 { format: mm.w.format };
+        let decode = Bound::new::<MatmulParams>(ctx, &key, stage, &[&chunk.buffer, mm.x, copy, mm.x, mm.x])?;
+        let from = ctx.caps.dequant_f16_from.unwrap_or(u64::MAX);
+        self.dequant = Some(DequantRoute { decode, f16: Box::new(f16), from });
+        Ok(self)
+    }
+
+    /// The route through the f16 copy where a step over m columns on `kernel` takes it.
+    fn dequant_route(&self, m: u32, kernel: MatmulKernel) -> Option<&DequantRoute> {
+        let gemm = matches!(kernel, MatmulKernel::Gemm { .. });
+        self.dequant.as_ref().filter(|r| gemm && m as u64 * self.k as u64 >= r.from)
     }
 
     /// As `new`; `q8`: bind the int8 GEMV's input whatever the planner picks.
@@ -652,7 +762,7 @@ impl BoundMatmul {
                     None,
                 )?;
                 b.gemv_cols = scratch.prefill_gemv_cols.unwrap_or(u32::MAX);
-                Ok(b)
+                b.with_dequant_route(ctx, mm, stage, scratch)
             })
             .collect()
     }
@@ -986,6 +1096,7 @@ impl BoundMatmul {
             forced_splits: None,
             gemv_cols: u32::MAX,
             fed_q8: false,
+            dequant: None,
             stage,
             format: mm.w.format,
             k: mm.w.k,
@@ -1147,6 +1258,13 @@ impl BoundMatmul {
         let x_bytes = m64 * k64 * 4.0 * if self.glu { 2.0 } else { 1.0 };
         let y_bytes = m64 * n64 * 4.0 * if self.accumulate { 2.0 } else { 1.0 };
         let kernel = self.plan_step(ctx, m, batched);
+        if let Some(route) = self.dequant_route(m, kernel) {
+            // The copy's GEMM, after the decoder read the weights and wrote them as halves.
+            let mut work = route.f16.work(ctx, m, batched);
+            work.kernel = format!("dequant_f16+{} from {formats}", work.kernel);
+            work.bytes += w_bytes + n64 * k64 * 2.0;
+            return work;
+        }
         let q8_out = match &self.q8_out {
             Some(o) if self.writes_q8_out(kernel) && o.local_input => "+q8in+q8out",
             Some(_) if self.writes_q8_out(kernel) => "+q8out",
@@ -1326,6 +1444,15 @@ impl BoundMatmul {
                 "matmul",
                 format!("{}: no GEMV over two formats for this step", self.stage),
             ));
+        }
+        // Over the f16 copy: the weights decoded into it, then the copy's GEMM.
+        if let Some(route) = self.dequant_route(m, kernel) {
+            route.decode.set(ctx, &self.params(m, 0, self.n));
+            let key = KernelKey::DequantF16 { format: self.format };
+            let mut out = vec![(&route.decode, ctx.pipeline(&key)?, dequant_grid(self.n, self.k))];
+            let f16 = &route.f16;
+            out.extend(f16.dispatches(ctx, m, f16.plan(ctx, m), prepared, batched, halves_out)?);
+            return Ok(out);
         }
         let mut epi = if batched { self.epi.batched() } else { self.epi };
         // The GEMMs writing their SwiGLU output as halves (`Epilogue::SwiGluF16`).
@@ -1534,6 +1661,74 @@ pub fn prepare_split(
     let mut bm = BoundMatmul::bind(ctx, mm, stage, None, halves, Some(scratch), None)?;
     bm.forced_splits = Some(splits);
     one_off(ctx, &bm, mm.m, kernel, batched, stage)
+}
+
+/// One-off dispatches for `mm` as a session binds it for prefill: the planner's GEMM, split
+/// along K where the planner splits it (benchmarks beside `prepare_dequant`).
+pub fn prepare_planned(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
+    let scratch = MatmulScratch::default();
+    let bm = BoundMatmul::bind(ctx, mm, stage, None, own_halves(ctx, mm)?, scratch.partials(ctx)?, None)?;
+    let kernel = crate::plan::plan_gemm(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
+    one_off(ctx, &bm, mm.m, kernel, false, stage)
+}
+
+/// One-off dispatches for `mm` (block-format weights) on the planner's GEMM over an f16 copy
+/// of its weights decoded first (`DequantRoute`, a copy buffer of its own), at any m (tests of
+/// the route); an error where the route does not take `mm` (`dequant_f16_bytes`).
+pub fn prepare_dequant(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
+    let scratch = MatmulScratch::default().with_dequant(ctx, [mm.w])?;
+    let bm = BoundMatmul::bind(ctx, mm, stage, None, own_halves(ctx, mm)?, None, None)?;
+    let mut bm = bm.with_dequant_route(ctx, mm, stage, &scratch)?;
+    let route = bm
+        .dequant
+        .as_mut()
+        .ok_or_else(|| KilnError::invalid("matmul", format!("no f16 copy of {} weights here", mm.w.format)))?;
+    route.from = 1;
+    let kernel = crate::plan::plan_gemm(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
+    one_off(ctx, &bm, mm.m, kernel, false, stage)
+}
+
+/// The f16 copy's decoder alone: the block-format weights `w` (one chunk) decoded into
+/// `halves`, rows of k halves (tests).
+pub fn prepare_dequant_f16(ctx: &GpuContext, w: &WeightTensor, halves: &wgpu::Buffer) -> Result<Dispatch> {
+    let [chunk] = &w.chunks[..] else {
+        return Err(KilnError::invalid("matmul", "the f16 decoder takes weights in one chunk"));
+    };
+    let key = KernelKey::DequantF16 { format: w.format };
+    let b = Bound::new::<MatmulParams>(
+        ctx,
+        &key,
+        "dequant_f16",
+        &[&chunk.buffer, &chunk.buffer, halves, &chunk.buffer, &chunk.buffer],
+    )?;
+    let params = MatmulParams {
+        m: 0,
+        k: w.k,
+        n_rows: w.rows,
+        row_offset: 0,
+        x_stride: 0,
+        y_stride: 0,
+        has_bias: 0,
+        accumulate: 0,
+        eps: 0.0,
+        splits: 1,
+        split_k: w.k,
+        first_rows: w.rows,
+    };
+    b.set(ctx, &params);
+    Ok(Dispatch {
+        label: "dequant_f16",
+        pipeline: ctx.pipeline(&key)?,
+        bind_group: b.bind_group.clone(),
+        workgroups: dequant_grid(w.rows, w.k),
+        params: Some(b.params.clone()),
+    })
+}
+
+/// The f16 decoder's workgroups over `rows` rows of k weights.
+fn dequant_grid(rows: u32, k: u32) -> [u32; 3] {
+    let per_workgroup = super::WG_ELT * crate::plan::dequant_chunks_per_invocation();
+    grid((rows * (k / 8)).div_ceil(per_workgroup))
 }
 
 /// The cooperative GEMM's input conversion alone: m rows of k floats of `x` (x_stride apart)

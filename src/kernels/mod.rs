@@ -270,6 +270,11 @@ pub enum KernelKey {
     /// A cooperative GEMM's input rounded to f16 once (to_half.wgsl), which every weight
     /// chunk's GEMM then reads.
     ToHalf,
+    /// A K-quant weight matrix decoded to f16 (dequant_f16.wgsl), which the prefill GEMMs
+    /// after it read as F16 weights (`Caps::dequant_f16_from`).
+    DequantF16 {
+        format: WeightFormat,
+    },
     Gemm {
         format: WeightFormat,
         tile: GemmTile,
@@ -462,7 +467,8 @@ impl KernelKey {
             | KernelKey::Gemm { .. }
             | KernelKey::GemmReduce { .. }
             | KernelKey::QuantizeQ8 { .. }
-            | KernelKey::ToHalf => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            | KernelKey::ToHalf
+            | KernelKey::DequantF16 { .. } => &[Uniform, Read, Read, ReadWrite, Read, Read],
             KernelKey::Embed { .. }
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
@@ -510,6 +516,7 @@ impl KernelKey {
             KernelKey::Gemv { .. } => "gemv",
             KernelKey::QuantizeQ8 { .. } => "quantize_q8",
             KernelKey::ToHalf => "to_half",
+            KernelKey::DequantF16 { .. } => "dequant_f16",
             KernelKey::Gemm { tile, .. } if tile.is_coop() => "gemm_coop",
             KernelKey::Gemm { .. } => "gemm",
             KernelKey::GemmReduce { .. } => "gemm_reduce",
@@ -685,6 +692,20 @@ impl KernelKey {
                 .include("common/matmul_params.wgsl")
                 .include("common/half8.wgsl")
                 .include("to_half.wgsl")
+                .build(),
+            // The K-quants' loads as the cooperative GEMM binds them (16-byte vectors, see `Gemm`
+            // below).
+            KernelKey::DequantF16 { format } => c
+                .enable_f16(true)
+                .const_u32("WG", WG_ELT)
+                .const_u32("PER", crate::plan::dequant_chunks_per_invocation())
+                .include("common/matmul_params.wgsl")
+                .include("common/half8.wgsl")
+                .include("common/quant.wgsl")
+                .include("common/quant_words.wgsl")
+                .include(format_file(format))
+                .include("common/weights_vec4.wgsl")
+                .include("dequant_f16.wgsl")
                 .build(),
             KernelKey::Gemm { format, tile, epi } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
@@ -941,7 +962,7 @@ impl KernelKey {
         match *self {
             KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
             KernelKey::Probe { kind: ProbeKind::CoopMma } => (true, false),
-            KernelKey::ToHalf => (true, false),
+            KernelKey::ToHalf | KernelKey::DequantF16 { .. } => (true, false),
             KernelKey::Gemm { epi, .. } | KernelKey::GemmReduce { epi } => (epi.needs_f16(), false),
             KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
             KernelKey::RmsNorm { subgroups, halves } => (halves, subgroups),
@@ -1096,6 +1117,9 @@ impl KernelKey {
                 }
             }
             v.push(KernelKey::Embed { format });
+            if crate::plan::dequant_f16_format(format) {
+                v.push(KernelKey::DequantF16 { format });
+            }
         }
         for epi in [Epi::Plain, Epi::SwiGluF16].into_iter().chain(fused_epis.iter().chain(&batched_epis).copied()) {
             v.push(KernelKey::GemmReduce { epi });

@@ -71,6 +71,10 @@ pub struct SessionSizes {
     /// The split-K GEMMs' partial sums (`kernels::matmul::split_k_scratch_bytes`: on GPUs;
     /// CPU adapters never split).
     pub split_k_partials: u64,
+    /// The f16 copy of a block-format matrix that prefill's GEMMs read
+    /// (`Caps::dequant_f16_from`, `kernels::matmul::dequant_f16_bytes`): counted as the
+    /// largest layer matrix's, whatever the weights' formats: at most this.
+    pub dequant_f16: u64,
     pub n_layer: u64,
 }
 
@@ -139,6 +143,13 @@ impl SessionSizes {
                 }
             },
             split_k_partials: crate::kernels::matmul::split_k_scratch_bytes(caps),
+            dequant_f16: match caps.dequant_f16_from.is_some() {
+                true => {
+                    let (e, q, kv, ff) = (cfg.n_embd as u64, cfg.q_dim() as u64, cfg.kv_dim() as u64, cfg.n_ff as u64);
+                    2 * e * (q + 2 * kv).max(2 * ff)
+                }
+                false => 0,
+            },
             n_layer: cfg.n_layer as u64,
         }
     }
@@ -178,7 +189,10 @@ impl SessionSizes {
     /// GPU memory of everything else: activations, logits and their readback.
     pub fn activation_bytes(&self) -> u64 {
         let storage: u64 = self.activation_buffers().iter().map(|b| b.2 * b.1).sum();
-        storage + self.logits
+        // (The f16 weights' copy is left out of `first_too_large`: where one binding cannot
+        // hold a matrix's copy, that matrix's GEMMs decode their own tiles.)
+        let dequant = if self.dequant_f16 > 0 { storage_size(self.dequant_f16) } else { 0 };
+        storage + dequant + self.logits
     }
 
     /// The first buffer the device cannot bind whole, as (what, bytes allocated).

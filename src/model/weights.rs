@@ -28,6 +28,22 @@ pub struct LayerWeights {
     pub w_down: WeightTensor,
 }
 
+impl LayerWeights {
+    /// The layer's weight matrices.
+    pub fn matrices(&self) -> Vec<&WeightTensor> {
+        let mut m = match &self.qkv {
+            Qkv::Stacked { parts, .. } => parts.iter().map(|p| &p.w).collect(),
+            Qkv::Separate { wq, wk, wv, .. } => vec![wq, wk, wv],
+        };
+        match &self.ffn {
+            GateUp::Interleaved(w) => m.push(w),
+            GateUp::Separate { w_gate, w_up } => m.extend([w_gate, w_up]),
+        }
+        m.extend([&self.wo, &self.w_down]);
+        m
+    }
+}
+
 /// The attention's Q, K and V projections.
 pub enum Qkv {
     /// The rows of Q, K and V stacked as one matrix [q_dim + 2 kv_dim, n_embd], stored as
