@@ -361,6 +361,27 @@ fn benches(c: &mut Criterion) {
                 g.bench_function(format!("{}/{plan}", format.name()), |b| {
                     b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
                 });
+                // K-quants, whose prefill GEMMs may read an f16 copy of the weights
+                // (`Caps::dequant_f16_from`): the copy's decoder alone, and the whole route.
+                let quantized_gemm =
+                    kiln::plan::dequant_f16_format(format) && matches!(plan, MatmulKernel::Gemm { .. });
+                if quantized_gemm && ctx.caps.dequant_f16_from.is_some() && w.chunks.len() == 1 {
+                    let halves = ctx.storage((n * k * 2) as u64, "f16 copy").unwrap();
+                    let decode = [matmul::prepare_dequant_f16(&ctx, &w, &halves).unwrap()];
+                    g.bench_function(format!("{}/dequant_f16", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &decode, iters))
+                    });
+                    // Each beside the planner's GEMM as a session runs it (split along K where
+                    // the planner splits).
+                    let route = matmul::prepare_dequant(&ctx, &mm, "gemm").unwrap();
+                    g.bench_function(format!("{}/{plan} via f16 copy", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &route, iters))
+                    });
+                    let planned = matmul::prepare_planned(&ctx, &mm, "gemm").unwrap();
+                    g.bench_function(format!("{}/{plan} as planned", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &planned, iters))
+                    });
+                }
                 // The cooperative GEMM's first dispatch rounds X to f16 (done by the runs
                 // above): the GEMM alone, too.
                 if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) && ds.len() > 1 {
