@@ -8,7 +8,7 @@ use crate::kernels::elementwise::EltOp;
 use crate::kernels::nll::{self, NllParams};
 use crate::kernels::rope::{self, RopeMode};
 use crate::kernels::{argmax, embed, norm, KvKind};
-use crate::plan::MatmulKernel;
+use crate::plan::{GemmTile, MatmulKernel};
 use crate::quant::{dequantize, quantize, WeightFormat};
 use crate::sample::SamplerConfig;
 
@@ -113,6 +113,12 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     }
     if !caps.coopmat {
         v.push(skip("gemm_coop", "no cooperative matrices with 16x16 f16 tiles and 32-wide subgroups".into()));
+    }
+    // Long prompts' GEMMs over K-quants read an f16 copy of the weights (`Caps::dequant_f16_from`).
+    let copies = WeightFormat::ALL.into_iter().filter(|&f| crate::plan::dequant_f16_format(f));
+    match caps.dequant_f16_from {
+        Some(_) => v.extend(copies.map(|f| check(format!("gemm over an f16 copy {f}"), Uses::F16, copy_matmuls(f)))),
+        None => v.push(skip("gemm over an f16 copy", "long prompts' GEMMs decode K-quants in their tiles here".into())),
     }
     // The fused inputs and epilogues are the same code for every weight format: they run on
     // the commonest quantized one, and the GEMM's on a float one too (its weights load as
@@ -246,6 +252,25 @@ fn coop_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mu
             }
             ck.ran(1);
         }
+        Ok(())
+    }
+}
+
+/// The planner's GEMM over an f16 copy of K-quant weights (the copy's decoder first), within
+/// the bound of rounding both operands to f16.
+fn copy_matmuls(format: WeightFormat) -> impl Fn(&mut Checker) -> Result<()> {
+    move |ck| {
+        for (m, n, blocks) in [(70usize, 130usize, 2usize), (300, 46, 3)] {
+            let k = k_for_coop(format, blocks);
+            let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
+            let run =
+                Run { dequant: true, ..Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, m == 70, m == 300) };
+            let out = mm::run(ck.ctx, &c, &run)?;
+            let y = &out.outputs[0];
+            let bound = coop_bound(&c.w_ref, n, k, &c.x, m);
+            ck.within(format!("f16 copy m={m} n={n} k={k}"), &y.got, &y.want, &bound, MATMUL_TOL);
+        }
+        ck.ran(1);
         Ok(())
     }
 }
