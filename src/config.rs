@@ -404,7 +404,7 @@ pub fn coop_load_ahead_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_COOP_LOAD_AHEAD"))
 }
 
-/// `KILN_PREFILL_DEQUANT=0|1`: whether prefill decodes block-format weights to an f16 copy
+/// `KILN_PREFILL_DEQUANT=0|1`: whether prefill decodes K-quant weights to an f16 copy
 /// before their GEMMs (`plan::prefill_dequant_f16`; a knob for measurements).
 pub fn prefill_dequant_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();

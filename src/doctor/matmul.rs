@@ -119,9 +119,9 @@ pub struct Run {
     /// A GEMM split into this many K ranges (split-K: partial sums, then the epilogue in a
     /// second pass); 1: not split.
     pub splits: u32,
-    /// A GEMM over block-format weights through an f16 copy of them decoded first (the
-    /// planner's GEMM for F16 weights over the copy; prefill's route on adapters with
-    /// `Caps::dequant_f16_from`).
+    /// A GEMM over K-quant weights through an f16 copy of them decoded first (prefill's route
+    /// on adapters with `Caps::dequant_f16_from`): the planner's GEMM for F16 weights over the
+    /// copy, whatever `kernel` says.
     pub dequant: bool,
 }
 

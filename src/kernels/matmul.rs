@@ -387,7 +387,7 @@ pub struct MatmulScratch {
     /// The cooperative GEMMs' f16 inputs, by k (the largest number of rows asked for so far).
     halves: std::cell::RefCell<std::collections::HashMap<u32, (u32, wgpu::Buffer)>>,
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
-    /// The f16 copy of a block-format matrix that prefill's GEMMs read
+    /// The f16 copy of a K-quant matrix that prefill's GEMMs read
     /// (`Caps::dequant_f16_from`): one buffer for the session, as large as its largest such
     /// matrix (`dequant_f16_bytes`); None where no matmul takes the route.
     dequant: Option<wgpu::Buffer>,
@@ -403,7 +403,7 @@ impl MatmulScratch {
         MatmulScratch { prefill_gemv_cols: Some(prefill_gemv_cols), ..Default::default() }
     }
 
-    /// As it is, with a buffer for the f16 copies of the block-format matrices among `weights`
+    /// As it is, with a buffer for the f16 copies of the K-quant matrices among `weights`
     /// that prefill's GEMMs may read (`dequant_f16_bytes`; none where none may).
     pub fn with_dequant<'w>(
         mut self,
@@ -557,12 +557,11 @@ pub struct BoundMatmul {
     /// The rows past the first part's in a second format, from a second buffer
     /// (`two_formats_in`): one GEMV dispatch over both.
     second: Option<SecondPart>,
-    /// Where prefill's GEMMs may read an f16 copy of block-format weights
-    /// (`Caps::dequant_f16_from`).
+    /// Where prefill's GEMMs may read an f16 copy of K-quant weights (`Caps::dequant_f16_from`).
     dequant: Option<DequantRoute>,
 }
 
-/// A block-format matmul's GEMMs over an f16 copy of its weights: the dispatch decoding them
+/// A K-quant matmul's GEMMs over an f16 copy of its weights: the dispatch decoding them
 /// into the session's scratch (dequant_f16.wgsl), then the same matmul bound over the copy as
 /// F16 weights (the planner's F16 GEMM, with this matmul's X, Y, epilogue and scratch). The
 /// copy is rewritten before every GEMM that reads it: the session's matmuls share it.
@@ -655,8 +654,8 @@ impl BoundMatmul {
     }
 
     /// This matmul with the route through the session's f16 copy of its weights
-    /// (`DequantRoute`) where its GEMMs may take it: block-format weights the scratch holds a
-    /// copy of (`dequant_f16_bytes`), no fused input (the GEMV's only) and one format.
+    /// (`DequantRoute`) where its GEMMs may take it: K-quant weights the scratch holds a copy
+    /// of (`dequant_f16_bytes`), no fused input (the GEMV's only) and one format.
     fn with_dequant_route(
         mut self,
         ctx: &GpuContext,
@@ -1672,7 +1671,7 @@ pub fn prepare_planned(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Re
     one_off(ctx, &bm, mm.m, kernel, false, stage)
 }
 
-/// One-off dispatches for `mm` (block-format weights) on the planner's GEMM over an f16 copy
+/// One-off dispatches for `mm` (K-quant weights) on the planner's GEMM over an f16 copy
 /// of its weights decoded first (`DequantRoute`, a copy buffer of its own), at any m (tests of
 /// the route); an error where the route does not take `mm` (`dequant_f16_bytes`).
 pub fn prepare_dequant(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
@@ -1688,7 +1687,7 @@ pub fn prepare_dequant(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Re
     one_off(ctx, &bm, mm.m, kernel, false, stage)
 }
 
-/// The f16 copy's decoder alone: the block-format weights `w` (one chunk) decoded into
+/// The f16 copy's decoder alone: the K-quant weights `w` (one chunk) decoded into
 /// `halves`, rows of k halves (tests).
 pub fn prepare_dequant_f16(ctx: &GpuContext, w: &WeightTensor, halves: &wgpu::Buffer) -> Result<Dispatch> {
     let [chunk] = &w.chunks[..] else {

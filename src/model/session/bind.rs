@@ -109,7 +109,7 @@ impl Session {
         // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
         // the split-K GEMMs' partial sums.
         let prefill_gemv_cols = crate::plan::prefill_gemv_cols(c.n_embd, &ctx.caps);
-        // (And the f16 copy of a block-format matrix that prefill's GEMMs read, `Caps::dequant_f16_from`.)
+        // (And the f16 copy of a K-quant matrix that prefill's GEMMs read, `Caps::dequant_f16_from`.)
         let scratch = MatmulScratch::for_session(prefill_gemv_cols)
             .with_dequant(&ctx, weights.layers.iter().flat_map(|l| l.matrices()))?;
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
