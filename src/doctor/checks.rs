@@ -240,37 +240,36 @@ fn q8_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mut 
 
 /// The cooperative-matrix GEMM, within the bound of rounding both operands to f16.
 fn coop_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mut Checker) -> Result<()> {
-    move |ck| {
-        for &kernel in &kernels {
-            for (m, n, blocks) in [(70usize, 130usize, 2usize), (9, 45, 3)] {
-                let k = k_for_coop(format, blocks);
-                let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
-                let out = mm::run(ck.ctx, &c, &Run::plain(kernel, m == 9, m == 70))?;
-                let y = &out.outputs[0];
-                let bound = coop_bound(&c.w_ref, n, k, &c.x, m);
-                ck.within(format!("{kernel} m={m} n={n} k={k}"), &y.got, &y.want, &bound, MATMUL_TOL);
-            }
-            ck.ran(1);
-        }
-        Ok(())
-    }
+    let runs = kernels.into_iter().map(|k| (k.to_string(), Run::plain(k, false, false))).collect();
+    f16_matmuls(format, runs, [(70, 130, 2, false, true), (9, 45, 3, true, false)])
 }
 
 /// The planner's GEMM over an f16 copy of K-quant weights (the copy's decoder first), within
 /// the bound of rounding both operands to f16.
 fn copy_matmuls(format: WeightFormat) -> impl Fn(&mut Checker) -> Result<()> {
+    let run = Run { dequant: true, ..Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, false, false) };
+    f16_matmuls(format, vec![("f16 copy".into(), run)], [(70, 130, 2, true, false), (300, 46, 3, false, true)])
+}
+
+/// GEMMs whose operands are rounded to f16, within that bound: each of `runs` (a name and the
+/// run) over `shapes` (m, n, blocks of k, bias, residual add).
+fn f16_matmuls(
+    format: WeightFormat,
+    runs: Vec<(String, Run)>,
+    shapes: [(usize, usize, usize, bool, bool); 2],
+) -> impl Fn(&mut Checker) -> Result<()> {
     move |ck| {
-        for (m, n, blocks) in [(70usize, 130usize, 2usize), (300, 46, 3)] {
-            let k = k_for_coop(format, blocks);
-            let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
-            let run =
-                Run { dequant: true, ..Run::plain(MatmulKernel::Gemm { tile: GemmTile::T32 }, m == 70, m == 300) };
-            let out = mm::run(ck.ctx, &c, &run)?;
-            let y = &out.outputs[0];
-            let bound = coop_bound(&c.w_ref, n, k, &c.x, m);
-            ck.within(format!("f16 copy m={m} n={n} k={k}"), &y.got, &y.want, &bound, MATMUL_TOL);
+        for (name, run) in &runs {
+            for (m, n, blocks, bias, accumulate) in shapes {
+                let k = k_for_coop(format, blocks);
+                let c = MatmulCase::new(format, n, k, m, seed(m, n, k))?;
+                let out = mm::run(ck.ctx, &c, &Run { bias, accumulate, ..run.clone() })?;
+                let y = &out.outputs[0];
+                let bound = coop_bound(&c.w_ref, n, k, &c.x, m);
+                ck.within(format!("{name} m={m} n={n} k={k}"), &y.got, &y.want, &bound, MATMUL_TOL);
+            }
+            ck.ran(1);
         }
-        ck.ran(1);
         Ok(())
     }
 }

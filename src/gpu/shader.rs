@@ -79,6 +79,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/epilogue_f16_out.wgsl", include_str!("../../wgsl/common/epilogue_f16_out.wgsl")),
     ("to_half.wgsl", include_str!("../../wgsl/to_half.wgsl")),
     ("dequant_f16.wgsl", include_str!("../../wgsl/dequant_f16.wgsl")),
+    ("common/chunk_half8.wgsl", include_str!("../../wgsl/common/chunk_half8.wgsl")),
     ("probe_coop.wgsl", include_str!("../../wgsl/probe_coop.wgsl")),
     ("flash_attention_coop.wgsl", include_str!("../../wgsl/flash_attention_coop.wgsl")),
     ("flash_combine.wgsl", include_str!("../../wgsl/flash_combine.wgsl")),

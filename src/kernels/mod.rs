@@ -705,6 +705,7 @@ impl KernelKey {
                 .include("common/quant_words.wgsl")
                 .include(format_file(format))
                 .include("common/weights_vec4.wgsl")
+                .include("common/chunk_half8.wgsl")
                 .include("dequant_f16.wgsl")
                 .build(),
             KernelKey::Gemm { format, tile, epi } => {
@@ -755,7 +756,7 @@ impl KernelKey {
                     let c = if halves {
                         c.include("common/coop_w_half.wgsl")
                     } else {
-                        c.include("common/coop_w_decode.wgsl")
+                        c.include("common/chunk_half8.wgsl").include("common/coop_w_decode.wgsl")
                     };
                     c.include("gemm_coop.wgsl").build()
                 } else {

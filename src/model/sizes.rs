@@ -71,7 +71,7 @@ pub struct SessionSizes {
     /// The split-K GEMMs' partial sums (`kernels::matmul::split_k_scratch_bytes`: on GPUs;
     /// CPU adapters never split).
     pub split_k_partials: u64,
-    /// The f16 copy of a block-format matrix that prefill's GEMMs read
+    /// The f16 copy of a K-quant matrix that prefill's GEMMs read
     /// (`Caps::dequant_f16_from`, `kernels::matmul::dequant_f16_bytes`): counted as the
     /// largest layer matrix's, whatever the weights' formats: at most this.
     pub dequant_f16: u64,

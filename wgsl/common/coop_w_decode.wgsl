@@ -1,6 +1,6 @@
 // The cooperative GEMM's W decoded in the tile from its block format (common/gemm_w_decode.wgsl):
 // the loading invocations load the words (stage_w, the format file's fetch8), then decode them
-// (unpack8) and round them to f16 (halves_w) as they store them.
+// (unpack8) and round them to f16 (halves_w; common/chunk_half8.wgsl) as they store them.
 
 alias WStage = RawW8;
 
@@ -12,8 +12,7 @@ fn w_base(row: u32) -> u32 { return row; }
 fn stage_w_at(base: u32, c: u32) -> WStage { return RawW8(fetch8(base, c, p.k), true); }
 
 fn halves_w_full(s: WStage) -> Half8 {
-    let ch = unpack8(s.raw);
-    return Half8(vec4<f16>(chunk_lo(ch)), vec4<f16>(chunk_hi(ch)));
+    return chunk_halves(unpack8(s.raw));
 }
 
 fn halves_w(s: WStage) -> Half8 {
