@@ -11,7 +11,9 @@
 // WG (a power of two), SLICE, CAP (most candidates, a power of two <= 4 WG), HIST, BAN,
 // TOPS (the first pass kept each slice's candidates in order: merge them, merge_tops), SCAP
 // (most candidates a slice keeps), PSTRIDE (16-byte words per slice in `prune`),
-// MAX_TOPS_SLICES.
+// MAX_TOPS_SLICES, ONE_PASS (a greedy sampler's only pass: no first pass; this one applies the
+// penalties and bans and reads the row for its largest logit itself, one dispatch instead of
+// two).
 
 // Candidates per invocation while they are ranked.
 const HELD: u32 = (CAP + WG - 1u) / WG;
@@ -208,20 +210,38 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     var best = -3.4028235e38;
     var best_i = 0xffffffffu;
     var fl = -3.4028235e38;
-    for (var s = lane.lid; s < slices; s += WG) {
-        let e = prune[(row * slices + s) * PSTRIDE];
-        let v = bitcast<f32>(e.x);
-        if (e.y != 0xffffffffu && (v > best || best_i == 0xffffffffu)) {
-            best = v;
-            best_i = e.y;
+    if (ONE_PASS) {
+        // A greedy sampler's only pass: the penalties and bans, then the row's largest logit
+        // read here, eight loads in flight an invocation, each invocation's indices in
+        // increasing order (so its first largest is its lowest index). Clamped indices past
+        // the row repeat its last logit, which changes no answer.
+        penalize_and_ban(cfg, st, base, 0u, n, lane.lid);
+        for (var i0 = lane.lid; i0 < n; i0 += 8u * WG) {
+            var v: array<f32, 8>;
+            for (var j = 0u; j < 8u; j++) { v[j] = logits[base + min(i0 + j * WG, n - 1u)]; }
+            for (var j = 0u; j < 8u; j++) {
+                if (usable(v[j]) && (v[j] > best || best_i == 0xffffffffu)) {
+                    best = v[j];
+                    best_i = min(i0 + j * WG, n - 1u);
+                }
+            }
         }
-        if ((e.w & 1u) != 0u) { fl = max(fl, bitcast<f32>(e.z)); }
+    } else {
+        for (var s = lane.lid; s < slices; s += WG) {
+            let e = prune[(row * slices + s) * PSTRIDE];
+            let v = bitcast<f32>(e.x);
+            if (e.y != 0xffffffffu && (v > best || best_i == 0xffffffffu)) {
+                best = v;
+                best_i = e.y;
+            }
+            if ((e.w & 1u) != 0u) { fl = max(fl, bitcast<f32>(e.z)); }
+        }
     }
     let mx = wg_max(best, lane);
     let arg = wg_min_u32(select(0xffffffffu, best_i, best == mx), lane);
     let floor_t = wg_max(fl, lane);
 
-    if (cfg.greedy == 0u && PHASES > 2u) {
+    if (!ONE_PASS && cfg.greedy == 0u && PHASES > 2u) {
         // Candidates: the top_k largest logits (top-p and min-p act on their softmax below),
         // gathered from those at or above the floor; where more than CAP reach it (logits
         // crowding just below the largest), an exact radix select on their bits finds the

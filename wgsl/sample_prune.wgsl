@@ -106,44 +106,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let lo = wid.x * SLICE;
     let hi_i = min(lo + SLICE, n);
 
-    // Penalties on the slice's tokens: each distinct token of the window once, with its count
-    // (llama.cpp: divide positive logits by the repetition penalty and multiply negative ones,
-    // then subtract count * frequency and presence).
-    let total = state[st + 1u];
-    let n_hist = min(min(total, cfg.window), HIST);
-    let penalize = cfg.repeat_penalty != 1.0 || cfg.freq_penalty != 0.0 || cfg.presence_penalty != 0.0;
-    if (penalize) {
-        // The window is the last n_hist tokens of the ring.
-        let start = total - n_hist;
-        for (var i = lane.lid; i < n_hist; i += WG) {
-            let t = state[st + 4u + (start + i) % HIST];
-            if (t >= lo && t < hi_i) {
-                var first = true;
-                var count = 0u;
-                for (var j = 0u; j < n_hist; j++) {
-                    if (state[st + 4u + (start + j) % HIST] == t) {
-                        if (j < i) { first = false; }
-                        count += 1u;
-                    }
-                }
-                if (first) {
-                    var l = logits[base + t];
-                    l = select(l * cfg.repeat_penalty, l / cfg.repeat_penalty, l > 0.0);
-                    l -= f32(count) * cfg.freq_penalty + cfg.presence_penalty;
-                    logits[base + t] = l;
-                }
-            }
-        }
-    }
-    storageBarrier();
-    workgroupBarrier();
-    // Banned tokens (--ignore-eos) are never drawn.
-    for (var i = lane.lid; i < min(state[st + 2u], BAN); i += WG) {
-        let t = state[st + 4u + HIST + i];
-        if (t >= lo && t < hi_i) { logits[base + t] = -3.4028235e38; }
-    }
-    storageBarrier();
-    workgroupBarrier();
+    penalize_and_ban(cfg, st, base, lo, hi_i, lane.lid);
 
     // The slice in registers (NaN where there is no logit: NaN logits never count), and its
     // largest value with its lowest index.

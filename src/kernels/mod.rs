@@ -390,11 +390,12 @@ pub enum KernelKey {
         /// (binding 6; common/sample_chain.wgsl). Bound either way (one layout); never set on
         /// the first pass, which is the same for chained steps.
         chained: bool,
-        /// The session's own sampler is greedy (its second pass only reduces the slices'
-        /// maxima): that pass in `sample::SAMPLE_WG` invocations, whose barriers cost less than
-        /// the wide ones' (H200, run 326, three alternations: TinyLlama Q4_K_M tg128 1,166.5 ->
-        /// 1,170.4 tok/s, at depth 4096 1,025.8 -> 1,032.5). Any configuration still picks right
-        /// in it, only slower. Never set on the first pass or a batched step.
+        /// A greedy sampler's one pass (sample.wgsl's ONE_PASS): no first pass; the penalties,
+        /// bans and the row's largest logit in one workgroup a row, one dispatch instead of
+        /// two. Only on the second pass (`prune` false) of rows that share one configuration
+        /// (not `batched`), for configurations that are greedy (any other would still get the
+        /// row's largest logit). Before it a greedy sampler's second pass alone took
+        /// `sample::SAMPLE_WG` invocations (run 326); this replaced both passes.
         greedy: bool,
     },
     /// Scoring: each row's negative log-likelihood of its target token (nll.wgsl).
@@ -901,13 +902,10 @@ impl KernelKey {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
             KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy } => {
-                let wg = match (prune, greedy) {
-                    (true, _) => sample::PRUNE_WG,
-                    (false, true) => sample::SAMPLE_WG,
-                    (false, false) => sample::sample_wg(caps),
-                };
+                let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
                 let c = c
                     .const_u32("WG", wg)
+                    .const_bool("ONE_PASS", greedy && !prune)
                     .const_bool("TOPS", tops)
                     .const_u32("SCAP", sample::SLICE_CAP)
                     .const_u32("PSTRIDE", sample::PRUNE_STRIDE)
@@ -1218,8 +1216,8 @@ impl KernelKey {
             v.push(KernelKey::Argmax { subgroups });
             for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
                 v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: false, greedy: false });
-                // Chained steps' and greedy samplers' variants: the second pass only (the first
-                // is the same either way).
+                // Chained steps' variants and greedy samplers' one pass: the second pass only (the
+                // first is the same for chained steps, and greedy samplers take none).
                 if !prune {
                     for (chained, greedy) in [(true, false), (false, true), (true, true)] {
                         v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained, greedy });

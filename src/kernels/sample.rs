@@ -2,8 +2,9 @@
 //! draw, so that sampled decoding chains its steps on the GPU as greedy decoding does. Two
 //! dispatches over the same bindings: wgsl/sample_prune.wgsl (penalties and bans; per slice of
 //! each row its largest logit and a floor under its top-k), then wgsl/sample.wgsl (one
-//! workgroup per row: the candidates, their softmax and the draw). The CPU reference is
-//! `crate::sample::Sampler`.
+//! workgroup per row: the candidates, their softmax and the draw). A greedy configuration of
+//! rows that share one takes sample.wgsl alone (ONE_PASS: the penalties, bans and largest
+//! logit in one dispatch). The CPU reference is `crate::sample::Sampler`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -129,7 +130,8 @@ pub fn initial_state(draws: u32, history: &[u32], banned: &[u32]) -> Vec<u32> {
     s
 }
 
-/// The two dispatches sampling `rows` rows of `logits` (tests, tools): `state` holds
+/// The dispatches sampling `rows` rows of `logits` (tests, tools; two, or one for a greedy
+/// configuration, as a session's sampler takes them): `state` holds
 /// `STATE_WORDS` words per row (`initial_state`), `ids` one u32 per row.
 pub fn prepare(
     ctx: &crate::gpu::GpuContext,
@@ -142,7 +144,7 @@ pub fn prepare(
     own_rows(ctx, cfg, [logits, ids, state], rows, None)
 }
 
-/// The two dispatches sampling one row of `logits` in a chain of decode steps (tests): as
+/// The dispatches sampling one row of `logits` in a chain of decode steps (tests): as
 /// `prepare`, and the pick also moves `step` (a `matmul::StepState`) on by one position and
 /// appends the token to `chain` (word 0 the count, the tokens after it; common/sample_chain.wgsl).
 pub fn prepare_chained(
@@ -169,7 +171,7 @@ fn own_rows(
     let unused = ctx.storage(16, "unused")?;
     let (step, list) = chain.unwrap_or((&unused, &unused));
     let buffers = [&ub, logits, ids, state, &prune, step, list];
-    passes(ctx, false, chain.is_some(), &ub, &buffers, grids(cfg.n_vocab, rows))
+    passes(ctx, false, chain.is_some(), cfg.greedy != 0, &ub, &buffers, grids(cfg.n_vocab, rows))
 }
 
 /// The two dispatches sampling the rows of a batched decode step (tests, tools): row c of
@@ -189,24 +191,29 @@ pub fn prepare_columns(
     let prune = ctx.storage(prune_bytes(n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(&SampleConfig::zeroed(), "sample");
     let step = ctx.upload(&crate::kernels::matmul::step_table(cols), "step table")?;
-    passes(ctx, true, false, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
+    passes(ctx, true, false, false, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
 }
 
 fn passes(
     ctx: &crate::gpu::GpuContext,
     batched: bool,
     chained: bool,
+    greedy: bool,
     ub: &wgpu::Buffer,
     buffers: &[&wgpu::Buffer],
     (first, second): ([u32; 3], [u32; 3]),
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
     let (subgroups, tops) = (ctx.caps.subgroups, ctx.caps.sample_tops);
+    // Rows of one greedy configuration: one pass (as a session's greedy sampler picks).
+    let one_pass = !batched && greedy;
     [(true, first), (false, second)]
         .into_iter()
+        .filter(|&(prune, _)| !(prune && one_pass))
         .map(|(prune, workgroups)| {
             // The first pass is the same for chained steps (one pipeline serves both).
             let chained = chained && !prune;
-            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy: false };
+            let greedy = one_pass && !prune;
+            let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);
             Ok(crate::gpu::Dispatch { label: "sample", pipeline, bind_group, workgroups, params: Some(ub.clone()) })

@@ -30,3 +30,48 @@ const STATE_WORDS: u32 = 4u + HIST + BAN;
 
 // NaN logits never count.
 fn usable(v: f32) -> bool { return v == v; }
+
+// The row's penalties and bans on its logits lo .. hi - 1 (the first pass's slice, or the whole
+// row for a greedy sampler's one pass), by a workgroup of WG invocations, lid this one, for
+// the row whose configuration is cfg, whose state starts at st and logits at base; the
+// logits are rewritten in place and the workgroup sees them when this returns. Penalties:
+// each distinct token of the window once, with its count (llama.cpp: divide positive logits
+// by the repetition penalty and multiply negative ones, then subtract count * frequency and
+// presence). Banned tokens (--ignore-eos) are never drawn: their logits become the lowest
+// finite value.
+fn penalize_and_ban(cfg: Config, st: u32, base: u32, lo: u32, hi: u32, lid: u32) {
+    let total = state[st + 1u];
+    let n_hist = min(min(total, cfg.window), HIST);
+    let penalize = cfg.repeat_penalty != 1.0 || cfg.freq_penalty != 0.0 || cfg.presence_penalty != 0.0;
+    if (penalize) {
+        // The window is the last n_hist tokens of the ring.
+        let start = total - n_hist;
+        for (var i = lid; i < n_hist; i += WG) {
+            let t = state[st + 4u + (start + i) % HIST];
+            if (t >= lo && t < hi) {
+                var first = true;
+                var count = 0u;
+                for (var j = 0u; j < n_hist; j++) {
+                    if (state[st + 4u + (start + j) % HIST] == t) {
+                        if (j < i) { first = false; }
+                        count += 1u;
+                    }
+                }
+                if (first) {
+                    var l = logits[base + t];
+                    l = select(l * cfg.repeat_penalty, l / cfg.repeat_penalty, l > 0.0);
+                    l -= f32(count) * cfg.freq_penalty + cfg.presence_penalty;
+                    logits[base + t] = l;
+                }
+            }
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var i = lid; i < min(state[st + 2u], BAN); i += WG) {
+        let t = state[st + 4u + HIST + i];
+        if (t >= lo && t < hi) { logits[base + t] = -3.4028235e38; }
+    }
+    storageBarrier();
+    workgroupBarrier();
+}

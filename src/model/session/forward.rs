@@ -476,7 +476,12 @@ impl Session {
             let table = picker == Picker::Table;
             let sample = if table { &self.sample_table } else { &self.sample };
             let (first, second) = crate::kernels::sample::grids(v, m);
+            // A greedy sampler (the session's own) picks in one pass; any other in two.
+            let one_pass = !table && self.sample_greedy;
             for (prune, grid) in [(true, first), (false, second)] {
+                if prune && one_pass {
+                    continue;
+                }
                 let key = KernelKey::Sample {
                     subgroups: ctx.caps.subgroups,
                     batched: table,
@@ -484,7 +489,7 @@ impl Session {
                     tops: ctx.caps.sample_tops,
                     // Only the second pass picks, so only it moves the chain on.
                     chained: picker == Picker::Chained && !prune,
-                    greedy: !table && !prune && self.sample_greedy,
+                    greedy: one_pass && !prune,
                 };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }

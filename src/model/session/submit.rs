@@ -228,12 +228,20 @@ impl Session {
         if room > 0 {
             self.record_steps(&mut enc, &mut None, None, 1, 0)?;
         }
-        // The second pass of the other kind of sampler (greedy or not) than the one configured
-        // now, which the steps above took.
+        // The other kind of sampler (greedy or not) than the one configured now, which the
+        // steps above took: both passes, or a greedy sampler's one.
         let (subgroups, tops, greedy) = (ctx.caps.subgroups, ctx.caps.sample_tops, !self.sample_greedy);
         for chained in [false, true] {
             ctx.pipeline(&KernelKey::Sample { subgroups, batched: false, prune: false, tops, chained, greedy })?;
         }
+        ctx.pipeline(&KernelKey::Sample {
+            subgroups,
+            batched: false,
+            prune: true,
+            tops,
+            chained: false,
+            greedy: false,
+        })?;
         // Decode attention's variant changes with the context (blocks of heads, cooperative
         // matrices and their tiles, the combine pass), only where a length crosses a multiple
         // of 64 positions: each one the session's contexts take, so that none compiles in the
