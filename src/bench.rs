@@ -149,11 +149,15 @@ pub struct GpuMemory {
     pub kv_cache: u64,
     /// The session's other buffers: activations, attention scratch, logits.
     pub activations: u64,
+    /// Prefill's resident f16 copies of the K-quant layer weights (`plan::resident_f16_copies`;
+    /// 0 where each GEMM's weights are decoded just before it).
+    #[serde(default)]
+    pub f16_copies: u64,
 }
 
 impl GpuMemory {
     pub fn total(&self) -> u64 {
-        self.weights + self.kv_cache + self.activations
+        self.weights + self.kv_cache + self.activations + self.f16_copies
     }
 }
 
@@ -491,8 +495,13 @@ fn bench_session(
     s.build_pipelines()?;
     let kv_cache =
         n_seq as u64 * n_ctx as u64 * 2 * model.cfg.n_layer as u64 * model.cfg.kv_dim() as u64 * s.kv_bytes_per_elem();
-    let gpu_memory =
-        GpuMemory { weights: model.weight_gpu_bytes, kv_cache, activations: session_bytes.saturating_sub(kv_cache) };
+    let f16_copies = s.resident_f16_bytes();
+    let gpu_memory = GpuMemory {
+        weights: model.weight_gpu_bytes,
+        kv_cache,
+        activations: session_bytes.saturating_sub(kv_cache + f16_copies),
+        f16_copies,
+    };
     let v = model.cfg.n_vocab as usize;
     let prompt: Vec<u32> = (0..n_ctx as usize).map(|i| (3 + (i * 7919) % (v - 3)) as u32).collect();
     Ok((s, gpu_memory, prompt))
@@ -806,7 +815,7 @@ fn csv_field(s: &str) -> String {
 }
 
 /// The CSV header line.
-pub const CSV_HEADER: &str = "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts,n_depth,n_batch,gpu_weights_bytes,gpu_kv_bytes,gpu_activations_bytes,load_secs,n_parallel\n";
+pub const CSV_HEADER: &str = "kiln_version,git_commit,date,adapter,vendor,device_type,backend,driver,driver_info,features,model,arch,size_bytes,params,formats,test,n_prompt,n_gen,ubatch,n_ctx,kv_type,samples_ts,avg_ts,stddev_ts,n_depth,n_batch,gpu_weights_bytes,gpu_kv_bytes,gpu_activations_bytes,load_secs,n_parallel,gpu_f16_copies_bytes\n";
 
 /// One CSV line (repetitions joined with ';').
 pub fn csv_row(r: &BenchRecord) -> String {
@@ -845,6 +854,7 @@ pub fn csv_row(r: &BenchRecord) -> String {
         opt(r.gpu_memory.is_some(), mem.activations),
         r.load_secs.map(|s| format!("{s:.3}")).unwrap_or_default(),
         r.n_parallel.to_string(),
+        opt(r.gpu_memory.is_some(), mem.f16_copies),
     ];
     let mut o = fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",");
     o.push('\n');

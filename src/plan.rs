@@ -370,6 +370,31 @@ pub fn prefill_dequant_f16() -> Option<u64> {
     crate::config::prefill_dequant_from_env().unwrap_or(true).then_some(from)
 }
 
+/// Whether prefill's f16 copies of the K-quant layer matrices (`copies` bytes in all) stay in
+/// GPU memory, each decoded once when the session is built, instead of one buffer the size of
+/// the largest that each GEMM's weights are decoded into just before it (~12% of Llama-7B's
+/// prompt step on an H100, run 332): where they take at most `RESIDENT_SHARE` of the memory the
+/// weights, KV cache and activations leave (`memory_left`; unknown: no), or as `caps` says
+/// (`Caps::resident_f16_copies`: the context option or `KILN_PREFILL_RESIDENT=0|1`).
+pub fn resident_f16_copies(copies: u64, memory_left: Option<u64>, caps: &Caps) -> bool {
+    copies > 0
+        && caps.resident_f16_copies.unwrap_or_else(|| memory_left.is_some_and(|left| copies <= left / RESIDENT_SHARE))
+}
+
+/// Tokens times row length (m·k) from which a prefill GEMM over K-quant weights reads their
+/// resident f16 copy (`resident_f16_copies`; `Caps::dequant_f16_from` where that is lower).
+/// H200, run 342 (`kiln bench -p 64,128,256,512 -n 0 -r 3`, twice, tokens/s, from
+/// `DEQUANT_F16_FROM` -> from one token): Llama-7B Q4_K_M pp64 3,688 / 3,648 -> 3,808 / 3,648,
+/// pp128 4,640 / 4,669 -> 5,108 / 4,974, pp256 7,596 / 7,692 -> 9,166 / 8,871; TinyLlama Q4_K_M
+/// pp64 13,000 / 14,164 -> 12,342 / 12,523, pp128 19,040 / 19,703 -> 19,658 / 19,045, pp256
+/// 30,778 / 30,777 -> 34,140 / 33,876, pp512 44,656 / 43,180 -> 47,563 / 46,993.
+pub const RESIDENT_F16_FROM: u64 = 128 * 2048;
+
+/// `resident_f16_copies`' share of the memory left: the copies (3.6 times a Q4_K_M model's
+/// layers) only where memory would otherwise sit idle; a 24 GB GPU with Llama-7B Q4_K_M (13 GB
+/// of copies) decodes before every GEMM, an 80 GB one keeps them.
+pub const RESIDENT_SHARE: u64 = 4;
+
 /// Tokens times row length (m·k) from which a prefill GEMM over K-quant weights reads an f16
 /// copy decoded just before it (`Caps::dequant_f16_from`, dequant_f16.wgsl) instead of
 /// decoding every tile in its loaders. The copy costs a pass over the weights (2.6 bytes

@@ -82,6 +82,14 @@ fn model_label(r: &BenchRecord) -> String {
 fn memory_label(r: &BenchRecord) -> String {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     match r.gpu_memory {
+        Some(m) if m.f16_copies > 0 => format!(
+            "{:.1} MiB ({:.1} + {:.1} + {:.1} + {:.1} f16 copies)",
+            mib(m.total()),
+            mib(m.weights),
+            mib(m.kv_cache),
+            mib(m.activations),
+            mib(m.f16_copies)
+        ),
         Some(m) => format!(
             "{:.1} MiB ({:.1} + {:.1} + {:.1})",
             mib(m.total()),

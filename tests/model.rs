@@ -178,7 +178,12 @@ fn derived_models_teacher_forced() {
 #[test]
 fn prefill_over_f16_copies_of_the_weights() {
     let ids = greedy_tokens();
-    let on = kiln::gpu::ContextOptions { dequant_f16_from: Some(Some(1)), ..Default::default() };
+    // Decoded into one buffer before each GEMM (where memory allows, the planner keeps them).
+    let on = kiln::gpu::ContextOptions {
+        dequant_f16_from: Some(Some(1)),
+        resident_f16_copies: Some(false),
+        ..Default::default()
+    };
     let on = Arc::new(GpuContext::new(&on).unwrap());
     if on.caps.dequant_f16_from.is_none() {
         eprintln!("{}: no SHADER_F16, no f16 copy of the weights", on.describe());
@@ -186,6 +191,13 @@ fn prefill_over_f16_copies_of_the_weights() {
     }
     let off = kiln::gpu::ContextOptions { dequant_f16_from: Some(None), ..Default::default() };
     let off = Arc::new(GpuContext::new(&off).unwrap());
+    // The copies kept in GPU memory, decoded once (`plan::resident_f16_copies`).
+    let resident = kiln::gpu::ContextOptions {
+        dequant_f16_from: Some(Some(1)),
+        resident_f16_copies: Some(true),
+        ..Default::default()
+    };
+    let resident = Arc::new(GpuContext::new(&resident).unwrap());
     for q in ["Q6_K", "Q5_K_M", "Q4_K_M"] {
         let file = format!("derived/stories260K-pad256-{q}.gguf");
         let want = f32s(&testdata().join(format!("derived/refs/stories260K-pad256-{q}.forced.logits_numpy.f32")));
@@ -193,13 +205,28 @@ fn prefill_over_f16_copies_of_the_weights() {
             let mut s = load(ctx, &file).session(opts(true, 256, true)).unwrap();
             let before = kiln::gpu::buffers::dispatches_recorded();
             let got = s.forward(&ids[..200], Output::AllLogits).unwrap();
-            (got, kiln::gpu::buffers::dispatches_recorded() - before)
+            (got, kiln::gpu::buffers::dispatches_recorded() - before, s.resident_f16_bytes())
         };
-        let ((got, with), (_, without)) = (run(&on), run(&off));
+        let ((got, with, none), (_, without, _)) = (run(&on), run(&off));
         let (max, rms, same) = compare(&got, &want, 512);
         eprintln!("{q} over f16 copies: max |Δ| {max:.3e}, rms {rms:.3e}, argmax {same:.3}; {with} dispatches against {without}");
         assert!(max < 0.1 && rms < 0.02 && same >= 0.99, "{q} over f16 copies: max {max} rms {rms} argmax {same}");
         assert!(with > without, "{q}: {with} dispatches with the f16 copies, {without} without");
+        assert_eq!(none, 0, "{q}: copies decoded before each GEMM are not resident");
+        // Resident copies: the same copies and GEMMs, so the same logits bit for bit, without
+        // a decode dispatch before each GEMM.
+        let (kept, dispatches, bytes) = run(&resident);
+        assert!(
+            kept.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{q}: resident copies changed the logits"
+        );
+        assert_eq!(dispatches, without, "{q}: dispatches over resident copies");
+        // Every layer matrix (all K-quants here) and the LM head (every position's logits)
+        // once, two bytes a weight.
+        let model = load(&resident, &file);
+        let matrices = model.weights.layers.iter().flat_map(|l| l.matrices()).chain([model.weights.lm_head()]);
+        let want: u64 = matrices.map(|w| kiln::gpu::buffers::storage_size(w.rows as u64 * w.k as u64 * 2)).sum();
+        assert_eq!(bytes, want, "{q}: bytes of the resident copies");
     }
     // Synthetic models whose Q/K/V matmuls are a group of several copies: stacked from Q4_K
     // and Q6_K parts (tiny-test), separate (Qwen3's per-head norms), against the same prompt

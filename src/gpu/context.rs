@@ -62,6 +62,10 @@ pub struct Caps {
     /// `plan::DEQUANT_F16_FROM` (`plan::prefill_dequant_f16`); the context option sets it
     /// wherever SHADER_F16 is (tests on adapters without matrix cores). None: never.
     pub dequant_f16_from: Option<u64>,
+    /// Whether those f16 copies stay in GPU memory, one per matrix, decoded once: Some(yes or
+    /// no) as the context option or `KILN_PREFILL_RESIDENT` says; None: where they take at most
+    /// a quarter of the memory left (`plan::resident_f16_copies`).
+    pub resident_f16_copies: Option<bool>,
     /// One-token decode attention also writes its output as the output projection's int8
     /// input, which then runs on the int8 GEMV whatever its size, with no quantize dispatch
     /// (`plan::attn_q8_out`; where the int8 GEMV runs: `int8_dot`, and on CPU adapters only
@@ -109,6 +113,7 @@ impl Caps {
             sample_tops: false,
             prefill_f16_inputs: false,
             dequant_f16_from: None,
+            resident_f16_copies: None,
             attn_q8_out: false,
             attn_decode_wide: false,
             decode_merge: false,
@@ -153,6 +158,8 @@ pub struct ContextOptions {
     /// `Caps::dequant_f16_from`: Some(None) off, Some(Some(mk)) from m·k = mk; None:
     /// `KILN_PREFILL_DEQUANT` and `KILN_DEQUANT_FROM` or the planner's default.
     pub dequant_f16_from: Option<Option<u64>>,
+    /// `Caps::resident_f16_copies`; None: `KILN_PREFILL_RESIDENT` or the planner's choice.
+    pub resident_f16_copies: Option<bool>,
     /// `Caps::attn_q8_out`; None: `KILN_ATTN_Q8_OUT` or the planner's default.
     pub attn_q8_out: Option<bool>,
     /// `Caps::attn_decode_wide`; None: `KILN_DECODE_WIDE` or the planner's default.
@@ -524,6 +531,7 @@ impl GpuContext {
             prefill_f16_inputs: opts.prefill_f16_inputs.unwrap_or_else(crate::plan::prefill_f16_inputs)
                 && features.contains(wgpu::Features::SHADER_F16),
             dequant_f16_from: None,
+            resident_f16_copies: None,
             attn_q8_out: opts.attn_q8_out.unwrap_or_else(crate::plan::attn_q8_out)
                 && int8_dot
                 && (info.device_type != wgpu::DeviceType::Cpu || opts.int8_gemv_always),
@@ -556,6 +564,7 @@ impl GpuContext {
             None => None,
         }
         .filter(|_| caps.f16);
+        caps.resident_f16_copies = opts.resident_f16_copies.or_else(crate::config::prefill_resident_from_env);
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding = match opts.max_binding_override {
             Some(v) => v.min(adapter_binding).max(256),

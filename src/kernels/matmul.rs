@@ -389,8 +389,13 @@ pub struct MatmulScratch {
     partials: std::cell::RefCell<Option<wgpu::Buffer>>,
     /// The f16 copy of a K-quant matrix that prefill's GEMMs read
     /// (`Caps::dequant_f16_from`): one buffer for the session, as large as its largest such
-    /// matrix (`dequant_f16_bytes`); None where no matmul takes the route.
+    /// matrix (`dequant_f16_bytes`), rewritten before each GEMM that reads it; None where no
+    /// matmul takes the route or the copies are resident.
     dequant: Option<wgpu::Buffer>,
+    /// Resident f16 copies instead (`with_resident_dequant`): by the weights' buffer, a copy of
+    /// each matrix the session keeps one of, decoded when the first matmul over it is bound
+    /// (None until then).
+    resident: Option<std::cell::RefCell<std::collections::HashMap<wgpu::Buffer, Option<wgpu::Buffer>>>>,
     /// Columns of one sequence's steps (prompt chunks) that go to the GEMV
     /// (`plan::prefill_gemv_cols`); None: `plan::gemv_takes`.
     prefill_gemv_cols: Option<u32>,
@@ -415,6 +420,38 @@ impl MatmulScratch {
             self.dequant = Some(ctx.storage(bytes, "f16 weights (prefill)")?);
         }
         Ok(self)
+    }
+
+    /// As it is, prefill's GEMMs over the K-quant matrices among `weights` reading a copy of
+    /// each in f16 that stays in GPU memory (decoded once, `plan::resident_f16_copies`),
+    /// instead of one buffer decoded into before every GEMM (`with_dequant`).
+    pub fn with_resident_dequant<'w>(mut self, weights: impl IntoIterator<Item = &'w WeightTensor>) -> MatmulScratch {
+        self.dequant = None;
+        let keys = weights.into_iter().filter_map(|w| w.chunks.first()).map(|c| (c.buffer.clone(), None));
+        self.resident = Some(std::cell::RefCell::new(keys.collect()));
+        self
+    }
+
+    /// Bytes of the resident f16 copies decoded so far.
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident.as_ref().map_or(0, |c| c.borrow().values().flatten().map(|b| b.size()).sum())
+    }
+
+    /// The resident f16 copy of `w` (one chunk, `dequant_f16_bytes` of it) where the session
+    /// keeps one, decoded now the first time it is asked for.
+    fn resident_copy(&self, ctx: &GpuContext, w: &WeightTensor, bytes: u64) -> Result<Option<wgpu::Buffer>> {
+        let Some(copies) = &self.resident else { return Ok(None) };
+        let key = &w.chunks[0].buffer;
+        match copies.borrow().get(key) {
+            None => return Ok(None),
+            Some(Some(b)) => return Ok(Some(b.clone())),
+            Some(None) => {}
+        }
+        let copy = ctx.storage(bytes, "f16 weights (prefill, resident)")?;
+        let decode = prepare_dequant_f16(ctx, w, &copy)?;
+        crate::gpu::buffers::run_dispatches(ctx, &[&decode])?;
+        copies.borrow_mut().insert(key.clone(), Some(copy.clone()));
+        Ok(Some(copy))
     }
 
     /// Int8 blocks of k activations that one matmul writes for the next
@@ -564,9 +601,11 @@ pub struct BoundMatmul {
 /// A K-quant matmul's GEMMs over an f16 copy of its weights: the dispatch decoding them
 /// into the session's scratch (dequant_f16.wgsl), then the same matmul bound over the copy as
 /// F16 weights (the planner's F16 GEMM, with this matmul's X, Y, epilogue and scratch). The
-/// copy is rewritten before every GEMM that reads it: the session's matmuls share it.
+/// copy is rewritten before every GEMM that reads it: the session's matmuls share it. With
+/// resident copies (`MatmulScratch::with_resident_dequant`) there is no decode dispatch: the
+/// copy was decoded once.
 struct DequantRoute {
-    decode: Bound,
+    decode: Option<Bound>,
     f16: Box<BoundMatmul>,
     /// Steps whose columns times k reach this take it (`Caps::dequant_f16_from`; 1 in tests).
     from: u64,
@@ -663,13 +702,20 @@ impl BoundMatmul {
         stage: &'static str,
         scratch: &MatmulScratch,
     ) -> Result<BoundMatmul> {
-        let (Some(copy), Some(bytes)) = (&scratch.dequant, dequant_f16_bytes(ctx, mm.w)) else {
+        let Some(bytes) = dequant_f16_bytes(ctx, mm.w) else {
             return Ok(self);
         };
-        if copy.size() < bytes || mm.norm.is_some() || mm.glu.is_some() || self.second.is_some() {
+        if mm.norm.is_some() || mm.glu.is_some() || self.second.is_some() {
             return Ok(self);
         }
         let chunk = &mm.w.chunks[0];
+        let (copy, resident) = match (&scratch.dequant, scratch.resident_copy(ctx, mm.w, bytes)?) {
+            (_, Some(copy)) => (copy, true),
+            (Some(copy), None) if copy.size() >= bytes => (copy.clone(), false),
+            // Resident copies of other matrices, or none of this size.
+            _ => return Ok(self),
+        };
+        let copy = &copy;
         let w16 = WeightTensor {
             name: format!("{} (f16 copy)", mm.w.name),
             format: crate::quant::WeightFormat::F16,
@@ -706,8 +752,13 @@ impl BoundMatmul {
         f16.forced_splits = self.forced_splits;
         // Bindings 2, 4 and 5 are unused by the decoder; any buffer fills them.
         let key = KernelKey::DequantF16 { format: mm.w.format };
-        let decode = Bound::new::<MatmulParams>(ctx, &key, stage, &[&chunk.buffer, mm.x, copy, mm.x, mm.x])?;
+        let decode = match resident {
+            true => None,
+            false => Some(Bound::new::<MatmulParams>(ctx, &key, stage, &[&chunk.buffer, mm.x, copy, mm.x, mm.x])?),
+        };
+        // A resident copy costs no decoding a step: GEMMs take it from shorter steps on.
         let from = ctx.caps.dequant_f16_from.unwrap_or(u64::MAX);
+        let from = if resident { from.min(crate::plan::RESIDENT_F16_FROM) } else { from };
         self.dequant = Some(DequantRoute { decode, f16: Box::new(f16), from });
         Ok(self)
     }
@@ -1260,8 +1311,12 @@ impl BoundMatmul {
         if let Some(route) = self.dequant_route(m, kernel) {
             // The copy's GEMM, after the decoder read the weights and wrote them as halves.
             let mut work = route.f16.work(ctx, m, batched);
-            work.kernel = format!("dequant_f16+{} from {formats}", work.kernel);
-            work.bytes += w_bytes + n64 * k64 * 2.0;
+            if route.decode.is_some() {
+                work.kernel = format!("dequant_f16+{} from {formats}", work.kernel);
+                work.bytes += w_bytes + n64 * k64 * 2.0;
+            } else {
+                work.kernel = format!("{} over a resident f16 copy of {formats}", work.kernel);
+            }
             return work;
         }
         let q8_out = match &self.q8_out {
@@ -1446,9 +1501,12 @@ impl BoundMatmul {
         }
         // Over the f16 copy: the weights decoded into it, then the copy's GEMM.
         if let Some(route) = self.dequant_route(m, kernel) {
-            route.decode.set(ctx, &self.params(m, 0, self.n));
-            let key = KernelKey::DequantF16 { format: self.format };
-            let mut out = vec![(&route.decode, ctx.pipeline(&key)?, dequant_grid(self.n, self.k))];
+            let mut out = Vec::new();
+            if let Some(decode) = &route.decode {
+                decode.set(ctx, &self.params(m, 0, self.n));
+                let key = KernelKey::DequantF16 { format: self.format };
+                out.push((decode, ctx.pipeline(&key)?, dequant_grid(self.n, self.k)));
+            }
             let f16 = &route.f16;
             out.extend(f16.dispatches(ctx, m, f16.plan(ctx, m), prepared, batched, halves_out)?);
             return Ok(out);

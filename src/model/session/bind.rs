@@ -109,9 +109,25 @@ impl Session {
         // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
         // the split-K GEMMs' partial sums.
         let prefill_gemv_cols = crate::plan::prefill_gemv_cols(c.n_embd, &ctx.caps);
-        // (And the f16 copy of a K-quant matrix that prefill's GEMMs read, `Caps::dequant_f16_from`.)
-        let scratch = MatmulScratch::for_session(prefill_gemv_cols)
-            .with_dequant(&ctx, weights.layers.iter().flat_map(|l| l.matrices()))?;
+        // (And the f16 copies of the K-quant matrices that prefill's GEMMs read,
+        // `Caps::dequant_f16_from`: resident where memory allows, else one buffer decoded into
+        // before each GEMM.)
+        let scratch = MatmulScratch::for_session(prefill_gemv_cols);
+        // (The LM head's GEMM runs only where every position's logits are asked for.)
+        let head = opts.all_logits.then(|| weights.lm_head());
+        let matrices = || weights.layers.iter().flat_map(|l| l.matrices()).chain(head);
+        let copies: u64 = matrices()
+            .filter_map(|w| crate::kernels::matmul::dequant_f16_bytes(&ctx, w))
+            .map(crate::gpu::buffers::storage_size)
+            .sum();
+        let used = ctx.buffers_alive().bytes + sizes.kv_bytes() + sizes.activation_bytes();
+        let left = ctx.device_memory.map(|m| m.saturating_sub(used));
+        let scratch = if crate::plan::resident_f16_copies(copies, left, &ctx.caps) {
+            scratch.with_resident_dequant(matrices())
+        } else {
+            scratch.with_dequant(&ctx, matrices())?
+        };
+
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
@@ -613,6 +629,13 @@ impl Session {
         let mut keep = vec![xn, qb, kb, vb, qn, kn, attn, gate, up, act, partial, merge_done];
         keep.extend(scores);
         keep.extend(k_caches);
+        let resident_f16_bytes = scratch.resident_bytes();
+        if resident_f16_bytes > 0 {
+            tracing::info!(
+                "prefill reads f16 copies of the K-quant weights kept in GPU memory ({:.1} MiB; KILN_PREFILL_RESIDENT=0: none)",
+                resident_f16_bytes as f64 / (1 << 20) as f64
+            );
+        }
         let mut session = Session {
             ctx,
             cfg: cfg.clone(),
@@ -636,6 +659,7 @@ impl Session {
             chain_stage,
             chain_tokens,
             steps_per_submit,
+            resident_f16_bytes,
             step_picks,
             last_step_slots: Vec::new(),
             steps_in_flight: Default::default(),

@@ -214,6 +214,8 @@ pub struct Session {
     chain_tokens: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
+    /// Bytes of prefill's resident f16 copies of the K-quant weights (0: none).
+    resident_f16_bytes: u64,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
     /// apart from `out_id` (which a prompt's step in between overwrites) for the next step
     /// to feed back; the slots of its columns, in order; and the steps in flight (their
@@ -307,6 +309,12 @@ impl Session {
 
     pub fn context(&self) -> &GpuContext {
         &self.ctx
+    }
+
+    /// Bytes of the f16 copies of the K-quant layer weights that prefill's GEMMs read, where
+    /// they stay in GPU memory (`plan::resident_f16_copies`); 0 where they do not.
+    pub fn resident_f16_bytes(&self) -> u64 {
+        self.resident_f16_bytes
     }
 
     /// Bytes of one element of the KV cache (2 for f16, 4 for f32).
