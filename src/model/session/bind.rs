@@ -127,7 +127,6 @@ impl Session {
         } else {
             scratch.with_dequant(&ctx, matrices())?
         };
-
         let mm = |w, xbuf, xs, ybuf, ys, bias, acc, stage| {
             BoundMatmul::new_in(&ctx, &dense(w, xbuf, xs, ybuf, ys, bias, acc), stage, &scratch)
         };
