@@ -420,6 +420,13 @@ pub fn dequant_f16_format(format: WeightFormat) -> bool {
     matches!(format, WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K)
 }
 
+/// The formats whose prefill GEMMs read resident f16 copies where the session keeps them
+/// (`resident_f16_copies`): the K-quants, and Q8_0, whose copy (decoded once, no dispatch
+/// before each GEMM) brings its GEMM to F16's rate.
+pub fn resident_f16_format(format: WeightFormat) -> bool {
+    dequant_f16_format(format) || format == WeightFormat::Q8_0
+}
+
 /// Chunks of eight weights each invocation of dequant_f16.wgsl decodes: 4, or
 /// `KILN_DEQUANT_PER=1` (a knob for measurements). H100: TinyLlama's gate/up copy 32.9 µs with
 /// one (run 329) -> 25.0 with four (run 331); Llama-7B Q4_K_M pp512 8,672 -> 8,941 tok/s (run

@@ -437,7 +437,7 @@ impl MatmulScratch {
         self.resident.as_ref().map_or(0, |c| c.borrow().values().flatten().map(|b| b.size()).sum())
     }
 
-    /// The resident f16 copy of `w` (one chunk, `dequant_f16_bytes` of it) where the session
+    /// The resident f16 copy of `w` (one chunk, `resident_f16_bytes` of it) where the session
     /// keeps one, decoded now the first time it is asked for.
     fn resident_copy(&self, ctx: &GpuContext, w: &WeightTensor, bytes: u64) -> Result<Option<wgpu::Buffer>> {
         let Some(copies) = &self.resident else { return Ok(None) };
@@ -521,9 +521,19 @@ impl MatmulScratch {
 /// (`Caps::dequant_f16_from`): K-quant formats (`plan::dequant_f16_format`) in one chunk whose
 /// copy one binding holds.
 pub fn dequant_f16_bytes(ctx: &GpuContext, w: &WeightTensor) -> Option<u64> {
+    f16_copy_bytes(ctx, w, crate::plan::dequant_f16_format(w.format))
+}
+
+/// Bytes of the resident f16 copy of `w` (`MatmulScratch::with_resident_dequant`): as
+/// `dequant_f16_bytes`, for `plan::resident_f16_format`'s formats (Q8_0 too).
+pub fn resident_f16_bytes(ctx: &GpuContext, w: &WeightTensor) -> Option<u64> {
+    f16_copy_bytes(ctx, w, crate::plan::resident_f16_format(w.format))
+}
+
+fn f16_copy_bytes(ctx: &GpuContext, w: &WeightTensor, format_takes: bool) -> Option<u64> {
     let bytes = w.rows as u64 * w.k as u64 * 2;
     let takes = ctx.caps.dequant_f16_from.is_some()
-        && crate::plan::dequant_f16_format(w.format)
+        && format_takes
         && w.chunks.len() == 1
         && w.k % 8 == 0
         && crate::gpu::buffers::storage_size(bytes) <= ctx.max_storage();
@@ -702,7 +712,11 @@ impl BoundMatmul {
         stage: &'static str,
         scratch: &MatmulScratch,
     ) -> Result<BoundMatmul> {
-        let Some(bytes) = dequant_f16_bytes(ctx, mm.w) else {
+        let bytes = match scratch.resident.is_some() {
+            true => resident_f16_bytes(ctx, mm.w),
+            false => dequant_f16_bytes(ctx, mm.w),
+        };
+        let Some(bytes) = bytes else {
             return Ok(self);
         };
         if mm.norm.is_some() || mm.glu.is_some() || self.second.is_some() {

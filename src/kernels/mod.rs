@@ -1116,7 +1116,7 @@ impl KernelKey {
                 }
             }
             v.push(KernelKey::Embed { format });
-            if crate::plan::dequant_f16_format(format) {
+            if crate::plan::resident_f16_format(format) {
                 v.push(KernelKey::DequantF16 { format });
             }
         }

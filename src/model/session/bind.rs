@@ -117,7 +117,7 @@ impl Session {
         let head = opts.all_logits.then(|| weights.lm_head());
         let matrices = || weights.layers.iter().flat_map(|l| l.matrices()).chain(head);
         let copies: u64 = matrices()
-            .filter_map(|w| crate::kernels::matmul::dequant_f16_bytes(&ctx, w))
+            .filter_map(|w| crate::kernels::matmul::resident_f16_bytes(&ctx, w))
             .map(crate::gpu::buffers::storage_size)
             .sum();
         let used = ctx.buffers_alive().bytes + sizes.kv_bytes() + sizes.activation_bytes();
