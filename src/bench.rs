@@ -149,7 +149,7 @@ pub struct GpuMemory {
     pub kv_cache: u64,
     /// The session's other buffers: activations, attention scratch, logits.
     pub activations: u64,
-    /// Prefill's resident f16 copies of the K-quant layer weights (`plan::resident_f16_copies`;
+    /// Prefill's resident f16 copies of the block-format layer weights (`plan::resident_f16_copies`;
     /// 0 where each GEMM's weights are decoded just before it).
     #[serde(default)]
     pub f16_copies: u64,

@@ -404,7 +404,7 @@ pub fn coop_load_ahead_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_COOP_LOAD_AHEAD"))
 }
 
-/// `KILN_PREFILL_RESIDENT=0|1`: whether prefill's f16 copies of K-quant weights stay in GPU
+/// `KILN_PREFILL_RESIDENT=0|1`: whether prefill's f16 copies of block-format weights stay in GPU
 /// memory, decoded once, whatever the memory left (`plan::resident_f16_copies`).
 pub fn prefill_resident_from_env() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();

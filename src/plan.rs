@@ -370,7 +370,7 @@ pub fn prefill_dequant_f16() -> Option<u64> {
     crate::config::prefill_dequant_from_env().unwrap_or(true).then_some(from)
 }
 
-/// Whether prefill's f16 copies of the K-quant layer matrices (`copies` bytes in all) stay in
+/// Whether prefill's f16 copies of the quantized layer matrices (`copies` bytes in all) stay in
 /// GPU memory, each decoded once when the session is built, instead of one buffer the size of
 /// the largest that each GEMM's weights are decoded into just before it (~12% of Llama-7B's
 /// prompt step on an H100, run 332): where they take at most `RESIDENT_SHARE` of the memory the
@@ -381,7 +381,7 @@ pub fn resident_f16_copies(copies: u64, memory_left: Option<u64>, caps: &Caps) -
         && caps.resident_f16_copies.unwrap_or_else(|| memory_left.is_some_and(|left| copies <= left / RESIDENT_SHARE))
 }
 
-/// Tokens times row length (m·k) from which a prefill GEMM over K-quant weights reads their
+/// Tokens times row length (m·k) from which a prefill GEMM over quantized weights reads their
 /// resident f16 copy (`resident_f16_copies`; `Caps::dequant_f16_from` where that is lower).
 /// H200, run 342 (`kiln bench -p 64,128,256,512 -n 0 -r 3`, twice, tokens/s, from
 /// `DEQUANT_F16_FROM` -> from one token): Llama-7B Q4_K_M pp64 3,688 / 3,648 -> 3,808 / 3,648,

@@ -422,9 +422,10 @@ impl MatmulScratch {
         Ok(self)
     }
 
-    /// As it is, prefill's GEMMs over the K-quant matrices among `weights` reading a copy of
-    /// each in f16 that stays in GPU memory (decoded once, `plan::resident_f16_copies`),
-    /// instead of one buffer decoded into before every GEMM (`with_dequant`).
+    /// As it is, prefill's GEMMs over the block-format matrices among `weights` (K-quants,
+    /// Q8_0) reading a copy of each in f16 that stays in GPU memory (decoded once,
+    /// `plan::resident_f16_copies`), instead of one buffer decoded into before every GEMM
+    /// (`with_dequant`).
     pub fn with_resident_dequant<'w>(mut self, weights: impl IntoIterator<Item = &'w WeightTensor>) -> MatmulScratch {
         self.dequant = None;
         let keys = weights.into_iter().filter_map(|w| w.chunks.first()).map(|c| (c.buffer.clone(), None));

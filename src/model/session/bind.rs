@@ -109,7 +109,7 @@ impl Session {
         // The int8 GEMVs' quantized inputs, one buffer per input length for the session, and
         // the split-K GEMMs' partial sums.
         let prefill_gemv_cols = crate::plan::prefill_gemv_cols(c.n_embd, &ctx.caps);
-        // (And the f16 copies of the K-quant matrices that prefill's GEMMs read,
+        // (And the f16 copies of the block-format matrices that prefill's GEMMs read,
         // `Caps::dequant_f16_from`: resident where memory allows, else one buffer decoded into
         // before each GEMM.)
         let scratch = MatmulScratch::for_session(prefill_gemv_cols);
@@ -631,7 +631,7 @@ impl Session {
         let resident_f16_bytes = scratch.resident_bytes();
         if resident_f16_bytes > 0 {
             tracing::info!(
-                "prefill reads f16 copies of the K-quant weights kept in GPU memory ({:.1} MiB; KILN_PREFILL_RESIDENT=0: none)",
+                "prefill reads f16 copies of the quantized weights kept in GPU memory ({:.1} MiB; KILN_PREFILL_RESIDENT=0: none)",
                 resident_f16_bytes as f64 / (1 << 20) as f64
             );
         }

@@ -214,7 +214,7 @@ pub struct Session {
     chain_tokens: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
-    /// Bytes of prefill's resident f16 copies of the K-quant weights (0: none).
+    /// Bytes of prefill's resident f16 copies of the quantized weights (0: none).
     resident_f16_bytes: u64,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
     /// apart from `out_id` (which a prompt's step in between overwrites) for the next step
@@ -311,7 +311,7 @@ impl Session {
         &self.ctx
     }
 
-    /// Bytes of the f16 copies of the K-quant layer weights that prefill's GEMMs read, where
+    /// Bytes of the f16 copies of the quantized layer weights that prefill's GEMMs read, where
     /// they stay in GPU memory (`plan::resident_f16_copies`); 0 where they do not.
     pub fn resident_f16_bytes(&self) -> u64 {
         self.resident_f16_bytes
