@@ -220,7 +220,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             var v: array<f32, 8>;
             for (var j = 0u; j < 8u; j++) { v[j] = logits[base + min(i0 + j * WG, n - 1u)]; }
             for (var j = 0u; j < 8u; j++) {
-                if (usable(v[j]) && (v[j] > best || best_i == 0xffffffffu)) {
+                if (usable(v[j]) && beats(v[j], best, best_i)) {
                     best = v[j];
                     best_i = min(i0 + j * WG, n - 1u);
                 }
@@ -230,7 +230,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         for (var s = lane.lid; s < slices; s += WG) {
             let e = prune[(row * slices + s) * PSTRIDE];
             let v = bitcast<f32>(e.x);
-            if (e.y != 0xffffffffu && (v > best || best_i == 0xffffffffu)) {
+            if (e.y != 0xffffffffu && beats(v, best, best_i)) {
                 best = v;
                 best_i = e.y;
             }

@@ -118,7 +118,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         let i = lo + j * WG + lane.lid;
         v[j] = nan;
         if (i < hi_i) { v[j] = logits[base + i]; }
-        if (usable(v[j]) && (v[j] > best || best_i == 0xffffffffu)) {
+        if (usable(v[j]) && beats(v[j], best, best_i)) {
             best = v[j];
             best_i = i;
         }

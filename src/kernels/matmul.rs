@@ -724,13 +724,16 @@ impl BoundMatmul {
             return Ok(self);
         }
         let chunk = &mm.w.chunks[0];
-        let (copy, resident) = match (&scratch.dequant, scratch.resident_copy(ctx, mm.w, bytes)?) {
-            (_, Some(copy)) => (copy, true),
-            (Some(copy), None) if copy.size() >= bytes => (copy.clone(), false),
-            // Resident copies of other matrices, or none of this size.
-            _ => return Ok(self),
+        // Its own resident copy (none: a matrix the session keeps none of), or the session's
+        // one buffer (none: too small).
+        let resident = scratch.resident.is_some();
+        let copy = match resident {
+            true => scratch.resident_copy(ctx, mm.w, bytes)?,
+            false => scratch.dequant.clone().filter(|c| c.size() >= bytes),
         };
-        let copy = &copy;
+        let Some(copy) = &copy else {
+            return Ok(self);
+        };
         let w16 = WeightTensor {
             name: format!("{} (f16 copy)", mm.w.name),
             format: crate::quant::WeightFormat::F16,

@@ -48,9 +48,17 @@ pub fn prune_bytes(n_vocab: u32, rows: u32) -> u64 {
     rows.max(1) as u64 * slices(n_vocab) as u64 * PRUNE_STRIDE as u64 * 16
 }
 
-/// The two passes' grids for `rows` rows of `n_vocab` logits: (first, second).
-pub fn grids(n_vocab: u32, rows: u32) -> ([u32; 3], [u32; 3]) {
-    ([slices(n_vocab), rows, 1], [rows, 1, 1])
+/// The passes sampling `rows` rows of `n_vocab` logits, as (first pass, grid): both, or for a
+/// greedy sampler of rows that share one configuration (`one_pass`) the second alone, which
+/// then applies the penalties and bans and reads the rows itself (sample.wgsl's ONE_PASS,
+/// `KernelKey::Sample::greedy`).
+pub fn passes(n_vocab: u32, rows: u32, one_pass: bool) -> Vec<(bool, [u32; 3])> {
+    let second = (false, [rows, 1, 1]);
+    if one_pass {
+        vec![second]
+    } else {
+        vec![(true, [slices(n_vocab), rows, 1]), second]
+    }
 }
 
 /// The sampling workgroup's size on an adapter with `caps`.
@@ -171,7 +179,8 @@ fn own_rows(
     let unused = ctx.storage(16, "unused")?;
     let (step, list) = chain.unwrap_or((&unused, &unused));
     let buffers = [&ub, logits, ids, state, &prune, step, list];
-    passes(ctx, false, chain.is_some(), cfg.greedy != 0, &ub, &buffers, grids(cfg.n_vocab, rows))
+    // Rows of one greedy configuration: one pass, as a session's greedy sampler picks.
+    dispatches(ctx, false, chain.is_some(), &ub, &buffers, passes(cfg.n_vocab, rows, cfg.greedy != 0))
 }
 
 /// The two dispatches sampling the rows of a batched decode step (tests, tools): row c of
@@ -191,28 +200,26 @@ pub fn prepare_columns(
     let prune = ctx.storage(prune_bytes(n_vocab, rows), "sampling slices")?;
     let ub = ctx.uniform(&SampleConfig::zeroed(), "sample");
     let step = ctx.upload(&crate::kernels::matmul::step_table(cols), "step table")?;
-    passes(ctx, true, false, false, &ub, &[&ub, logits, ids, state, configs, &step, &prune], grids(n_vocab, rows))
+    let buffers = [&ub, logits, ids, state, configs, &step, &prune];
+    dispatches(ctx, true, false, &ub, &buffers, passes(n_vocab, rows, false))
 }
 
-fn passes(
+/// The dispatches of `passes` (`passes`: one pass alone is a greedy sampler's).
+fn dispatches(
     ctx: &crate::gpu::GpuContext,
     batched: bool,
     chained: bool,
-    greedy: bool,
     ub: &wgpu::Buffer,
     buffers: &[&wgpu::Buffer],
-    (first, second): ([u32; 3], [u32; 3]),
+    passes: Vec<(bool, [u32; 3])>,
 ) -> crate::Result<Vec<crate::gpu::Dispatch>> {
     let (subgroups, tops) = (ctx.caps.subgroups, ctx.caps.sample_tops);
-    // Rows of one greedy configuration: one pass (as a session's greedy sampler picks).
-    let one_pass = !batched && greedy;
-    [(true, first), (false, second)]
+    let greedy = passes.len() == 1;
+    passes
         .into_iter()
-        .filter(|&(prune, _)| !(prune && one_pass))
         .map(|(prune, workgroups)| {
             // The first pass is the same for chained steps (one pipeline serves both).
             let chained = chained && !prune;
-            let greedy = one_pass && !prune;
             let key = crate::kernels::KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy };
             let pipeline = ctx.pipeline(&key)?;
             let bind_group = crate::gpu::bind(ctx, &pipeline, "sample", buffers);

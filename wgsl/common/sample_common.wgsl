@@ -31,6 +31,10 @@ const STATE_WORDS: u32 = 4u + HIST + BAN;
 // NaN logits never count.
 fn usable(v: f32) -> bool { return v == v; }
 
+// Whether logit v, met after every index already seen, replaces (best, best_i) as the largest:
+// strictly larger, or the first (0xffffffff: none yet); on ties the lower index stays.
+fn beats(v: f32, best: f32, best_i: u32) -> bool { return v > best || best_i == 0xffffffffu; }
+
 // The row's penalties and bans on its logits lo .. hi - 1 (the first pass's slice, or the whole
 // row for a greedy sampler's one pass), by a workgroup of WG invocations, lid this one, for
 // the row whose configuration is cfg, whose state starts at st and logits at base; the

@@ -475,13 +475,9 @@ impl Session {
             });
             let table = picker == Picker::Table;
             let sample = if table { &self.sample_table } else { &self.sample };
-            let (first, second) = crate::kernels::sample::grids(v, m);
             // A greedy sampler (the session's own) picks in one pass; any other in two.
             let one_pass = !table && self.sample_greedy;
-            for (prune, grid) in [(true, first), (false, second)] {
-                if prune && one_pass {
-                    continue;
-                }
+            for (prune, grid) in crate::kernels::sample::passes(v, m, one_pass) {
                 let key = KernelKey::Sample {
                     subgroups: ctx.caps.subgroups,
                     batched: table,
@@ -489,7 +485,7 @@ impl Session {
                     tops: ctx.caps.sample_tops,
                     // Only the second pass picks, so only it moves the chain on.
                     chained: picker == Picker::Chained && !prune,
-                    greedy: one_pass && !prune,
+                    greedy: one_pass,
                 };
                 sample.record_with(rec.pass(), &*ctx.pipeline(&key)?, grid);
             }
