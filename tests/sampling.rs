@@ -69,6 +69,39 @@ fn chained_sampler_moves_the_step_on_and_lists_its_picks() {
     }
 }
 
+/// The first pass starts each slice's search from the floor it found at the step before (its
+/// header in the slices' buffer, kept between steps as a session keeps it): whatever that
+/// hint is, the picks stay the reference's. One set of dispatches over one buffer of logits,
+/// rewritten between steps with rows of very different spreads (a hint far too wide, far too
+/// narrow, a ramp 1e-5 apart), against the CPU sampler stepped along the same history.
+#[test]
+fn a_floor_carried_from_the_step_before_never_changes_a_pick() {
+    for g in gpus() {
+        for (name, base) in sampler_configs() {
+            let vocab = 32000;
+            let mut r = rng(11);
+            let rows: Vec<Vec<f32>> =
+                [0.5f32, 14.0, 0.0, 12.0, 0.5, 0.0, 14.0].iter().map(|&s| model_logits(&mut r, vocab, s)).collect();
+            let history: Vec<u32> = (0..30).map(|_| r.range(0, vocab as i64) as u32).collect();
+            let cfg = SamplerConfig { seed: 0xf100_7000, ..base };
+            let mut cpu = Sampler::new(cfg);
+            let mut h = history.clone();
+            let k = SampleConfig::new(&cfg, vocab as u32, vocab as u32);
+            let state = g.ctx.upload(bytemuck::cast_slice(&initial_state(0, &history, &[])), "state").unwrap();
+            let ids = g.ctx.storage(4, "ids").unwrap();
+            let lb = g.ctx.upload_f32(&rows[0], "logits").unwrap();
+            let d = sample::prepare(&g.ctx, &k, &lb, &ids, &state, 1).unwrap();
+            for (step, row) in rows.iter().enumerate() {
+                g.ctx.queue.write_buffer(&lb, 0, bytemuck::cast_slice(row));
+                run_dispatches(&g.ctx, &d.iter().collect::<Vec<_>>()).unwrap();
+                let want = cpu.sample(row, &h);
+                h.push(want);
+                assert_eq!(g.ctx.read_u32(&ids, 1).unwrap()[0], want, "[{}] {name}, step {step}", g.name);
+            }
+        }
+    }
+}
+
 fn picks_the_reference_tokens(ctx: &kiln::gpu::GpuContext, gpu: &str) {
     let configs = sampler_configs();
     // Candidates by the threshold search in one round (spread 12, 14, 0.5) or narrowed

@@ -23,8 +23,11 @@ const HELD: u32 = SLICE / WG;
 // invocation, NaN where none), mx their largest: a distance below mx within which at least
 // top_k of them lie. Each round counts the values within four distances (one batched reduction;
 // no atomics, which crowd when values bunch up) and narrows the interval where the count
-// crosses top_k. While no finite distance holds top_k yet, the distances grow geometrically
-// (the last one unbounded: all of them); once one does, they split [near, far] evenly (split
+// crosses top_k. The first round brackets `hint`, the distance this slice's search found at
+// the step before (0: none; logits of one model keep their spread from token to token, so
+// it mostly holds between top_k and twice top_k at once; whatever it is, the floor found is
+// exact). While no finite distance holds top_k yet, the distances grow geometrically (the
+// last one unbounded: all of them); once one does, they split [near, far] evenly (split
 // evenly from an unbounded far, they stayed astronomically large), until far holds at most
 // twice top_k or six rounds have passed. `found` false: no finite distance was found to hold
 // top_k (then far is unbounded). Uniform control flow.
@@ -33,15 +36,18 @@ struct Floor {
     found: bool,
 }
 
-var<workgroup> sums: array<f32, 4u * LANE_GROUPS_MAX>;
-// TOPS: the slice's candidates while they are ranked, and their count.
-var<workgroup> sl_v: array<f32, SCAP>;
-var<workgroup> sl_i: array<u32, SCAP>;
+// Two halves, used by turns, so that a round's counts need one barrier: the next round writes
+// the other half.
+var<workgroup> sums: array<f32, 8u * LANE_GROUPS_MAX>;
+// TOPS: the slice's candidates while they are ranked, and their count; values and ids four to a vector, so that ranking them reads four at a time.
+var<workgroup> sl_v: array<vec4<f32>, SCAP / 4u>;
+var<workgroup> sl_i: array<vec4<u32>, SCAP / 4u>;
 var<workgroup> sl_n: atomic<u32>;
 var<workgroup> sl_count: u32;
 
-// How many of the values lie within each distance d[j] below mx (mx - v <= d[j]).
-fn count_within(v: array<f32, HELD>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<u32> {
+// How many of the values lie within each distance d[j] below mx (mx - v <= d[j]), counted in
+// half `h` (0 or 1) of sums.
+fn count_within(v: array<f32, HELD>, mx: f32, d: vec4<f32>, h: u32, lane: Lane) -> vec4<u32> {
     var c = vec4<u32>(0u);
     for (var j = 0u; j < HELD; j++) {
         if (usable(v[j])) { c += vec4<u32>(vec4<f32>(mx - v[j]) <= d); }
@@ -49,20 +55,19 @@ fn count_within(v: array<f32, HELD>, mx: f32, d: vec4<f32>, lane: Lane) -> vec4<
     for (var j = 0u; j < 4u; j++) {
         // Exact in f32: counts stay far below 2^24.
         let s = group_sum(f32(c[j]), lane);
-        if (lane_is_leader(lane)) { sums[j * LANE_GROUPS_MAX + lane_group(lane)] = s; }
+        if (lane_is_leader(lane)) { sums[(4u * h + j) * LANE_GROUPS_MAX + lane_group(lane)] = s; }
     }
     workgroupBarrier();
     var out = vec4<u32>(0u);
     for (var j = 0u; j < 4u; j++) {
         var t = 0.0;
-        for (var g = 0u; g < lane_groups(lane); g++) { t += sums[j * LANE_GROUPS_MAX + g]; }
+        for (var g = 0u; g < lane_groups(lane); g++) { t += sums[(4u * h + j) * LANE_GROUPS_MAX + g]; }
         out[j] = u32(t);
     }
-    workgroupBarrier();
     return out;
 }
 
-fn search_floor(v: array<f32, HELD>, mx: f32, top_k: u32, lane: Lane) -> Floor {
+fn search_floor(v: array<f32, HELD>, mx: f32, top_k: u32, hint: f32, lane: Lane) -> Floor {
     let unbounded = 3.4028235e38;
     var near = 0.0;          // a distance holding fewer than top_k
     var far = unbounded;     // a distance holding at least top_k
@@ -70,16 +75,18 @@ fn search_floor(v: array<f32, HELD>, mx: f32, top_k: u32, lane: Lane) -> Floor {
     var done = false;
     for (var round = 0u; round < 6u && !done; round++) {
         var d: vec4<f32>;
-        if (far == unbounded) {
+        if (round == 0u && hint > 0.0) {
+            d = hint * vec4<f32>(0.5, 0.8, 1.25, 2.0);
+        } else if (far == unbounded) {
             let b = max(near, 0.125);
             d = vec4<f32>(4.0 * b, 16.0 * b, 64.0 * b, unbounded);
         } else {
             for (var j = 0u; j < 4u; j++) { d[j] = near + (far - near) * f32(j + 1u) / 5.0; }
         }
-        let c = count_within(v, mx, d, lane);
+        let c = count_within(v, mx, d, round % 2u, lane);
         var j = 0u;
         while (j < 4u && c[j] < top_k) { j++; }
-        if (j == 4u && far == unbounded) {
+        if (j == 4u && d[3] == unbounded) {
             // Fewer than top_k values in all: they bound nothing.
             done = true;
         } else if (j == 4u) {
@@ -106,6 +113,16 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let lo = wid.x * SLICE;
     let hi_i = min(lo + SLICE, n);
 
+    // The distance this slice's floor lay below its largest logit at the step before (its
+    // header, which this pass rewrites below), the first round's guess.
+    let hdr = (row * nwg.x + wid.x) * PSTRIDE;
+    let prev = prune[hdr];
+    var hint = 0.0;
+    if ((prev.w & 1u) != 0u) {
+        let h = bitcast<f32>(prev.x) - bitcast<f32>(prev.z);
+        if (h > 0.0 && h < 1.0e30) { hint = h; }
+    }
+
     penalize_and_ban(cfg, st, base, lo, hi_i, lane.lid);
 
     // The slice in registers (NaN where there is no logit: NaN logits never count), and its
@@ -130,7 +147,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var far = 3.4028235e38;
     var has_floor = false;
     if (cfg.greedy == 0u && PHASES >= 2u) {
-        let f = search_floor(v, mx, cfg.top_k, lane);
+        let f = search_floor(v, mx, cfg.top_k, hint, lane);
         far = f.far;
         has_floor = f.found;
     }
@@ -141,7 +158,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         if (usable(v[j]) && mx - v[j] <= far) { low = min(low, v[j]); }
     }
     let fl = -wg_max(-low, lane);
-    let hdr = (row * nwg.x + wid.x) * PSTRIDE;
     var n_top = 0u;
     if (TOPS && cfg.greedy == 0u && PHASES >= 2u) {
         // The candidates (the same comparison as the second pass's gather, against this
@@ -152,21 +168,31 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             if (usable(v[j]) && v[j] >= fl) {
                 let slot = atomicAdd(&sl_n, 1u);
                 if (slot < SCAP) {
-                    sl_v[slot] = v[j];
-                    sl_i[slot] = lo + j * WG + lane.lid;
+                    sl_v[slot / 4u][slot % 4u] = v[j];
+                    sl_i[slot / 4u][slot % 4u] = lo + j * WG + lane.lid;
                 }
             }
         }
         workgroupBarrier();
         if (lane.lid == 0u) { sl_count = atomicLoad(&sl_n); }
         n_top = workgroupUniformLoad(&sl_count);
-        // Each one's place: how many come before it. Over SCAP the list is not kept.
+        // Each one's place: how many come before it, counted four at a time (the last vector
+        // padded with entries that come after every candidate). Over SCAP the list is not kept.
+        let padded = min((n_top + 3u) / 4u * 4u, SCAP);
+        for (var c = n_top + lane.lid; c < padded; c += WG) {
+            sl_v[c / 4u][c % 4u] = -3.4028235e38;
+            sl_i[c / 4u][c % 4u] = 0xffffffffu;
+        }
+        workgroupBarrier();
         for (var c = lane.lid; c < n_top && n_top <= SCAP; c += WG) {
-            let v0 = sl_v[c];
-            let i0 = sl_i[c];
+            let v0 = sl_v[c / 4u][c % 4u];
+            let i0 = sl_i[c / 4u][c % 4u];
             var r = 0u;
-            for (var o = 0u; o < n_top; o++) {
-                r += select(0u, 1u, sl_v[o] > v0 || (sl_v[o] == v0 && sl_i[o] < i0));
+            for (var o = 0u; o < n_top; o += 4u) {
+                let v4 = sl_v[o / 4u];
+                let i4 = sl_i[o / 4u];
+                let ahead = (v4 > vec4<f32>(v0)) | ((v4 == vec4<f32>(v0)) & (i4 < vec4<u32>(i0)));
+                r += dot(vec4<u32>(ahead), vec4<u32>(1u));
             }
             prune[hdr + 1u + r / 2u][2u * (r % 2u)] = bitcast<u32>(v0);
             prune[hdr + 1u + r / 2u][2u * (r % 2u) + 1u] = i0;
