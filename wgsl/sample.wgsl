@@ -18,9 +18,14 @@
 // Candidates per invocation while they are ranked.
 const HELD: u32 = (CAP + WG - 1u) / WG;
 
-// The candidates' values and ids, four to a vector so that ranking them reads four at a time.
-var<workgroup> cand_v: array<vec4<f32>, CAP / 4u>;
-var<workgroup> cand_i: array<vec4<u32>, CAP / 4u>;
+// The candidates' values and ids. Scalars: the merge's binary searches read one entry at a
+// time, and as vectors with a component picked at run time they cost a third more (H200, run
+// 352: 25.5 -> 23.6 µs a pick with the searches' comparison unbranched too).
+var<workgroup> cand_v: array<f32, CAP>;
+var<workgroup> cand_i: array<u32, CAP>;
+// The kept candidates' exp(v - top), for the draw (their weights exp((v - top) / temp)
+// replace their values in cand_v).
+var<workgroup> ex: array<vec4<f32>, CAP / 4u>;
 var<workgroup> n_cand: atomic<u32>;
 var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> picked: u32;
@@ -95,8 +100,8 @@ fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
         if (usable(v) && keep) {
             let slot = atomicAdd(&n_cand, 1u);
             if (slot < CAP) {
-                cand_v[slot / 4u][slot % 4u] = v;
-                cand_i[slot / 4u][slot % 4u] = i;
+                cand_v[slot] = v;
+                cand_i[slot] = i;
             }
         }
     }
@@ -109,7 +114,9 @@ fn gather(base: u32, n: u32, t: f32, key: u32, exact: bool, lane: Lane) -> u32 {
 // past the last slice) come before (v, id): each list is in order, so those are a prefix of
 // it, found by a binary search of fixed steps (SCAP down to 1) with no branch, the four
 // slices' searches side by side. (Against one slice at a time in a branching loop: 1.3 µs
-// less of the ~13 µs that merging 16 slices' lists of 40 costs a pick on an H200, run 325.)
+// less of the ~13 µs that merging 16 slices' lists of 40 costs a pick on an H200, run 325.
+// Still ~7 µs of a pick in run 352; counting each candidate's place over all of them, as the
+// candidates gathered from the row are ranked, cost more: 17 µs over 640, run 351.)
 fn ahead_in_slices4(s0: u32, slices: u32, v: f32, id: u32) -> u32 {
     var first = vec4<u32>(0u);
     var len = vec4<u32>(0u);
@@ -123,9 +130,9 @@ fn ahead_in_slices4(s0: u32, slices: u32, v: f32, id: u32) -> u32 {
         for (var k = 0u; k < 4u; k++) {
             let probe = pos[k] + step;
             let at = min(first[k] + min(probe, max(len[k], 1u)) - 1u, CAP - 1u);
-            let mv = cand_v[at / 4u][at % 4u];
-            let mi = cand_i[at / 4u][at % 4u];
-            let ahead = mv > v || (mv == v && mi < id);
+            let mv = cand_v[at];
+            let mi = cand_i[at];
+            let ahead = (mv > v) | ((mv == v) & (mi < id));
             pos[k] = select(pos[k], probe, probe <= len[k] && ahead);
         }
     }
@@ -154,13 +161,17 @@ fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
     }
     let total = workgroupUniformLoad(&picked);
     if (total == 0xffffffffu) { return total; }
-    for (var c = lane.lid; c < total; c += WG) {
-        var s = 0u;
-        while (slice_off[s + 1u] <= c) { s++; }
-        let r = c - slice_off[s];
-        let e = prune[(row * slices + s) * PSTRIDE + 1u + r / 2u];
-        cand_v[c / 4u][c % 4u] = bitcast<f32>(select(e.x, e.z, r % 2u == 1u));
-        cand_i[c / 4u][c % 4u] = select(e.y, e.w, r % 2u == 1u);
+    // Entry r of slice s by invocation s SCAP + r (strided), to its place after the slices
+    // before it.
+    for (var c = lane.lid; c < slices * SCAP; c += WG) {
+        let s = c / SCAP;
+        let r = c % SCAP;
+        if (r < slice_off[s + 1u] - slice_off[s]) {
+            let e = prune[(row * slices + s) * PSTRIDE + 1u + r / 2u];
+            let at = slice_off[s] + r;
+            cand_v[at] = bitcast<f32>(select(e.x, e.z, r % 2u == 1u));
+            cand_i[at] = select(e.y, e.w, r % 2u == 1u);
+        }
     }
     workgroupBarrier();
     var mine_v: array<f32, HELD>;
@@ -170,8 +181,8 @@ fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
         let c = lane.lid + j * WG;
         place[j] = 0xffffffffu;
         if (c < total) {
-            mine_v[j] = cand_v[c / 4u][c % 4u];
-            mine_i[j] = cand_i[c / 4u][c % 4u];
+            mine_v[j] = cand_v[c];
+            mine_i[j] = cand_i[c];
             var r = 0u;
             for (var s0 = 0u; s0 < slices; s0 += 4u) { r += ahead_in_slices4(s0, slices, mine_v[j], mine_i[j]); }
             place[j] = r;
@@ -184,12 +195,22 @@ fn merge_tops(row: u32, slices: u32, top_k: u32, lane: Lane) -> u32 {
     return keep;
 }
 
+// Values i0 .. i0 + 7 (i0 a multiple of 8) of ex (in two vector loads), or of cand_v.
+fn eight_ex(i0: u32) -> array<f32, 8> { return as_eight(ex[i0 / 4u], ex[i0 / 4u + 1u]); }
+fn eight_v(i0: u32) -> array<f32, 8> {
+    return array<f32, 8>(cand_v[i0], cand_v[i0 + 1u], cand_v[i0 + 2u], cand_v[i0 + 3u],
+                         cand_v[i0 + 4u], cand_v[i0 + 5u], cand_v[i0 + 6u], cand_v[i0 + 7u]);
+}
+fn as_eight(lo: vec4<f32>, hi: vec4<f32>) -> array<f32, 8> {
+    return array<f32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+}
+
 // This invocation's candidates (values, ids) into cand_* at their places, those before `keep`.
 fn put_in_place(mine_v: array<f32, HELD>, mine_i: array<u32, HELD>, place: array<u32, HELD>, keep: u32) {
     for (var j = 0u; j < HELD; j++) {
         if (place[j] < keep) {
-            cand_v[place[j] / 4u][place[j] % 4u] = mine_v[j];
-            cand_i[place[j] / 4u][place[j] % 4u] = mine_i[j];
+            cand_v[place[j]] = mine_v[j];
+            cand_i[place[j]] = mine_i[j];
         }
     }
 }
@@ -266,8 +287,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 // no two share a place), counted over all of them at once, four at a time. (A
                 // bitonic sort took 17 µs on an H200: a barrier of the whole workgroup per stage.)
                 for (var i = count + lane.lid; i < (count + 3u) / 4u * 4u; i += WG) {
-                    cand_v[i / 4u][i % 4u] = -3.4028235e38;
-                    cand_i[i / 4u][i % 4u] = 0xffffffffu;
+                    cand_v[i] = -3.4028235e38;
+                    cand_i[i] = 0xffffffffu;
                 }
                 workgroupBarrier();
                 var mine_v: array<f32, HELD>;
@@ -277,12 +298,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                     let i = lane.lid + j * WG;
                     place[j] = 0xffffffffu;
                     if (i < count) {
-                        let v = cand_v[i / 4u][i % 4u];
-                        let id = cand_i[i / 4u][i % 4u];
+                        let v = cand_v[i];
+                        let id = cand_i[i];
                         var r = 0u;
                         for (var o = 0u; o < count; o += 4u) {
-                            let v4 = cand_v[o / 4u];
-                            let i4 = cand_i[o / 4u];
+                            let v4 = vec4<f32>(cand_v[o], cand_v[o + 1u], cand_v[o + 2u], cand_v[o + 3u]);
+                            let i4 = vec4<u32>(cand_i[o], cand_i[o + 1u], cand_i[o + 2u], cand_i[o + 3u]);
                             let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
                             r += dot(vec4<u32>(ahead), vec4<u32>(1u));
                         }
@@ -295,44 +316,90 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 put_in_place(mine_v, mine_i, place, count);
                 workgroupBarrier();
             }
-            // One invocation walks the sorted candidates as the CPU reference does.
-            if (lane.lid == 0u && PHASES > 4u) {
-                var keep = min(count, cfg.top_k);
-                let top = cand_v[0].x;
-                var sum = 0.0;
-                for (var i = 0u; i < keep; i++) { sum += exp(cand_v[i / 4u][i % 4u] - top); }
-                if (cfg.top_p < 1.0) {
-                    var acc = 0.0;
-                    for (var i = 0u; i < keep; i++) {
-                        acc += exp(cand_v[i / 4u][i % 4u] - top) / sum;
-                        if (acc >= cfg.top_p) {
-                            keep = i + 1u;
-                            break;
+            if (PHASES > 4u) {
+                // Each kept candidate's exp(v - top) and temperature weight (into cand_v),
+                // computed side by side (the expressions of the CPU reference's walk, so the
+                // same values), then one invocation walks them in order as the reference does:
+                // its sums in the same order, its loads no longer waiting on an exp each.
+                let keep0 = min(count, cfg.top_k);
+                let top = cand_v[0];
+                workgroupBarrier();
+                for (var i = lane.lid; i < keep0; i += WG) {
+                    let d = cand_v[i] - top;
+                    ex[i / 4u][i % 4u] = exp(d);
+                    cand_v[i] = exp(d / cfg.temp);
+                }
+                workgroupBarrier();
+                if (lane.lid == 0u) {
+                    // Eight values at a time (two vector loads issued together), each chunk's
+                    // values taken in order.
+                    var keep = keep0;
+                    var sum = 0.0;
+                    for (var i0 = 0u; i0 < keep; i0 += 8u) {
+                        let e = eight_ex(i0);
+                        for (var j = 0u; j < 8u; j++) {
+                            if (i0 + j < keep) { sum += e[j]; }
                         }
                     }
-                }
-                if (cfg.min_p > 0.0) {
-                    let p_floor = cfg.min_p / sum;
-                    var k = 1u;
-                    while (k < keep && exp(cand_v[k / 4u][k % 4u] - top) / sum >= p_floor) { k += 1u; }
-                    keep = k;
-                }
-                var weight_total = 0.0;
-                for (var i = 0u; i < keep; i++) { weight_total += exp((cand_v[i / 4u][i % 4u] - top) / cfg.temp); }
-                var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
-                let last = max(keep, 1u) - 1u;
-                var pick = cand_i[last / 4u][last % 4u];
-                for (var i = 0u; i < keep; i++) {
-                    let w = exp((cand_v[i / 4u][i % 4u] - top) / cfg.temp);
-                    if (r < w) {
-                        pick = cand_i[i / 4u][i % 4u];
-                        break;
+                    if (cfg.top_p < 1.0) {
+                        var acc = 0.0;
+                        var cut = keep;
+                        for (var i0 = 0u; i0 < keep && cut == keep; i0 += 8u) {
+                            let e = eight_ex(i0);
+                            for (var j = 0u; j < 8u; j++) {
+                                if (i0 + j < keep && cut == keep) {
+                                    acc += e[j] / sum;
+                                    if (acc >= cfg.top_p) { cut = i0 + j + 1u; }
+                                }
+                            }
+                        }
+                        keep = cut;
                     }
-                    r -= w;
+                    if (cfg.min_p > 0.0) {
+                        // The first candidate stays; from the second on, those whose
+                        // probability reaches min_p times the largest's (1 / sum).
+                        let p_floor = cfg.min_p / sum;
+                        var k = 1u;
+                        var low = false;
+                        for (var i0 = 0u; i0 < keep && !low; i0 += 8u) {
+                            let e = eight_ex(i0);
+                            for (var j = 0u; j < 8u; j++) {
+                                let i = i0 + j;
+                                if (i >= 1u && i < keep && !low) {
+                                    if (e[j] / sum >= p_floor) { k = i + 1u; } else { low = true; }
+                                }
+                            }
+                        }
+                        keep = k;
+                    }
+                    // The weights (exp((v - top) / temp)) are in cand_v now.
+                    var weight_total = 0.0;
+                    for (var i0 = 0u; i0 < keep; i0 += 8u) {
+                        let w = eight_v(i0);
+                        for (var j = 0u; j < 8u; j++) {
+                            if (i0 + j < keep) { weight_total += w[j]; }
+                        }
+                    }
+                    var r = uniform01(cfg.seed_lo, cfg.seed_hi, state[st]) * weight_total;
+                    var at = max(keep, 1u) - 1u;
+                    var hit = false;
+                    for (var i0 = 0u; i0 < keep && !hit; i0 += 8u) {
+                        let w = eight_v(i0);
+                        for (var j = 0u; j < 8u; j++) {
+                            if (i0 + j < keep && !hit) {
+                                if (r < w[j]) {
+                                    at = i0 + j;
+                                    hit = true;
+                                } else {
+                                    r -= w[j];
+                                }
+                            }
+                        }
+                    }
+                    picked = cand_i[at];
                 }
-                picked = pick;
             }
-            if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0].x) + min_key; }
+            if (lane.lid == 0u && PHASES == 4u) { picked = u32(cand_v[0]) + min_key; }
         }
         if (lane.lid == 0u && PHASES == 3u) { picked = count + min_key; }
     } else if (lane.lid == 0u) {
