@@ -186,6 +186,13 @@ pub fn decode_wg_from_env() -> Option<u32> {
     *WG.get_or_init(|| one_of("KILN_DECODE_WG", &[128, 256, 512]))
 }
 
+/// `KILN_SAMPLE_WG=256|512|1024`: invocations of the sampler's second pass for sampled
+/// (not greedy) configurations (`kernels::sample::second_pass_wg`; a knob for measurements).
+pub fn sample_wg_from_env() -> Option<u32> {
+    static WG: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *WG.get_or_init(|| one_of("KILN_SAMPLE_WG", &[256, 512, 1024]))
+}
+
 /// `KILN_DECODE_WIDE=0|1`: whether one sequence's decode attention takes wide workgroups
 /// where the usual ones would split the context and those need not (`plan::attn_decode_wide`;
 /// a knob for measurements).

@@ -902,7 +902,7 @@ impl KernelKey {
                 c.const_u32("WG", WG_ROW).include(reduce_file(subgroups)).include("argmax.wgsl").build()
             }
             KernelKey::Sample { subgroups, batched, prune, tops, chained, greedy } => {
-                let wg = if prune { sample::PRUNE_WG } else { sample::sample_wg(caps) };
+                let wg = if prune { sample::PRUNE_WG } else { sample::second_pass_wg(caps, greedy) };
                 let c = c
                     .const_u32("WG", wg)
                     .const_bool("ONE_PASS", greedy && !prune)

@@ -70,6 +70,15 @@ pub fn sample_wg(caps: &crate::gpu::Caps) -> u32 {
     }
 }
 
+/// The second pass's workgroup size: `sample_wg`, or for a sampled (not greedy) configuration
+/// `KILN_SAMPLE_WG` where set (a knob for measurements).
+pub fn second_pass_wg(caps: &crate::gpu::Caps, greedy: bool) -> u32 {
+    match crate::config::sample_wg_from_env() {
+        Some(wg) if !greedy => wg,
+        _ => sample_wg(caps),
+    }
+}
+
 /// The sampler's phases to run: all of them (5), unless `KILN_SAMPLE_PHASES` asks for fewer
 /// to time a prefix of them (`cargo bench --bench kernels -- sample`): 1 penalties and the
 /// maximum, 2 the slices' floors under the top-k, 3 gathering the candidates, 4 ranking
