@@ -39,7 +39,8 @@ struct Floor {
 // Two halves, used by turns, so that a round's counts need one barrier: the next round writes
 // the other half.
 var<workgroup> sums: array<f32, 8u * LANE_GROUPS_MAX>;
-// TOPS: the slice's candidates while they are ranked, and their count; values and ids four to a vector, so that ranking them reads four at a time.
+// TOPS: the slice's candidates while they are ranked, and their count; values and ids four
+// to a vector, so that ranking them reads four at a time.
 var<workgroup> sl_v: array<vec4<f32>, SCAP / 4u>;
 var<workgroup> sl_i: array<vec4<u32>, SCAP / 4u>;
 var<workgroup> sl_n: atomic<u32>;
