@@ -512,7 +512,8 @@ fn attention_benches(c: &mut Criterion) {
 /// The sampler (one workgroup over a row of 32,000 logits, TinyLlama's vocabulary) per
 /// setting: greedy, top-k alone, llama.cpp's default chain, and the chain with a repetition
 /// penalty; on logits spread like a synthetic model's (normal, sigma 1.5) and like a trained
-/// one's (a few dozen tokens well above a normal, sigma 3 bulk). Time per pick.
+/// one's (a few dozen tokens well above a normal, sigma 3 bulk). Time per pick; for llama.cpp's
+/// default chain also each of its two passes alone.
 fn sample_benches(c: &mut Criterion) {
     use kiln::kernels::sample::{self, initial_state, SampleConfig};
     use kiln::sample::SamplerConfig;
@@ -544,6 +545,15 @@ fn sample_benches(c: &mut Criterion) {
             g.bench_function(format!("{dist}/{name}"), |b| {
                 b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &d, iters))
             });
+            // A sampled configuration's two passes, each alone (the second reads the slices'
+            // results the runs above left): where a pick's time goes without cutting it short.
+            if d.len() == 2 && *name == "default" {
+                for (part, ds) in [("first pass", &d[..1]), ("second pass", &d[1..])] {
+                    g.bench_function(format!("{dist}/{name}/{part} alone"), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, ds, iters))
+                    });
+                }
+            }
         }
     }
     g.finish();
