@@ -331,8 +331,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                 }
                 workgroupBarrier();
                 if (lane.lid == 0u) {
-                    // Eight values at a time (two vector loads issued together), each chunk's
-                    // values taken in order.
+                    // Eight values at a time (their loads issued together), each chunk's values
+                    // taken in order.
                     var keep = keep0;
                     var sum = 0.0;
                     for (var i0 = 0u; i0 < keep; i0 += 8u) {
