@@ -132,8 +132,7 @@ fn ahead_in_slices4(s0: u32, slices: u32, v: f32, id: u32) -> u32 {
             let at = min(first[k] + min(probe, max(len[k], 1u)) - 1u, CAP - 1u);
             let mv = cand_v[at];
             let mi = cand_i[at];
-            let ahead = (mv > v) | ((mv == v) & (mi < id));
-            pos[k] = select(pos[k], probe, probe <= len[k] && ahead);
+            pos[k] = select(pos[k], probe, probe <= len[k] && comes_before(mv, mi, v, id));
         }
     }
     return pos.x + pos.y + pos.z + pos.w;
@@ -304,8 +303,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
                         for (var o = 0u; o < count; o += 4u) {
                             let v4 = vec4<f32>(cand_v[o], cand_v[o + 1u], cand_v[o + 2u], cand_v[o + 3u]);
                             let i4 = vec4<u32>(cand_i[o], cand_i[o + 1u], cand_i[o + 2u], cand_i[o + 3u]);
-                            let ahead = (v4 > vec4<f32>(v)) | ((v4 == vec4<f32>(v)) & (i4 < vec4<u32>(id)));
-                            r += dot(vec4<u32>(ahead), vec4<u32>(1u));
+                            r += count_before4(v4, i4, v, id);
                         }
                         mine_v[j] = v;
                         mine_i[j] = id;

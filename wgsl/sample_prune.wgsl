@@ -192,8 +192,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             for (var o = 0u; o < n_top; o += 4u) {
                 let v4 = sl_v[o / 4u];
                 let i4 = sl_i[o / 4u];
-                let ahead = (v4 > vec4<f32>(v0)) | ((v4 == vec4<f32>(v0)) & (i4 < vec4<u32>(i0)));
-                r += dot(vec4<u32>(ahead), vec4<u32>(1u));
+                r += count_before4(v4, i4, v0, i0);
             }
             prune[hdr + 1u + r / 2u][2u * (r % 2u)] = bitcast<u32>(v0);
             prune[hdr + 1u + r / 2u][2u * (r % 2u) + 1u] = i0;

@@ -35,6 +35,14 @@ fn usable(v: f32) -> bool { return v == v; }
 // strictly larger, or the first (0xffffffff: none yet); on ties the lower index stays.
 fn beats(v: f32, best: f32, best_i: u32) -> bool { return v > best || best_i == 0xffffffffu; }
 
+// The candidates' order (the CPU reference's): larger value first, lower index on ties, a total
+// order. Whether (v, id) comes before (v0, id0), unbranched; and of four, how many do.
+fn comes_before(v: f32, id: u32, v0: f32, id0: u32) -> bool { return (v > v0) | ((v == v0) & (id < id0)); }
+fn count_before4(v4: vec4<f32>, i4: vec4<u32>, v0: f32, id0: u32) -> u32 {
+    let before = (v4 > vec4<f32>(v0)) | ((v4 == vec4<f32>(v0)) & (i4 < vec4<u32>(id0)));
+    return dot(vec4<u32>(before), vec4<u32>(1u));
+}
+
 // The row's penalties and bans on its logits lo .. hi - 1 (the first pass's slice, or the whole
 // row for a greedy sampler's one pass), by a workgroup of WG invocations, lid this one, for
 // the row whose configuration is cfg, whose state starts at st and logits at base; the
