@@ -109,8 +109,13 @@ pub const FILES: &[(&str, &str)] = &[
 /// directory replaces the built-in one (to try a kernel variant on a GPU machine without
 /// rebuilding; the pipeline cache is keyed by the compiled code, so it never serves a stale one).
 fn file(name: &str) -> Result<Cow<'static, str>> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let dir = DIR.get_or_init(|| std::env::var_os("KILN_WGSL_DIR").map(PathBuf::from));
+    static DIR: OnceLock<std::result::Result<Option<PathBuf>, (PathBuf, String)>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| match std::env::var_os("KILN_WGSL_DIR").map(PathBuf::from) {
+        Some(dir) => stray_replacement(&dir).map_or(Ok(Some(dir)), Err),
+        None => Ok(None),
+    });
+    let dir =
+        dir.as_ref().map_err(|(path, message)| KilnError::File { path: path.clone(), message: message.clone() })?;
     if let Some(dir) = dir {
         if let Some(text) = replacement(dir, name)? {
             return Ok(Cow::Owned(text));
@@ -121,6 +126,39 @@ fn file(name: &str) -> Result<Cow<'static, str>> {
         .find(|(n, _)| *n == name)
         .map(|(_, text)| Cow::Borrowed(*text))
         .ok_or_else(|| KilnError::Shader { label: name.to_string(), message: "no such WGSL file".into() })
+}
+
+/// The first WGSL file under `dir` that replaces none of kiln's, with a message naming kiln's
+/// file of that name where there is one: a replacement at the wrong path would leave the
+/// built-in kernel running while its figures were read as the variant's.
+fn stray_replacement(dir: &Path) -> Option<(PathBuf, String)> {
+    fn walk(dir: &Path, rel: &str, depth: u32, found: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rel = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            let path = e.path();
+            if path.is_dir() && depth < 4 {
+                walk(&path, &rel, depth + 1, found);
+            } else if name.ends_with(".wgsl") {
+                found.push(rel);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(dir, "", 0, &mut found);
+    found.sort();
+    let stray = found.into_iter().find(|rel| !FILES.iter().any(|(n, _)| n == rel))?;
+    let base = stray.rsplit('/').next().unwrap_or(&stray);
+    let kiln_own = FILES.iter().map(|(n, _)| *n).find(|n| n.rsplit('/').next() == Some(base));
+    let message = match kiln_own {
+        Some(own) => format!(
+            "in KILN_WGSL_DIR, replaces none of kiln's WGSL files: kiln's {base} is {own}, so put it at {}",
+            dir.join(own).display()
+        ),
+        None => "in KILN_WGSL_DIR, replaces none of kiln's WGSL files (named as under wgsl/)".to_string(),
+    };
+    Some((dir.join(&stray), message))
 }
 
 /// `dir/name` where it exists (a file kiln has: a replacement, not an addition).
@@ -347,6 +385,30 @@ pub fn validate_text(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replacement_at_no_kiln_path_is_refused() {
+        let dir = std::env::temp_dir().join(format!("kiln-wgsl-stray-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("common")).unwrap();
+        // Replacements at kiln's own paths, and files that are not WGSL: accepted.
+        std::fs::write(dir.join("common/decode_merge.wgsl"), "").unwrap();
+        std::fs::write(dir.join("gemm_coop.wgsl"), "").unwrap();
+        std::fs::write(dir.join("notes.txt"), "").unwrap();
+        assert_eq!(stray_replacement(&dir), None);
+        // A common/ file at the top: refused, naming where kiln's is.
+        std::fs::write(dir.join("decode_merge.wgsl"), "").unwrap();
+        let (path, err) = stray_replacement(&dir).expect("refused");
+        assert_eq!(path, dir.join("decode_merge.wgsl"));
+        assert!(err.contains("kiln's decode_merge.wgsl is common/decode_merge.wgsl"), "{err}");
+        std::fs::remove_file(dir.join("decode_merge.wgsl")).unwrap();
+        // A name kiln has nowhere.
+        std::fs::write(dir.join("common/my_variant.wgsl"), "").unwrap();
+        let (path, err) = stray_replacement(&dir).expect("refused");
+        assert_eq!(path, dir.join("common/my_variant.wgsl"));
+        assert!(err.contains("replaces none") && !err.contains("so put it"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn renamed_files_rename_their_own_declarations_only() {
