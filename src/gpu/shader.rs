@@ -148,7 +148,7 @@ fn stray_replacement(dir: &Path) -> Option<(PathBuf, String)> {
     let mut found = Vec::new();
     walk(dir, "", 0, &mut found);
     found.sort();
-    let stray = found.into_iter().find(|rel| !FILES.iter().any(|(n, _)| n == rel))?;
+    let stray = found.into_iter().find(|rel| !kiln_has(rel))?;
     let base = stray.rsplit('/').next().unwrap_or(&stray);
     let kiln_own = FILES.iter().map(|(n, _)| *n).find(|n| n.rsplit('/').next() == Some(base));
     let message = match kiln_own {
@@ -161,9 +161,14 @@ fn stray_replacement(dir: &Path) -> Option<(PathBuf, String)> {
     Some((dir.join(&stray), message))
 }
 
+/// Whether `name` (a path under wgsl/) is one of kiln's WGSL files.
+fn kiln_has(name: &str) -> bool {
+    FILES.iter().any(|(n, _)| *n == name)
+}
+
 /// `dir/name` where it exists (a file kiln has: a replacement, not an addition).
 fn replacement(dir: &Path, name: &str) -> Result<Option<String>> {
-    if !FILES.iter().any(|(n, _)| *n == name) {
+    if !kiln_has(name) {
         return Ok(None);
     }
     let path = dir.join(name);
