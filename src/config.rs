@@ -403,12 +403,11 @@ fn switch(name: &str) -> Option<bool> {
     }
 }
 
-/// `KILN_COOP_LOAD_AHEAD=0|1`: whether the cooperative GEMM's loaders hold the next K step's
-/// loads across the barrier, for every weight format (`plan::coop_loads_ahead`; a knob for
-/// measurements).
-pub fn coop_load_ahead_from_env() -> Option<bool> {
-    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| switch("KILN_COOP_LOAD_AHEAD"))
+/// `KILN_COOP_LOAD_AHEAD=0|1|2`: K steps the cooperative GEMM's loaders hold loaded across the
+/// barriers, for every weight format (`plan::coop_loads_ahead`; a knob for measurements).
+pub fn coop_load_ahead_from_env() -> Option<u32> {
+    static STEPS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *STEPS.get_or_init(|| std::env::var("KILN_COOP_LOAD_AHEAD").ok()?.trim().parse().ok().filter(|&n: &u32| n <= 2))
 }
 
 /// `KILN_PREFILL_RESIDENT=0|1`: whether prefill's f16 copies of block-format weights stay in GPU

@@ -528,19 +528,25 @@ pub fn gemv_q8_min_cols() -> u32 {
 /// Below four 128x64 tiles per SM instead, Llama-7B's 4096-wide matrices went to 64x64 tiles
 /// and its pp512 fell from 3,376 to 2,710 (run 21).
 pub const COOP_FILL_TILES: u64 = 128;
-/// Whether the cooperative GEMM's loaders keep the next K step's loads in registers across
-/// the step's barrier (gemm_coop.wgsl's LOAD_AHEAD) instead of loading and storing a step in
-/// one go: every format since nothing touches the held loads before the barrier (F16 weights
-/// kept as words, common/coop_w_half.wgsl; a K loop each for whole and edge tiles). H200,
-/// TFLOP/s at 4096^3 / 512x4096x11008 without -> with: F16 127.3 -> 160.5 / 112.3 -> 139.6 (run
+/// K steps the cooperative GEMM's loaders keep loaded in registers across the steps'
+/// barriers (gemm_coop.wgsl's LOAD_AHEAD) instead of loading and storing a step in one go.
+/// One step for every format since nothing touches the held loads before the barrier (F16
+/// weights kept as words, common/coop_w_half.wgsl; a K loop each for whole and edge tiles).
+/// H200, TFLOP/s at 4096^3 / 512x4096x11008 without -> with: F16 127.3 -> 160.5 / 112.3 -> 139.6 (run
 /// 310, then 167.8 / 145.7 with the loops apart, run 314), Q8_0 127.3 -> 149.1 / 107.4 -> 130.8,
 /// Q6_K 108.8 -> 120.8 / 92.0 -> 103.5, Q4_K and Q5_K (ahead since run 274) 124.8 -> 126.8 /
 /// 111.5 -> 115.2 with the loops apart (run 314); pp512 Llama-7B Q4_K_M 7,640 / 7,726 -> 7,969 /
 /// 7,968, TinyLlama Q8_0 42,870 / 41,852 -> 46,480 / 46,277. Before either change F16, Q8_0 and
 /// Q6_K lost with it (run 274: 124.2 -> 124.2, 128.4 -> 110.4, 104.9 -> 97.3).
-/// `KILN_COOP_LOAD_AHEAD=0|1` sets it for every format (a measurement knob).
-pub fn coop_loads_ahead() -> bool {
-    crate::config::coop_load_ahead_from_env().unwrap_or(true)
+/// Two steps for F16 (whose copies also serve the K-quants' prefill) once the multipliers stopped
+/// keeping the held loads live (run 374, µs 774 -> 729 at 4096^3 with one step, 173 -> 158 at
+/// TinyLlama's gate/up, 512x2048x11264, with two; F16 pp512 52,452-53,556 -> 55,705-57,871).
+/// `KILN_COOP_LOAD_AHEAD=0|1|2` sets it for every format (a measurement knob).
+pub fn coop_loads_ahead(format: WeightFormat) -> u32 {
+    crate::config::coop_load_ahead_from_env().unwrap_or(match format {
+        WeightFormat::F16 => 2,
+        _ => 1,
+    })
 }
 
 /// Tokens from which the cooperative GEMM takes 128x128 tiles (split along K where they are

@@ -8,13 +8,13 @@
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
-// LOAD_AHEAD (plan::coop_loads_ahead: every format): the loaders issue the step after next's
-// loads right after storing the next step and hold them in registers across the barrier, so
-// that a step's loads have two steps to arrive. Nothing may touch what they hold before the
-// barrier, or the loader waits for its loads there: F16 weights stay words until stored (as
-// halves they were unpacked on arrival), and tiles inside X and W and edge tiles run a K loop
-// each (k_steps_full, k_steps_edge; with one loop the compiler copied the held registers where
-// the two fetches joined). H200, TFLOP/s at 4096^3 before -> after: F16 127 -> 168 (runs 310,
+// LOAD_AHEAD (plan::coop_loads_ahead: 1 or 2 steps by format): the loaders issue the loads of
+// the step LOAD_AHEAD after the next right after storing the next step and hold them in
+// registers across the barriers, so that a step's loads have LOAD_AHEAD + 1 steps to arrive.
+// Nothing may touch what they hold before the barrier, or the loader waits for its loads
+// there: F16 weights stay words until stored (as halves they were unpacked on arrival), and
+// tiles inside X and W and edge tiles run a K loop each (k_steps_full, k_steps_edge; with one
+// loop the compiler copied the held registers where the two fetches joined). H200, TFLOP/s at 4096^3 before -> after: F16 127 -> 168 (runs 310,
 // 314), Q8_0 127 -> 149, Q6_K 109 -> 121 (run 314).
 // The X tile (f16 already: common/gemm_x_f16.wgsl, to_half.wgsl) and the W tile (F16 as it
 // is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
@@ -31,7 +31,7 @@
 // Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
 // workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG (multiplying
-// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0 or 1).
+// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0, 1 or 2).
 // FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
@@ -212,49 +212,107 @@ fn multiply(cur: u32, sm: u32, sn: u32) {
 // in the registers its loads landed in. One loop over both kinds of fetch made the compiler
 // copy those registers where the two paths join, before the barrier, and a copy waits for its
 // load (Q8_0's machine code, H200 run 313).
+// The multipliers' path sets what the loaders hold to zero after its multiply-adds: the
+// compiler does not know that an invocation's role holds for the whole loop, and without the
+// assignment kept the held loads' registers live across the multiply-adds too (H200, run 374:
+// F16 4096^3 774 -> 729 µs). With LOAD_AHEAD 2 the loaders hold two steps, in `a` (the odd
+// step after an even one) and `c` (the even one after that), the loop unrolled by two so that
+// each is refilled right after it is stored, never copied.
 fn k_steps_full(loader: bool, plid: u32, b: Bases, k_begin: u32, steps: u32, sm: u32, sn: u32) {
-    var ahead: Staged;
+    var a: Staged;
+    var c: Staged;
     if (loader) {
         stash(plid, fetch_full(plid, b, k_begin / 8u), 0u, true);
-        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch_full(plid, b, (k_begin + BK) / 8u); }
+        if (LOAD_AHEAD >= 1u && steps > 1u) { a = fetch_full(plid, b, (k_begin + BK) / 8u); }
+        if (LOAD_AHEAD == 2u && steps > 2u) { c = fetch_full(plid, b, (k_begin + 2u * BK) / 8u); }
     }
     workgroupBarrier();
-    for (var step = 0u; step < steps; step++) {
-        let cur = step % 2u;
+    for (var step = 0u; step < steps; step += 2u) {
         if (loader) {
-            if (step + 1u < steps && LOAD_AHEAD == 1u) {
-                stash(plid, ahead, 1u - cur, true);
-                if (step + 2u < steps) { ahead = fetch_full(plid, b, (k_begin + (step + 2u) * BK) / 8u); }
-            } else if (step + 1u < steps) {
-                stash(plid, fetch_full(plid, b, (k_begin + (step + 1u) * BK) / 8u), 1u - cur, true);
+            if (step + 1u < steps) {
+                if (LOAD_AHEAD >= 1u) {
+                    stash(plid, a, 1u, true);
+                    let next = step + 1u + LOAD_AHEAD;
+                    if (next < steps) { a = fetch_full(plid, b, (k_begin + next * BK) / 8u); }
+                } else {
+                    stash(plid, fetch_full(plid, b, (k_begin + (step + 1u) * BK) / 8u), 1u, true);
+                }
             }
         } else {
-            multiply(cur, sm, sn);
+            multiply(0u, sm, sn);
+            a = Staged();
+            c = Staged();
         }
         workgroupBarrier();
+        if (step + 1u < steps) {
+            if (loader) {
+                if (step + 2u < steps) {
+                    if (LOAD_AHEAD == 2u) {
+                        stash(plid, c, 0u, true);
+                        if (step + 4u < steps) { c = fetch_full(plid, b, (k_begin + (step + 4u) * BK) / 8u); }
+                    } else if (LOAD_AHEAD == 1u) {
+                        stash(plid, a, 0u, true);
+                        if (step + 3u < steps) { a = fetch_full(plid, b, (k_begin + (step + 3u) * BK) / 8u); }
+                    } else {
+                        stash(plid, fetch_full(plid, b, (k_begin + (step + 2u) * BK) / 8u), 0u, true);
+                    }
+                }
+            } else {
+                multiply(1u, sm, sn);
+                a = Staged();
+                c = Staged();
+            }
+            workgroupBarrier();
+        }
     }
 }
 
 fn k_steps_edge(loader: bool, plid: u32, m0: u32, n0: u32, k_begin: u32, steps: u32, sm: u32, sn: u32) {
-    var ahead: Staged;
+    var a: Staged;
+    var c: Staged;
     if (loader) {
         stash(plid, fetch_edge(plid, m0, n0, k_begin), 0u, false);
-        if (LOAD_AHEAD == 1u && steps > 1u) { ahead = fetch_edge(plid, m0, n0, k_begin + BK); }
+        if (LOAD_AHEAD >= 1u && steps > 1u) { a = fetch_edge(plid, m0, n0, k_begin + BK); }
+        if (LOAD_AHEAD == 2u && steps > 2u) { c = fetch_edge(plid, m0, n0, k_begin + 2u * BK); }
     }
     workgroupBarrier();
-    for (var step = 0u; step < steps; step++) {
-        let cur = step % 2u;
+    for (var step = 0u; step < steps; step += 2u) {
         if (loader) {
-            if (step + 1u < steps && LOAD_AHEAD == 1u) {
-                stash(plid, ahead, 1u - cur, false);
-                if (step + 2u < steps) { ahead = fetch_edge(plid, m0, n0, k_begin + (step + 2u) * BK); }
-            } else if (step + 1u < steps) {
-                stash(plid, fetch_edge(plid, m0, n0, k_begin + (step + 1u) * BK), 1u - cur, false);
+            if (step + 1u < steps) {
+                if (LOAD_AHEAD >= 1u) {
+                    stash(plid, a, 1u, false);
+                    let next = step + 1u + LOAD_AHEAD;
+                    if (next < steps) { a = fetch_edge(plid, m0, n0, k_begin + next * BK); }
+                } else {
+                    stash(plid, fetch_edge(plid, m0, n0, k_begin + (step + 1u) * BK), 1u, false);
+                }
             }
         } else {
-            multiply(cur, sm, sn);
+            multiply(0u, sm, sn);
+            a = Staged();
+            c = Staged();
         }
         workgroupBarrier();
+        if (step + 1u < steps) {
+            if (loader) {
+                if (step + 2u < steps) {
+                    if (LOAD_AHEAD == 2u) {
+                        stash(plid, c, 0u, false);
+                        if (step + 4u < steps) { c = fetch_edge(plid, m0, n0, k_begin + (step + 4u) * BK); }
+                    } else if (LOAD_AHEAD == 1u) {
+                        stash(plid, a, 0u, false);
+                        if (step + 3u < steps) { a = fetch_edge(plid, m0, n0, k_begin + (step + 3u) * BK); }
+                    } else {
+                        stash(plid, fetch_edge(plid, m0, n0, k_begin + (step + 2u) * BK), 0u, false);
+                    }
+                }
+            } else {
+                multiply(1u, sm, sn);
+                a = Staged();
+                c = Staged();
+            }
+            workgroupBarrier();
+        }
     }
 }
 

@@ -748,7 +748,7 @@ impl KernelKey {
                     let (sgn, fm, fnn) = tile.coop_layout();
                     let c = c
                         .const_u32("LWG", tile.coop_invocations().1)
-                        .const_u32("LOAD_AHEAD", u32::from(crate::plan::coop_loads_ahead()))
+                        .const_u32("LOAD_AHEAD", crate::plan::coop_loads_ahead(format))
                         .const_u32("SGN", sgn)
                         .const_u32("FM", fm)
                         .const_u32("FN", fnn)
