@@ -539,8 +539,10 @@ pub const COOP_FILL_TILES: u64 = 128;
 /// 7,968, TinyLlama Q8_0 42,870 / 41,852 -> 46,480 / 46,277. Before either change F16, Q8_0 and
 /// Q6_K lost with it (run 274: 124.2 -> 124.2, 128.4 -> 110.4, 104.9 -> 97.3).
 /// Two steps for F16 (whose copies also serve the K-quants' prefill) once the multipliers stopped
-/// keeping the held loads live (run 374, µs 774 -> 729 at 4096^3 with one step, 173 -> 158 at
-/// TinyLlama's gate/up, 512x2048x11264, with two; F16 pp512 52,452-53,556 -> 55,705-57,871).
+/// keeping the held loads live (runs 374-375, µs alone: 4096^3 774 -> 733 with one step, 722 with
+/// two; TinyLlama's gate/up, 512x2048x11264, 173 -> 162 -> 157; pp512 F16 50,197 / 53,434 ->
+/// 55,394 / 57,090, Llama-7B Q4_K_M 10,377 / 10,372 -> 11,278 / 11,352). Q8_0 and Q6_K, whose
+/// loaders decode, take the same time with two (run 375).
 /// `KILN_COOP_LOAD_AHEAD=0|1|2` sets it for every format (a measurement knob).
 pub fn coop_loads_ahead(format: WeightFormat) -> u32 {
     crate::config::coop_load_ahead_from_env().unwrap_or(match format {
