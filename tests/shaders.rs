@@ -79,6 +79,32 @@ fn every_variant_validates_and_translates() {
     assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
 }
 
+/// Variants that take the adapter's subgroup size as a constant (the int8 GEMV's lane groups)
+/// also compose and validate at the fixed sizes of NVIDIA (32) and AMD (64) GPUs, not only at
+/// the baseline's: a grouped GEMV of 8-lane groups once divided by zero at 32 (H200, run 379).
+#[test]
+fn subgroup_sized_variants_validate_at_32_and_64_lanes() {
+    for size in [32, 64] {
+        let caps = Caps { subgroups: true, subgroup_min: size, subgroup_max: size, ..Caps::baseline() };
+        let mut failures = Vec::new();
+        let variants: Vec<KernelKey> =
+            KernelKey::all_variants().into_iter().filter(|k| matches!(k, KernelKey::Gemv { subgroups: true, .. })).collect();
+        assert!(!variants.is_empty());
+        for key in &variants {
+            let src = key.source(&caps).expect("compose");
+            let (needs_f16, _) = key.needs();
+            let mut vcaps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP;
+            if needs_f16 {
+                vcaps |= naga::valid::Capabilities::SHADER_FLOAT16;
+            }
+            if let Err(e) = validate(&src, vcaps) {
+                failures.push(format!("{key:?} at {size} lanes: {e}"));
+            }
+        }
+        assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
+    }
+}
+
 /// Compiled pipelines are kept on disk between runs where the adapter offers PIPELINE_CACHE
 /// (Vulkan): the file appears when a context that compiled pipelines is dropped, the next
 /// context starts from it, and a file the driver does not accept (corrupt, another driver's)

@@ -18,7 +18,9 @@ const GROUPED: u32 = min(ROW_GROUPS, 2u) - 1u;   // 1 where ROW_GROUPS > 1, else
 // write_group_rows' readers add SPG of them, not K_LANES.
 const SG_SUMS: bool = NCOLS == 1u && LANE_GROUP_SIZE > 0u && LANE_GROUP_SIZE <= K_LANES
     && K_LANES % max(LANE_GROUP_SIZE, 1u) == 0u;
-const SPG: u32 = K_LANES / max(LANE_GROUP_SIZE, 1u);
+// (At least 1: groups of fewer lanes than a subgroup, e.g. 8 on a GPU of 32-lane subgroups,
+// do not take SG_SUMS, and `lg / SPG` must still compile.)
+const SPG: u32 = max(1u, K_LANES / max(LANE_GROUP_SIZE, 1u));
 // The reduction's workgroup memory: one slot per lane group and output (write_rows), or, grouped,
 // one per lane of a group and output, padded by one per lane so the lanes' stores spread
 // over banks (write_group_rows).
