@@ -30,8 +30,9 @@
 // zero what lies outside when storing it (a load is never behind a branch).
 // Accumulation is f32. The epilogue (bias, residual add, SwiGLU, RoPE into the KV cache,
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
-// workgroup memory. Header constants: BM, BN, BK (a multiple of 16), WG (multiplying
-// invocations), LWG (loading ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0, 1 or 2).
+// workgroup memory, each subgroup on its own behind subgroup barriers (the loaders leave).
+// Header constants: BM, BN, BK (a multiple of 16), WG (multiplying invocations), LWG (loading
+// ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0, 1 or 2).
 // FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
@@ -344,19 +345,24 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         k_steps_edge(loader, plid, m0, n0, k_begin, steps, sm, sn);
     }
 
-    let lane = lid % 32u;
-    let slice = sg * 256u;
-    emit(0u, loader, slice, lane, m0 + sm, n0 + sn);
-    if (FN == 2u) { emit(1u, loader, slice, lane, m0 + sm, n0 + sn + 16u); }
+    // The epilogue: each multiplying subgroup its own accumulators, through its own slice of
+    // workgroup memory, behind subgroup barriers; the loaders are done.
+    if (!loader) { emit_all(lid % 32u, sg * 256u, m0 + sm, n0 + sn); }
+}
+
+// A multiplying subgroup's epilogue: its accumulators one at a time, first output (gm, gn).
+fn emit_all(lane: u32, slice: u32, gm: u32, gn: u32) {
+    emit(0u, slice, lane, gm, gn);
+    if (FN == 2u) { emit(1u, slice, lane, gm, gn + 16u); }
     if (FM >= 2u) {
-        emit(2u, loader, slice, lane, m0 + sm + 16u, n0 + sn);
-        emit(3u, loader, slice, lane, m0 + sm + 16u, n0 + sn + 16u);
+        emit(2u, slice, lane, gm + 16u, gn);
+        emit(3u, slice, lane, gm + 16u, gn + 16u);
     }
     if (FM == 4u) {
-        emit(4u, loader, slice, lane, m0 + sm + 32u, n0 + sn);
-        emit(5u, loader, slice, lane, m0 + sm + 32u, n0 + sn + 16u);
-        emit(6u, loader, slice, lane, m0 + sm + 48u, n0 + sn);
-        emit(7u, loader, slice, lane, m0 + sm + 48u, n0 + sn + 16u);
+        emit(4u, slice, lane, gm + 32u, gn);
+        emit(5u, slice, lane, gm + 32u, gn + 16u);
+        emit(6u, slice, lane, gm + 48u, gn);
+        emit(7u, slice, lane, gm + 48u, gn + 16u);
     }
 }
 
@@ -386,15 +392,14 @@ fn put_acc(i: u32, slice: u32) {
 }
 
 // The epilogue of accumulator i, whose first output is (gm, gn): through this subgroup's slice
-// of workgroup memory, 128 pairs of outputs over its 32 lanes. Every invocation calls it the
-// same number of times (the loaders for the barriers alone).
-fn emit(i: u32, loader: bool, slice: u32, lane: u32, gm: u32, gn: u32) {
-    if (!loader) { put_acc(i, slice); }
-    workgroupBarrier();
-    if (!loader) {
-        for (var e = lane * 2u; e < 256u; e += 64u) {
-            store_pair(gm + e / 16u, gn + e % 16u, cs[slice + e], cs[slice + e + 1u]);
-        }
+// of workgroup memory, 128 pairs of outputs over its 32 lanes.
+fn emit(i: u32, slice: u32, lane: u32, gm: u32, gn: u32) {
+    put_acc(i, slice);
+    subgroupBarrier();
+    // (A loop bound by a count, not by the lane: naga takes the barrier after it as uniform.)
+    for (var j = 0u; j < 4u; j++) {
+        let e = lane * 2u + j * 64u;
+        store_pair(gm + e / 16u, gn + e % 16u, cs[slice + e], cs[slice + e + 1u]);
     }
-    workgroupBarrier();
+    subgroupBarrier();
 }

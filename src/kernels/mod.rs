@@ -959,7 +959,8 @@ impl KernelKey {
     /// Whether the adapter must offer SHADER_F16 / SUBGROUP for this variant.
     pub fn needs(&self) -> (bool, bool) {
         match *self {
-            KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, false),
+            // Its epilogue runs each subgroup on its own, behind subgroup barriers.
+            KernelKey::Gemm { tile, .. } if tile.is_coop() => (true, true),
             KernelKey::Probe { kind: ProbeKind::CoopMma } => (true, false),
             KernelKey::ToHalf | KernelKey::DequantF16 { .. } => (true, false),
             KernelKey::Gemm { epi, .. } | KernelKey::GemmReduce { epi } => (epi.needs_f16(), false),
