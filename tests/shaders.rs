@@ -87,8 +87,10 @@ fn subgroup_sized_variants_validate_at_32_and_64_lanes() {
     for size in [32, 64] {
         let caps = Caps { subgroups: true, subgroup_min: size, subgroup_max: size, ..Caps::baseline() };
         let mut failures = Vec::new();
-        let variants: Vec<KernelKey> =
-            KernelKey::all_variants().into_iter().filter(|k| matches!(k, KernelKey::Gemv { subgroups: true, .. })).collect();
+        let variants: Vec<KernelKey> = KernelKey::all_variants()
+            .into_iter()
+            .filter(|k| matches!(k, KernelKey::Gemv { subgroups: true, .. }))
+            .collect();
         assert!(!variants.is_empty());
         for key in &variants {
             let src = key.source(&caps).expect("compose");
