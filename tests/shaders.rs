@@ -6,6 +6,29 @@ use kiln::gpu::shader::validate;
 use kiln::gpu::Caps;
 use kiln::kernels::KernelKey;
 
+/// The naga capabilities a variant validates under: what it declares it needs, and no more.
+fn validation_caps(key: &KernelKey) -> naga::valid::Capabilities {
+    let (needs_f16, needs_subgroup) = key.needs();
+    // Every adapter kiln accepts unpacks halves (wgpu's SHADER_F16_IN_F32 downlevel flag,
+    // checked when the context opens); SHADER_F16 and SUBGROUP are what the ladder varies.
+    let mut vcaps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    if needs_f16 {
+        vcaps |= naga::valid::Capabilities::SHADER_FLOAT16;
+    }
+    if needs_subgroup {
+        vcaps |= naga::valid::Capabilities::SUBGROUP;
+    }
+    // Cooperative-matrix variants may use subgroup barriers too (`Caps::coopmat`).
+    if key.needs_coopmat() {
+        vcaps |= naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SUBGROUP_BARRIER;
+    }
+    // Decode attention that merges its own splits binds its partials @coherent.
+    if key.needs_coherent() {
+        vcaps |= naga::valid::Capabilities::MEMORY_DECORATION_COHERENT;
+    }
+    vcaps
+}
+
 #[test]
 fn every_variant_validates_and_translates() {
     let caps = Caps::baseline();
@@ -14,26 +37,8 @@ fn every_variant_validates_and_translates() {
     assert!(variants.len() > 100, "expected every format x variant, got {}", variants.len());
     for key in &variants {
         let src = key.source(&caps).expect("compose");
-        let (needs_f16, needs_subgroup) = key.needs();
-        // Every adapter kiln accepts unpacks halves (wgpu's SHADER_F16_IN_F32 downlevel flag,
-        // checked when the context opens); SHADER_F16 and SUBGROUP are what the ladder varies.
-        let mut vcaps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-        if needs_f16 {
-            vcaps |= naga::valid::Capabilities::SHADER_FLOAT16;
-        }
-        if needs_subgroup {
-            vcaps |= naga::valid::Capabilities::SUBGROUP;
-        }
-        // Cooperative-matrix variants may use subgroup barriers too (`Caps::coopmat`).
-        if key.needs_coopmat() {
-            vcaps |= naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SUBGROUP_BARRIER;
-        }
-        // Decode attention that merges its own splits binds its partials @coherent.
-        if key.needs_coherent() {
-            vcaps |= naga::valid::Capabilities::MEMORY_DECORATION_COHERENT;
-        }
         // Fallback variants must validate without the capability they avoid.
-        let (module, info) = match validate(&src, vcaps) {
+        let (module, info) = match validate(&src, validation_caps(key)) {
             Ok(v) => v,
             Err(e) => {
                 failures.push(format!("{key:?}: {e}"));
@@ -94,12 +99,7 @@ fn subgroup_sized_variants_validate_at_32_and_64_lanes() {
         assert!(!variants.is_empty());
         for key in &variants {
             let src = key.source(&caps).expect("compose");
-            let (needs_f16, _) = key.needs();
-            let mut vcaps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP;
-            if needs_f16 {
-                vcaps |= naga::valid::Capabilities::SHADER_FLOAT16;
-            }
-            if let Err(e) = validate(&src, vcaps) {
+            if let Err(e) = validate(&src, validation_caps(key)) {
                 failures.push(format!("{key:?} at {size} lanes: {e}"));
             }
         }
