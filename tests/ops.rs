@@ -101,6 +101,34 @@ fn rms_norm_into_halves_equals_the_norm_then_to_half() {
     }
 }
 
+/// Split-K's reduce folded into the norm after it (prefill's output and down projections
+/// before the next norm): the residual exactly as the reduce pass adds it (partials in range
+/// order, then the residual), and the very halves the f16 norm writes from that residual;
+/// rows longer and shorter than a workgroup's round, not multiples of it.
+#[test]
+fn reduce_norm_equals_the_reduce_then_the_norm_into_halves() {
+    for g in gpus() {
+        if !g.ctx.caps.f16 {
+            continue;
+        }
+        for (rows, n, splits) in [(3usize, 64usize, 2usize), (5, 1000, 3), (2, 2052, 1), (4, 4096, 4)] {
+            let mut r = rng(n as u64 + splits as u64);
+            let partials = randn(&mut r, splits * rows * n, 1.0);
+            let y = randn(&mut r, rows * n, 2.0);
+            let w = randn(&mut r, n, 1.0);
+            let want_y: Vec<f32> =
+                (0..rows * n).map(|i| (0..splits).fold(0.0f32, |v, s| v + partials[s * rows * n + i]) + y[i]).collect();
+            let (got_y, got_h) = ops::reduce_norm(&g.ctx, &partials, &y, &w, rows, n, splits, 1e-5).unwrap();
+            let what = format!("[{}] reduce_norm {rows}x{n}, {splits} ranges", g.name);
+            let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(differ(&got_y, &want_y), 0, "{what}: residual values unlike the reduce pass's");
+            let want_h = ops::rms_norm_halves(&g.ctx, &want_y, &w, rows, n, 1e-5).unwrap();
+            let differ_h = got_h.iter().zip(&want_h).filter(|(a, b)| a != b).count();
+            assert!(got_h.len() == want_h.len() && differ_h == 0, "{what}: {differ_h} halves unlike the f16 norm's");
+        }
+    }
+}
+
 #[test]
 fn to_half_rounds_rows_for_the_cooperative_gemm() {
     for g in gpus() {

@@ -42,6 +42,38 @@ pub fn rms_norm_halves(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: u
     Ok(bytes.chunks_exact(2).take(rows * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
 }
 
+/// Split-K's reduce folded into the norm after it (reduce_norm.wgsl): `rows` rows of n values,
+/// `partials` [splits][rows][n] added to y (rows of n), then the norm's halves (rows of n
+/// rounded up to 8). The new y and the halves' bits. n a multiple of 4.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_norm(
+    ctx: &GpuContext,
+    partials: &[f32],
+    y: &[f32],
+    w: &[f32],
+    rows: usize,
+    n: usize,
+    splits: usize,
+    eps: f32,
+) -> Result<(Vec<f32>, Vec<u16>)> {
+    let (pb, yb, wb) = (ctx.upload_f32(partials, "partials")?, ctx.upload_f32(y, "y")?, ctx.upload_f32(w, "w")?);
+    let stride = n.next_multiple_of(8);
+    let h = ctx.storage((rows * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    let p = norm::ReduceNormParams {
+        n: n as u32,
+        n_cols: rows as u32,
+        splits: splits as u32,
+        y_stride: n as u32,
+        h_stride: stride as u32,
+        eps,
+        _pad: [0; 2],
+    };
+    run(ctx, &[norm::prepare_reduce(ctx, &pb, &wb, &h, &yb, p, "reduce_norm")?])?;
+    let bytes = ctx.read_bytes(&h, 0, (rows * stride * 2).next_multiple_of(4) as u64)?;
+    let halves = bytes.chunks_exact(2).take(rows * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+    Ok((ctx.read_f32(&yb, rows * n)?, halves))
+}
+
 /// m rows of k floats (x_stride apart) rounded to f16 as the cooperative GEMM's input is: the
 /// halves' bits, rows of k rounded up to 8.
 pub fn to_half(ctx: &GpuContext, x: &[f32], m: usize, k: usize, x_stride: usize) -> Result<Vec<u16>> {

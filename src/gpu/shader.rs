@@ -97,6 +97,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("attention_combine.wgsl", include_str!("../../wgsl/attention_combine.wgsl")),
     ("rope.wgsl", include_str!("../../wgsl/rope.wgsl")),
     ("rms_norm.wgsl", include_str!("../../wgsl/rms_norm.wgsl")),
+    ("reduce_norm.wgsl", include_str!("../../wgsl/reduce_norm.wgsl")),
     ("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl")),
     ("argmax.wgsl", include_str!("../../wgsl/argmax.wgsl")),
     ("sample.wgsl", include_str!("../../wgsl/sample.wgsl")),

@@ -505,7 +505,7 @@ impl MatmulScratch {
     }
 
     /// The split-K partials buffer, on adapters where the planner splits GEMMs.
-    fn partials(&self, ctx: &GpuContext) -> Result<Option<wgpu::Buffer>> {
+    pub fn partials(&self, ctx: &GpuContext) -> Result<Option<wgpu::Buffer>> {
         if split_k_scratch_bytes(&ctx.caps) == 0 {
             return Ok(None);
         }
@@ -1384,10 +1384,49 @@ impl BoundMatmul {
         let halves = into.is_some()
             && self.f16_out.as_ref().map(|o| &o.halves) == into
             && matches!(kernel, MatmulKernel::Gemm { .. });
-        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched, halves)? {
+        let end = if halves { StepEnd::Halves } else { StepEnd::Y };
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, batched, end)? {
             b.record_with(pass, &pipeline, grid);
         }
         Ok(halves)
+    }
+
+    /// As `record_after` for one sequence's step, but where the planner splits the GEMM along
+    /// K and its epilogue is a plain residual add (one weight chunk, no bias), it stops after
+    /// the partial sums: the caller's pass adds them to Y (reduce_norm.wgsl, the reduce folded
+    /// into the RMSNorm after it). What it left, or None where it recorded the whole matmul.
+    pub fn record_leaving_reduce(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: u32,
+        prepared: Prepared<'_>,
+    ) -> Result<Option<LeftPartials>> {
+        let kernel = self.plan_step(ctx, m, false);
+        let left = self.leaves_partials(ctx, m, kernel);
+        let end = if left.is_some() { StepEnd::Partials } else { StepEnd::Y };
+        for (b, pipeline, grid) in self.dispatches(ctx, m, kernel, prepared, false, end)? {
+            b.record_with(pass, &pipeline, grid);
+        }
+        Ok(left)
+    }
+
+    /// The partial sums a step of `kernel` over m columns can leave for the caller's reduce
+    /// (`record_leaving_reduce`): a split GEMM (over the f16 copy where it reads one) whose
+    /// epilogue only adds Y to the value there.
+    fn leaves_partials(&self, ctx: &GpuContext, m: u32, kernel: MatmulKernel) -> Option<LeftPartials> {
+        if let Some(route) = self.dequant_route(m, kernel) {
+            return route.f16.leaves_partials(ctx, m, route.f16.plan(ctx, m));
+        }
+        let MatmulKernel::Gemm { tile } = kernel else { return None };
+        let plain_add = self.epi == Epi::Plain && self.accumulate && !self.has_bias && self.row_base == 0;
+        let one_chunk = matches!(self.chunks[..], [(_, 0, _)]);
+        if !plain_add || !one_chunk || self.second.is_some() || self.split.is_none() {
+            return None;
+        }
+        let rows = self.chunks[0].2;
+        let (_, splits) = self.split_k(ctx, m, rows, tile);
+        (splits > 1).then_some(LeftPartials { splits, rows })
     }
 
     /// The f16 copy of X (and its row stride in halves) that one sequence's step of m tokens
@@ -1486,7 +1525,7 @@ impl BoundMatmul {
         let mut prepared = prepared;
         for b in group {
             let kernel = b.plan_step(ctx, m, plan_batched);
-            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table, false)? {
+            for (bound, pipeline, grid) in b.dispatches(ctx, m, kernel, prepared, table, StepEnd::Y)? {
                 bound.record_with(pass, &pipeline, grid);
             }
             match kernel {
@@ -1501,7 +1540,8 @@ impl BoundMatmul {
     /// The bindings (parameters written), pipelines and grids of `kernel` over m columns:
     /// for the int8 GEMV the quantize dispatch, for the cooperative GEMM the f16 conversion
     /// (each unless a group member `prepared` the same buffer already), then one matmul per
-    /// weight chunk; `batched` picks the epilogue variant of a batched decode step.
+    /// weight chunk; `batched` picks the epilogue variant of a batched decode step; `end`: where
+    /// the result goes (`StepEnd::Partials` only where `leaves_partials` says it can).
     fn dispatches(
         &self,
         ctx: &GpuContext,
@@ -1509,7 +1549,7 @@ impl BoundMatmul {
         kernel: MatmulKernel,
         prepared: Prepared<'_>,
         batched: bool,
-        halves_out: bool,
+        end: StepEnd,
     ) -> Result<Vec<StepDispatch<'_>>> {
         if self.second.is_some_and(|s| s.kernel != kernel) || !self.takes_step(m, batched) {
             return Err(KilnError::invalid(
@@ -1526,12 +1566,13 @@ impl BoundMatmul {
                 out.push((decode, ctx.pipeline(&key)?, dequant_grid(self.n, self.k)));
             }
             let f16 = &route.f16;
-            out.extend(f16.dispatches(ctx, m, f16.plan(ctx, m), prepared, batched, halves_out)?);
+            out.extend(f16.dispatches(ctx, m, f16.plan(ctx, m), prepared, batched, end)?);
             return Ok(out);
         }
         let mut epi = if batched { self.epi.batched() } else { self.epi };
         // The GEMMs writing their SwiGLU output as halves (`Epilogue::SwiGluF16`).
-        let f16_out = self.f16_out.as_ref().filter(|_| halves_out && matches!(kernel, MatmulKernel::Gemm { .. }));
+        let f16_out =
+            self.f16_out.as_ref().filter(|_| end == StepEnd::Halves && matches!(kernel, MatmulKernel::Gemm { .. }));
         if f16_out.is_some() {
             epi = Epi::SwiGluF16;
         }
@@ -1619,6 +1660,9 @@ impl BoundMatmul {
                     partial.set(ctx, &params);
                     let pkey = KernelKey::Gemm { format: self.format, tile, epi: Epi::Partial };
                     out.push((partial, ctx.pipeline(&pkey)?, [grid[0], grid[1], splits]));
+                    if end == StepEnd::Partials {
+                        continue;
+                    }
                     // The reduce pass reads the partials, not X: its parameters keep X's stride.
                     let params = MatmulParams { splits, split_k, ..self.params(m, *row_start, *rows) };
                     let reduce = match f16_out {
@@ -1641,6 +1685,26 @@ impl BoundMatmul {
 
 /// One dispatch of a matmul's step: its bindings, pipeline and grid.
 type StepDispatch<'a> = (&'a Bound, std::sync::Arc<wgpu::ComputePipeline>, [u32; 3]);
+
+/// Where a matmul's step leaves its result.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum StepEnd {
+    /// Through its epilogue into Y.
+    Y,
+    /// Its SwiGLU output as the next GEMM's halves (`Epilogue::SwiGluF16`).
+    Halves,
+    /// A split GEMM's partial sums, its reduce pass left to the caller
+    /// (`BoundMatmul::record_leaving_reduce`).
+    Partials,
+}
+
+/// A split-K GEMM's partial sums left in the scratch for the caller's pass to add up
+/// (`BoundMatmul::record_leaving_reduce`): [splits][m][rows] floats.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LeftPartials {
+    pub splits: u32,
+    pub rows: u32,
+}
 
 /// The inputs prepared already in this step, whose quantize or to_half dispatch a matmul then
 /// skips: by a group member (`BoundMatmul::record_group`), the gate/up epilogue (the down
@@ -1688,7 +1752,14 @@ fn one_off(
     stage: &'static str,
 ) -> Result<Vec<Dispatch>> {
     let dispatches = bm
-        .dispatches(ctx, m, kernel, Prepared::default(), batched, bm.f16_out.is_some())?
+        .dispatches(
+            ctx,
+            m,
+            kernel,
+            Prepared::default(),
+            batched,
+            if bm.f16_out.is_some() { StepEnd::Halves } else { StepEnd::Y },
+        )?
         .into_iter()
         .map(|(b, pipeline, grid)| Dispatch {
             label: stage,

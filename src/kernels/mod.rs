@@ -367,6 +367,11 @@ pub enum KernelKey {
         /// The rows written as halves, the cooperative GEMM's input (SHADER_F16).
         halves: bool,
     },
+    /// Split-K's second pass of a GEMM added to the residual stream and the RMSNorm after it
+    /// writing halves, in one dispatch (reduce_norm.wgsl; prefill, `norm::ReduceNormParams`).
+    ReduceNorm {
+        subgroups: bool,
+    },
     Elementwise {
         op: elementwise::EltOp,
     },
@@ -474,6 +479,8 @@ impl KernelKey {
             | KernelKey::AttnGemm { .. }
             | KernelKey::RmsNorm { .. }
             | KernelKey::Elementwise { .. } => &[Uniform, Read, Read, ReadWrite],
+            // The partials, the norm's weights, the halves, then the residual stream.
+            KernelKey::ReduceNorm { .. } => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             KernelKey::Softmax { .. } => &[Uniform, ReadWrite],
             // The step state and the chain's token list last, bound whether or not the variant
             // uses them (`chained`), so that every variant takes one bind group.
@@ -532,6 +539,7 @@ impl KernelKey {
             KernelKey::AttnCombine { .. } => "attention_combine",
             KernelKey::Rope { .. } | KernelKey::KvWrite { .. } => "rope",
             KernelKey::RmsNorm { .. } => "rms_norm",
+            KernelKey::ReduceNorm { .. } => "reduce_norm",
             KernelKey::Elementwise { .. } => "elementwise",
             KernelKey::Argmax { .. } => "argmax",
             KernelKey::Sample { prune: true, .. } => "sample_prune",
@@ -895,6 +903,13 @@ impl KernelKey {
                 .include("rms_norm.wgsl")
                 .include(if halves { "common/norm_out_f16.wgsl" } else { "common/norm_out_f32.wgsl" })
                 .build(),
+            KernelKey::ReduceNorm { subgroups } => c
+                .enable_f16(true)
+                .const_u32("WG", WG_ROW)
+                .const_u32("HELD", norm::REDUCE_NORM_HELD)
+                .include(reduce_file(subgroups))
+                .include("reduce_norm.wgsl")
+                .build(),
             KernelKey::Elementwise { op } => {
                 c.const_u32("WG", WG_ELT).const_u32("OP", op as u32).include("elementwise.wgsl").build()
             }
@@ -966,6 +981,7 @@ impl KernelKey {
             KernelKey::Gemm { epi, .. } | KernelKey::GemmReduce { epi } => (epi.needs_f16(), false),
             KernelKey::Gemv { subgroups, epi: Epi::Qkv { kv, .. }, .. } => (kv.needs_f16(), subgroups),
             KernelKey::RmsNorm { subgroups, halves } => (halves, subgroups),
+            KernelKey::ReduceNorm { subgroups } => (true, subgroups),
             KernelKey::Gemv { subgroups, .. }
             | KernelKey::QuantizeQ8 { subgroups, .. }
             | KernelKey::Softmax { subgroups }
@@ -1214,6 +1230,7 @@ impl KernelKey {
             for halves in [false, true] {
                 v.push(KernelKey::RmsNorm { subgroups, halves });
             }
+            v.push(KernelKey::ReduceNorm { subgroups });
             v.push(KernelKey::Argmax { subgroups });
             for (prune, tops) in [(false, false), (true, false), (false, true), (true, true)] {
                 v.push(KernelKey::Sample { subgroups, batched: false, prune, tops, chained: false, greedy: false });

@@ -34,6 +34,47 @@ pub fn prepare(
     Ok(Dispatch { label: stage, pipeline, bind_group: bg, workgroups: grid(rows), params: Some(ub) })
 }
 
+/// Values each invocation of reduce_norm.wgsl holds between its two passes: rows of up to
+/// `WG_ROW` × 16 = 4,096 values (TinyLlama's 2,048, Llama-7B's 4,096) fold their norm into a
+/// split GEMM's reduce; longer rows keep the two dispatches.
+pub const REDUCE_NORM_HELD: u32 = 16;
+
+/// Whether reduce_norm.wgsl takes rows of n values.
+pub fn reduce_norm_takes(n: u32) -> bool {
+    n <= super::WG_ROW * REDUCE_NORM_HELD
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct ReduceNormParams {
+    /// Values a row, rows (tokens), K ranges of the partials ([splits][rows][n]).
+    pub n: u32,
+    pub n_cols: u32,
+    pub splits: u32,
+    /// Floats between the residual's rows, halves between the output's.
+    pub y_stride: u32,
+    pub h_stride: u32,
+    pub eps: f32,
+    pub _pad: [u32; 2],
+}
+
+/// Split-K's reduce into the residual stream and the RMSNorm after it as halves, one dispatch
+/// (reduce_norm.wgsl): y[r] += Σ_s partials[s][r], then halves[r] = rms_norm(y[r]) · w.
+pub fn prepare_reduce(
+    ctx: &GpuContext,
+    partials: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    halves: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    params: ReduceNormParams,
+    stage: &'static str,
+) -> Result<Dispatch> {
+    let pipeline = ctx.pipeline(&KernelKey::ReduceNorm { subgroups: ctx.caps.subgroups })?;
+    let ub = ctx.uniform(&params, stage);
+    let bg = bind(ctx, &pipeline, stage, &[&ub, partials, w, halves, y]);
+    Ok(Dispatch { label: stage, pipeline, bind_group: bg, workgroups: grid(params.n_cols), params: Some(ub) })
+}
+
 pub fn reference(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
     x.chunks(n)
         .flat_map(|row| {

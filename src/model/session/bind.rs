@@ -12,7 +12,7 @@ use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention::{self, FlashParams};
 use crate::kernels::matmul::{BoundMatmul, Epilogue, Matmul, MatmulScratch, RopeShape};
-use crate::kernels::norm::RmsNormParams;
+use crate::kernels::norm::{self, RmsNormParams};
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::sample::SampleConfig;
 use crate::kernels::{KernelKey, KvKind};
@@ -434,18 +434,42 @@ impl Session {
                     _ => Ok(None),
                 }
             };
-            let attn_norm_f16 = match &qkv {
-                QkvOps::Stacked { prefill, .. } => norm_f16(&w.attn_norm, prefill[0].half_buffer(), "attn_norm")?,
-                QkvOps::Separate { .. } => None,
+            // And the same folded into the split-K reduce of the GEMM before them (the residual
+            // add's), where the GEMMs may split.
+            let partials = scratch.partials(&ctx)?;
+            let reduce_norm = |f16_norm: &Option<Bound>, g: &wgpu::Buffer, into: Option<&wgpu::Buffer>, stage| match (
+                f16_norm, &partials, into,
+            ) {
+                (Some(_), Some(partials), Some(halves)) if norm::reduce_norm_takes(c.n_embd) => {
+                    let key = KernelKey::ReduceNorm { subgroups: sub };
+                    Bound::new::<norm::ReduceNormParams>(&ctx, &key, stage, &[partials, g, halves, &x]).map(Some)
+                }
+                _ => Ok(None),
             };
-            let ffn_norm_f16 = match &ffn {
-                FfnOps::Interleaved { prefill, .. } => norm_f16(&w.ffn_norm, prefill.half_buffer(), "ffn_norm")?,
-                FfnOps::Separate { .. } => None,
+            let (attn_norm_f16, attn_norm_reduce) = match &qkv {
+                QkvOps::Stacked { prefill, .. } => {
+                    let halves = prefill[0].half_buffer();
+                    let f16 = norm_f16(&w.attn_norm, halves, "attn_norm")?;
+                    let reduce = reduce_norm(&f16, &w.attn_norm, halves, "attn_norm")?;
+                    (f16, reduce)
+                }
+                QkvOps::Separate { .. } => (None, None),
+            };
+            let (ffn_norm_f16, ffn_norm_reduce) = match &ffn {
+                FfnOps::Interleaved { prefill, .. } => {
+                    let halves = prefill.half_buffer();
+                    let f16 = norm_f16(&w.ffn_norm, halves, "ffn_norm")?;
+                    let reduce = reduce_norm(&f16, &w.ffn_norm, halves, "ffn_norm")?;
+                    (f16, reduce)
+                }
+                FfnOps::Separate { .. } => (None, None),
             };
             let ops = LayerOps {
                 attn_norm: Bound::new::<RmsNormParams>(&ctx, &norm_key, "attn_norm", &[&x, &w.attn_norm, &xn])?,
                 attn_norm_f16,
+                attn_norm_reduce,
                 ffn_norm_f16,
+                ffn_norm_reduce,
                 qkv,
                 attn_prefill: match &scores {
                     None => PrefillAttnOps::Flash {

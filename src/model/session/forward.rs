@@ -12,8 +12,8 @@ use crate::kernels::attention;
 use crate::kernels::elementwise::{EltOp, EltParams};
 use crate::kernels::embed::EmbedParams;
 use crate::kernels::flash_attention;
-use crate::kernels::matmul::{BoundMatmul, Prepared};
-use crate::kernels::norm::RmsNormParams;
+use crate::kernels::matmul::{BoundMatmul, LeftPartials, Prepared};
+use crate::kernels::norm::{self, RmsNormParams};
 use crate::kernels::rope::{RopeMode, RopeParams};
 use crate::kernels::{KernelKey, WG_ELT};
 use crate::model::sizes::pad4;
@@ -95,15 +95,18 @@ impl Session {
         } else {
             None
         };
-        // Every matmul reading the norm's output must read the same halves (the f16 norm was bound
-        // to the first's), or the float rows are written; so are a batched step's (their
-        // matmuls plan and take positions as batched steps do).
-        let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[&BoundMatmul], pass: &mut _| {
-            let f16_norm = f16_norm.filter(|_| !batched);
+        // The row stride of the halves a norm bound to write f16 (`f16_norm`) writes for the
+        // matmuls after it, where it does: every one of them must read the same halves (the
+        // f16 norm was bound to the first's), or the float rows are written; so are a batched
+        // step's (their matmuls plan and take positions as batched steps do).
+        let f16_stride = |f16_norm: Option<&Bound>, consumers: &[&BoundMatmul]| {
             let target = consumers[0].half_buffer();
-            let stride = consumers[0].half_input(ctx, m).map(|(_, s)| s);
             let same = consumers.iter().all(|b| b.half_input(ctx, m).is_some_and(|(h, _)| Some(h) == target));
-            if let (Some(b), Some(p), Some(stride), true) = (f16_norm, &norm_f16_pipe, stride, same) {
+            let stride = consumers[0].half_input(ctx, m).map(|(_, s)| s);
+            stride.filter(|_| f16_norm.is_some() && norm_f16_pipe.is_some() && same && !batched)
+        };
+        let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[&BoundMatmul], pass: &mut _| {
+            if let (Some(b), Some(p), Some(stride)) = (f16_norm, &norm_f16_pipe, f16_stride(f16_norm, consumers)) {
                 b.set(ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: stride, eps: c.rms_eps });
                 b.record_with(pass, p, grid(m));
                 return true;
@@ -111,11 +114,47 @@ impl Session {
             norm(f32_norm, m, c.n_embd, se, pass);
             false
         };
+        // A GEMM added to the residual stream whose split-K partials `left` its reduce to the
+        // norm after it (`BoundMatmul::record_leaving_reduce`): the reduce and that norm into the
+        // next matmul's halves (rows `stride` apart) in one dispatch (reduce_norm.wgsl).
+        let reduce_norm_pipe = match norm_f16_pipe {
+            Some(_) => Some(pipe(&KernelKey::ReduceNorm { subgroups: sub })?),
+            None => None,
+        };
+        let reduce_norm =
+            |b: &Bound, left: LeftPartials, stride: u32, pass: &mut wgpu::ComputePass<'_>| -> Result<()> {
+                let Some(p) = &reduce_norm_pipe else { return Ok(()) };
+                if left.rows != c.n_embd {
+                    return Err(crate::error::KilnError::invalid(
+                        "prefill",
+                        format!("a split GEMM of {} rows before a norm of {}", left.rows, c.n_embd),
+                    ));
+                }
+                b.set(
+                    ctx,
+                    &norm::ReduceNormParams {
+                        n: c.n_embd,
+                        n_cols: m,
+                        splits: left.splits,
+                        y_stride: se,
+                        h_stride: stride,
+                        eps: c.rms_eps,
+                        _pad: [0; 2],
+                    },
+                );
+                b.record_with(pass, p, grid(m));
+                Ok(())
+            };
 
         // Bytes of activations (f32) and of the KV cache, for the profile's work estimates.
         let f = |n: u32| n as f64 * 4.0;
         let kv_elt = self.kv.bytes_per_elem() as f64;
         let norm_work = |rows: u32, n: u32| StageWork::other("rms_norm", format!("{rows}x{n}"), 2.0 * f(rows * n), 0.0);
+        // The partials and Y read, Y and the halves written.
+        let reduce_norm_work = |left: LeftPartials| {
+            let bytes = f((left.splits + 2) * m * c.n_embd) + 2.0 * (m * c.n_embd) as f64;
+            StageWork::other("reduce_norm", format!("{m}x{}, {} ranges", c.n_embd, left.splits), bytes, 0.0)
+        };
 
         let token_embd = &self._weights.token_embd;
         let embed_pipe = pipe(&KernelKey::Embed { format: token_embd.format })?;
@@ -156,7 +195,10 @@ impl Session {
         // previous layer's down projection wrote it (`Caps::q8_add_norm`).
         let one_token = m == 1 && !batched;
         let mut qkv_input: Option<&wgpu::Buffer> = None;
-        for l in &self.layers {
+        // Prefill: the Q/K/V projection's f16 input where the previous layer's down projection
+        // wrote it with its reduce (`reduce_norm`), this layer's attention norm with it.
+        let mut qkv_halves: Option<&wgpu::Buffer> = None;
+        for (li, l) in self.layers.iter().enumerate() {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
             // over the cache, then the output projection added to the residual stream.
             match &l.qkv {
@@ -171,11 +213,17 @@ impl Session {
                         let group = decode.iter().collect::<Vec<_>>();
                         BoundMatmul::record_group_with(ctx, rec.pass(), &group, m, batched, prepared)?;
                     } else {
-                        rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
                         // The parts read one input: rounded to f16 (or quantized) once.
                         let parts = prefill.iter().collect::<Vec<_>>();
-                        let written = norm_before(&l.attn_norm, l.attn_norm_f16.as_ref(), &parts, rec.pass());
-                        let halves = prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
+                        let halves = match qkv_halves.take() {
+                            Some(h) => Some(h),
+                            None => {
+                                rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                                let f16_norm = l.attn_norm_f16.as_ref();
+                                let written = norm_before(&l.attn_norm, f16_norm, &parts, rec.pass());
+                                prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h)
+                            }
+                        };
                         let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::Qkv, || group_work(prefill));
                         if step.together.is_some() || prepared.halves.is_some() {
@@ -388,7 +436,25 @@ impl Session {
                 }
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m, batched));
-            l.wo.record_after(ctx, rec.pass(), m, batched, Prepared { blocks: wo_input, halves: None })?;
+            let wo_prepared = Prepared { blocks: wo_input, halves: None };
+            // Prefill: the FFN's norm in the output projection's split-K reduce where both take
+            // it; the gate/up projection's f16 input it wrote.
+            let mut ffn_halves = None;
+            match (&l.ffn, &l.ffn_norm_reduce) {
+                (FfnOps::Interleaved { prefill, .. }, Some(b)) if !fused => {
+                    match f16_stride(l.ffn_norm_f16.as_ref(), &[prefill]) {
+                        Some(stride) => {
+                            if let Some(left) = l.wo.record_leaving_reduce(ctx, rec.pass(), m, wo_prepared)? {
+                                rec.stage(Stage::FfnNorm, || reduce_norm_work(left));
+                                reduce_norm(b, left, stride, rec.pass())?;
+                                ffn_halves = prefill.half_input(ctx, m).map(|(h, _)| h);
+                            }
+                        }
+                        None => l.wo.record_after(ctx, rec.pass(), m, batched, wo_prepared)?,
+                    }
+                }
+                _ => l.wo.record_after(ctx, rec.pass(), m, batched, wo_prepared)?,
+            }
 
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
@@ -403,9 +469,15 @@ impl Session {
                         decode.record_after(ctx, rec.pass(), m, batched, Prepared { blocks, halves: None })?;
                         down_input.blocks = decode.q8_output(ctx, m, batched);
                     } else {
-                        rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
-                        let written = norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), &[prefill], rec.pass());
-                        let halves = prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
+                        let halves = match ffn_halves {
+                            Some(h) => Some(h),
+                            None => {
+                                rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                                let f16_norm = l.ffn_norm_f16.as_ref();
+                                let written = norm_before(&l.ffn_norm, f16_norm, &[prefill], rec.pass());
+                                prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h)
+                            }
+                        };
                         let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m, batched));
                         let into = down.half_input(ctx, m).map(|(h, _)| h).filter(|_| !batched);
@@ -414,7 +486,27 @@ impl Session {
                         }
                     }
                     rec.stage(Stage::FfnDown, || down.work(ctx, m, batched));
-                    down.record_after(ctx, rec.pass(), m, batched, down_input)?;
+                    // Prefill: the next layer's attention norm in this split-K reduce where both
+                    // take it (as the FFN's norm above).
+                    let next = self.layers.get(li + 1).filter(|_| !fused);
+                    let fold = next.and_then(|n| match (&n.qkv, &n.attn_norm_reduce) {
+                        (QkvOps::Stacked { prefill: parts, .. }, Some(b)) => {
+                            let parts = parts.iter().collect::<Vec<_>>();
+                            let stride = f16_stride(n.attn_norm_f16.as_ref(), &parts)?;
+                            Some((b, stride, parts[0].half_input(ctx, m)?.0))
+                        }
+                        _ => None,
+                    });
+                    match fold {
+                        Some((b, stride, halves)) => {
+                            if let Some(left) = down.record_leaving_reduce(ctx, rec.pass(), m, down_input)? {
+                                rec.stage(Stage::AttnNorm, || reduce_norm_work(left));
+                                reduce_norm(b, left, stride, rec.pass())?;
+                                qkv_halves = Some(halves);
+                            }
+                        }
+                        None => down.record_after(ctx, rec.pass(), m, batched, down_input)?,
+                    }
                     qkv_input = down.q8_output(ctx, m, batched).filter(|_| one_token);
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {

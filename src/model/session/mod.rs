@@ -103,6 +103,10 @@ pub(super) struct LayerOps {
     /// The same writing the Q/K/V projection's f16 input, where its cooperative GEMM reads
     /// one (`Caps::prefill_f16_inputs`: no to_half dispatch after the norm).
     attn_norm_f16: Option<Bound>,
+    /// The same folded into the previous layer's down projection's split-K reduce
+    /// (reduce_norm.wgsl: its partial sums added to the residual, then the norm into the Q/K/V
+    /// projection's f16 input), where both GEMMs take that shape (`norm::reduce_norm_takes`).
+    attn_norm_reduce: Option<Bound>,
     /// The Q, K and V projections, RoPE and the cache write.
     qkv: QkvOps,
     /// Attention of a step of more than one token.
@@ -122,6 +126,8 @@ pub(super) struct LayerOps {
     ffn_norm: Bound,
     /// The same writing the gate/up projection's f16 input (as `attn_norm_f16`).
     ffn_norm_f16: Option<Bound>,
+    /// The same folded into the output projection's split-K reduce (as `attn_norm_reduce`).
+    ffn_norm_reduce: Option<Bound>,
     ffn: FfnOps,
 }
 
