@@ -596,11 +596,35 @@ pub struct Recorder<'a> {
     skip: Option<(Stage, wgpu::Device)>,
     skipping: bool,
     discard: Option<(wgpu::CommandEncoder, wgpu::ComputePass<'static>)>,
+    /// Where `submit_so_far` submits (`submit_early`), else it does nothing.
+    early: Option<(wgpu::Device, wgpu::Queue)>,
 }
 
 impl<'a> Recorder<'a> {
     pub fn new(enc: &'a mut wgpu::CommandEncoder, label: &'static str, prof: Option<&'a mut ProfSlot>) -> Self {
-        Recorder { enc, pass: None, prof, label, skip: None, skipping: false, discard: None }
+        Recorder { enc, pass: None, prof, label, skip: None, skipping: false, discard: None, early: None }
+    }
+
+    /// Lets `submit_so_far` submit what was recorded before the step is whole (a step that
+    /// the caller submits, unprofiled and with no stage left out).
+    pub fn submit_early(&mut self, device: &wgpu::Device, queue: &wgpu::Queue) {
+        if self.prof.is_none() && self.skip.is_none() {
+            self.early = Some((device.clone(), queue.clone()));
+        }
+    }
+
+    /// Where `submit_early` allowed it: submits the commands recorded so far and goes on in a
+    /// fresh encoder, so that the GPU starts on a long step's first layers while the host
+    /// records and submits the rest (H200: a 512-token prompt step spent ~0.85 ms recording
+    /// and submitting before its first dispatch ran, ~10% of the step). The parameters
+    /// written for those commands (`Bound::set`) go with this submit; each command has its
+    /// own, so none is rewritten under one already submitted.
+    pub fn submit_so_far(&mut self) {
+        let Some((device, queue)) = &self.early else { return };
+        self.pass = None;
+        let fresh = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(self.label) });
+        let done = std::mem::replace(self.enc, fresh);
+        queue.submit([done.finish()]);
     }
 
     /// Leaves `stage` out of what the GPU runs (its results are wrong; its time is the point).

@@ -540,6 +540,12 @@ impl Session {
                     }
                 }
             }
+            // The layers so far to the GPU after layers 1, 2, 4, 8, ... where the caller lets
+            // the step go in parts (`Recorder::submit_early`): the first part small, so the
+            // GPU starts soon, each later one recorded while the GPU runs the ones before.
+            if (li + 1).is_power_of_two() && li + 1 < self.layers.len() {
+                rec.submit_so_far();
+            }
         }
         Ok(())
     }

@@ -60,6 +60,10 @@ impl Session {
             if let Some(stage) = self.skip {
                 rec.skip_stage(&ctx.device, stage);
             }
+            // A prompt step's first layers run while the host records the rest.
+            if m > 1 && shape.batched.is_none() {
+                rec.submit_early(&ctx.device, &ctx.queue);
+            }
             let recorded = self.record_forward(&mut rec, shape, out, read);
             rec.finish();
             read_bytes = recorded;
