@@ -173,6 +173,19 @@ pub struct StageStat {
     pub dispatches: u64,
 }
 
+impl StageStat {
+    /// Names `kernel` too where it is not among the kernels named already: a stage whose
+    /// layers run different kernels (prefill's attention norm: the first layer's own dispatch,
+    /// the others' folded into the reduce before them) lists each once.
+    fn add_kernel(&mut self, kernel: &str) {
+        let have: Vec<&str> = self.kernel.split(", ").collect();
+        let new: Vec<&str> = kernel.split(", ").filter(|k| !have.contains(k)).collect();
+        if !new.is_empty() {
+            self.kernel = [self.kernel.as_str()].into_iter().chain(new).collect::<Vec<_>>().join(", ");
+        }
+    }
+}
+
 /// Host-side seconds spent per phase.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct CpuTimes {
@@ -221,6 +234,7 @@ impl PhaseProfile {
                 }
             };
             let s = &mut self.stages[i];
+            s.add_kernel(&work.kernel);
             s.calls += 1;
             s.total_ms += ns * 1e-6;
             s.bytes += work.bytes;
@@ -245,6 +259,7 @@ impl PhaseProfile {
         for s in &o.stages {
             match self.stages.iter_mut().find(|x| x.stage == s.stage) {
                 Some(x) => {
+                    x.add_kernel(&s.kernel);
                     x.calls += s.calls;
                     x.total_ms += s.total_ms;
                     x.bytes += s.bytes;
@@ -775,6 +790,19 @@ fn close_dispatch_count(marks: &mut [Mark]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stage whose calls ran different kernels names each once, in the order first seen.
+    #[test]
+    fn a_stage_names_every_kernel_its_calls_ran() {
+        let mut s = StageStat { stage: "attn_norm".into(), kernel: "rms_norm".into(), ..Default::default() };
+        s.add_kernel("reduce_norm");
+        s.add_kernel("reduce_norm");
+        s.add_kernel("rms_norm");
+        assert_eq!(s.kernel, "rms_norm, reduce_norm");
+        let mut q = StageStat { kernel: "gemm A, gemm B".into(), ..Default::default() };
+        q.add_kernel("gemm A, gemm B");
+        assert_eq!(q.kernel, "gemm A, gemm B");
+    }
 
     /// Kernels on cooperative matrices (the GEMM, flash attention) are held to the matrix
     /// cores' rate, the rest to f32 FMA: flash attention at 58 TFLOP/s on an adapter of 54.5

@@ -123,13 +123,12 @@ impl Session {
         };
         let reduce_norm =
             |b: &Bound, left: LeftPartials, stride: u32, pass: &mut wgpu::ComputePass<'_>| -> Result<()> {
-                let Some(p) = &reduce_norm_pipe else { return Ok(()) };
-                if left.rows != c.n_embd {
+                let (Some(p), true) = (&reduce_norm_pipe, left.rows == c.n_embd) else {
                     return Err(crate::error::KilnError::invalid(
                         "prefill",
-                        format!("a split GEMM of {} rows before a norm of {}", left.rows, c.n_embd),
+                        format!("a split GEMM of {} rows left its reduce to a norm of {}", left.rows, c.n_embd),
                     ));
-                }
+                };
                 b.set(
                     ctx,
                     &norm::ReduceNormParams {
@@ -154,6 +153,24 @@ impl Session {
         let reduce_norm_work = |left: LeftPartials| {
             let bytes = f((left.splits + 2) * m * c.n_embd) + 2.0 * (m * c.n_embd) as f64;
             StageWork::other("reduce_norm", format!("{m}x{}, {} ranges", c.n_embd, left.splits), bytes, 0.0)
+        };
+        // A GEMM added to the residual stream, with the norm after it (stage `norm_stage`) folded
+        // into its split-K reduce where `fold` (that norm's reduce_norm binding and its halves'
+        // row stride) says both take it: whether the norm's halves were written.
+        let add_then_norm = |rec: &mut Recorder<'_>,
+                             mm: &BoundMatmul,
+                             prepared: Prepared<'_>,
+                             fold: Option<(&Bound, u32)>,
+                             norm_stage: Stage|
+         -> Result<bool> {
+            let Some((b, stride)) = fold else {
+                mm.record_after(ctx, rec.pass(), m, batched, prepared)?;
+                return Ok(false);
+            };
+            let Some(left) = mm.record_leaving_reduce(ctx, rec.pass(), m, prepared)? else { return Ok(false) };
+            rec.stage(norm_stage, || reduce_norm_work(left));
+            reduce_norm(b, left, stride, rec.pass())?;
+            Ok(true)
         };
 
         let token_embd = &self._weights.token_embd;
@@ -195,9 +212,9 @@ impl Session {
         // previous layer's down projection wrote it (`Caps::q8_add_norm`).
         let one_token = m == 1 && !batched;
         let mut qkv_input: Option<&wgpu::Buffer> = None;
-        // Prefill: the Q/K/V projection's f16 input where the previous layer's down projection
-        // wrote it with its reduce (`reduce_norm`), this layer's attention norm with it.
-        let mut qkv_halves: Option<&wgpu::Buffer> = None;
+        // Prefill: whether the previous layer's down projection wrote the Q/K/V projection's f16
+        // input with its reduce (`add_then_norm`), this layer's attention norm with it.
+        let mut attn_norm_folded = false;
         for (li, l) in self.layers.iter().enumerate() {
             // Attention: Q, K and V (RoPE and the KV-cache write with them), then attention
             // over the cache, then the output projection added to the residual stream.
@@ -215,15 +232,11 @@ impl Session {
                     } else {
                         // The parts read one input: rounded to f16 (or quantized) once.
                         let parts = prefill.iter().collect::<Vec<_>>();
-                        let halves = match qkv_halves.take() {
-                            Some(h) => Some(h),
-                            None => {
-                                rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
-                                let f16_norm = l.attn_norm_f16.as_ref();
-                                let written = norm_before(&l.attn_norm, f16_norm, &parts, rec.pass());
-                                prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h)
-                            }
+                        let written = std::mem::take(&mut attn_norm_folded) || {
+                            rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
+                            norm_before(&l.attn_norm, l.attn_norm_f16.as_ref(), &parts, rec.pass())
                         };
+                        let halves = prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
                         let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::Qkv, || group_work(prefill));
                         if step.together.is_some() || prepared.halves.is_some() {
@@ -436,25 +449,15 @@ impl Session {
                 }
             }
             rec.stage(Stage::AttnOut, || l.wo.work(ctx, m, batched));
-            let wo_prepared = Prepared { blocks: wo_input, halves: None };
-            // Prefill: the FFN's norm in the output projection's split-K reduce where both take
-            // it; the gate/up projection's f16 input it wrote.
-            let mut ffn_halves = None;
-            match (&l.ffn, &l.ffn_norm_reduce) {
+            // Prefill: the FFN's norm in the output projection's split-K reduce where both take it.
+            let ffn_fold = match (&l.ffn, &l.ffn_norm_reduce) {
                 (FfnOps::Interleaved { prefill, .. }, Some(b)) if !fused => {
-                    match f16_stride(l.ffn_norm_f16.as_ref(), &[prefill]) {
-                        Some(stride) => {
-                            if let Some(left) = l.wo.record_leaving_reduce(ctx, rec.pass(), m, wo_prepared)? {
-                                rec.stage(Stage::FfnNorm, || reduce_norm_work(left));
-                                reduce_norm(b, left, stride, rec.pass())?;
-                                ffn_halves = prefill.half_input(ctx, m).map(|(h, _)| h);
-                            }
-                        }
-                        None => l.wo.record_after(ctx, rec.pass(), m, batched, wo_prepared)?,
-                    }
+                    f16_stride(l.ffn_norm_f16.as_ref(), &[prefill]).map(|stride| (b, stride))
                 }
-                _ => l.wo.record_after(ctx, rec.pass(), m, batched, wo_prepared)?,
-            }
+                _ => None,
+            };
+            let wo_prepared = Prepared { blocks: wo_input, halves: None };
+            let ffn_norm_folded = add_then_norm(rec, &l.wo, wo_prepared, ffn_fold, Stage::FfnNorm)?;
 
             // Feed-forward: SwiGLU(norm(x) W_gate, norm(x) W_up) W_down added to the residual.
             match &l.ffn {
@@ -469,15 +472,11 @@ impl Session {
                         decode.record_after(ctx, rec.pass(), m, batched, Prepared { blocks, halves: None })?;
                         down_input.blocks = decode.q8_output(ctx, m, batched);
                     } else {
-                        let halves = match ffn_halves {
-                            Some(h) => Some(h),
-                            None => {
-                                rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
-                                let f16_norm = l.ffn_norm_f16.as_ref();
-                                let written = norm_before(&l.ffn_norm, f16_norm, &[prefill], rec.pass());
-                                prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h)
-                            }
+                        let written = ffn_norm_folded || {
+                            rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
+                            norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), &[prefill], rec.pass())
                         };
+                        let halves = prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
                         let prepared = Prepared { blocks: None, halves };
                         rec.stage(Stage::FfnGateUp, || prefill.work(ctx, m, batched));
                         let into = down.half_input(ctx, m).map(|(h, _)| h).filter(|_| !batched);
@@ -489,24 +488,14 @@ impl Session {
                     // Prefill: the next layer's attention norm in this split-K reduce where both
                     // take it (as the FFN's norm above).
                     let next = self.layers.get(li + 1).filter(|_| !fused);
-                    let fold = next.and_then(|n| match (&n.qkv, &n.attn_norm_reduce) {
+                    let attn_fold = next.and_then(|n| match (&n.qkv, &n.attn_norm_reduce) {
                         (QkvOps::Stacked { prefill: parts, .. }, Some(b)) => {
                             let parts = parts.iter().collect::<Vec<_>>();
-                            let stride = f16_stride(n.attn_norm_f16.as_ref(), &parts)?;
-                            Some((b, stride, parts[0].half_input(ctx, m)?.0))
+                            f16_stride(n.attn_norm_f16.as_ref(), &parts).map(|stride| (b, stride))
                         }
                         _ => None,
                     });
-                    match fold {
-                        Some((b, stride, halves)) => {
-                            if let Some(left) = down.record_leaving_reduce(ctx, rec.pass(), m, down_input)? {
-                                rec.stage(Stage::AttnNorm, || reduce_norm_work(left));
-                                reduce_norm(b, left, stride, rec.pass())?;
-                                qkv_halves = Some(halves);
-                            }
-                        }
-                        None => down.record_after(ctx, rec.pass(), m, batched, down_input)?,
-                    }
+                    attn_norm_folded = add_then_norm(rec, down, down_input, attn_fold, Stage::AttnNorm)?;
                     qkv_input = down.q8_output(ctx, m, batched).filter(|_| one_token);
                 }
                 FfnOps::Separate { gate_fused, up_fused, down_fused, gate, up, silu, down } => {
