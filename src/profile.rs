@@ -613,11 +613,23 @@ pub struct Recorder<'a> {
     discard: Option<(wgpu::CommandEncoder, wgpu::ComputePass<'static>)>,
     /// Where `submit_so_far` submits (`submit_early`), else it does nothing.
     early: Option<(wgpu::Device, wgpu::Queue)>,
+    /// Seconds `submit_so_far` spent finishing and submitting, for the host's account.
+    early_secs: f64,
 }
 
 impl<'a> Recorder<'a> {
     pub fn new(enc: &'a mut wgpu::CommandEncoder, label: &'static str, prof: Option<&'a mut ProfSlot>) -> Self {
-        Recorder { enc, pass: None, prof, label, skip: None, skipping: false, discard: None, early: None }
+        Recorder {
+            enc,
+            pass: None,
+            prof,
+            label,
+            skip: None,
+            skipping: false,
+            discard: None,
+            early: None,
+            early_secs: 0.0,
+        }
     }
 
     /// Lets `submit_so_far` submit what was recorded before the step is whole (a step that
@@ -636,10 +648,18 @@ impl<'a> Recorder<'a> {
     /// own, so none is rewritten under one already submitted.
     pub fn submit_so_far(&mut self) {
         let Some((device, queue)) = &self.early else { return };
+        let t = std::time::Instant::now();
         self.pass = None;
         let fresh = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(self.label) });
         let done = std::mem::replace(self.enc, fresh);
         queue.submit([done.finish()]);
+        self.early_secs += t.elapsed().as_secs_f64();
+    }
+
+    /// Seconds spent submitting parts of the step so far (`submit_so_far`): the host's
+    /// account counts them as submitting, not recording.
+    pub fn early_submit_secs(&self) -> f64 {
+        self.early_secs
     }
 
     /// Leaves `stage` out of what the GPU runs (its results are wrong; its time is the point).
