@@ -34,8 +34,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let row = wid.x + wid.y * nwg.x;
     // The same for the whole workgroup: the barriers of wg_sum stay in uniform control flow.
     if (row >= p.n_cols) { return; }
+    // Zeros (WGSL initializes it): the reduce's sums start from 0.0 too.
     var held: array<f32, HELD>;
-    for (var j = 0u; j < HELD; j++) { held[j] = 0.0; }
     for (var s = 0u; s < p.splits; s++) {
         let b = (s * p.n_cols + row) * p.n;
         for (var j = 0u; j < HELD; j++) {

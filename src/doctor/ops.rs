@@ -35,11 +35,21 @@ pub fn rms_norm(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, e
 pub fn rms_norm_halves(ctx: &GpuContext, x: &[f32], w: &[f32], rows: usize, n: usize, eps: f32) -> Result<Vec<u16>> {
     let (xb, wb) = (ctx.upload_f32(x, "x")?, ctx.upload_f32(w, "w")?);
     let stride = n.next_multiple_of(8);
-    let y = ctx.storage((rows * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    let y = halves_buffer(ctx, rows * stride)?;
     let p = norm::RmsNormParams { n: n as u32, x_stride: n as u32, y_stride: stride as u32, eps };
     run(ctx, &[norm::prepare(ctx, &xb, &wb, &y, rows as u32, p, true, "norm")?])?;
-    let bytes = ctx.read_bytes(&y, 0, (rows * stride * 2).next_multiple_of(4) as u64)?;
-    Ok(bytes.chunks_exact(2).take(rows * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
+    read_halves(ctx, &y, rows * stride)
+}
+
+/// A buffer for `count` halves (the cooperative GEMM's f16 input), zeroed.
+fn halves_buffer(ctx: &GpuContext, count: usize) -> Result<wgpu::Buffer> {
+    ctx.storage((count * 2).next_multiple_of(16) as u64, "halves")
+}
+
+/// The first `count` halves of `buf`, as bits.
+fn read_halves(ctx: &GpuContext, buf: &wgpu::Buffer, count: usize) -> Result<Vec<u16>> {
+    let bytes = ctx.read_bytes(buf, 0, (count * 2).next_multiple_of(4) as u64)?;
+    Ok(bytes.chunks_exact(2).take(count).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
 }
 
 /// Split-K's reduce folded into the norm after it (reduce_norm.wgsl): `rows` rows of n values,
@@ -58,7 +68,7 @@ pub fn reduce_norm(
 ) -> Result<(Vec<f32>, Vec<u16>)> {
     let (pb, yb, wb) = (ctx.upload_f32(partials, "partials")?, ctx.upload_f32(y, "y")?, ctx.upload_f32(w, "w")?);
     let stride = n.next_multiple_of(8);
-    let h = ctx.storage((rows * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    let h = halves_buffer(ctx, rows * stride)?;
     let p = norm::ReduceNormParams {
         n: n as u32,
         n_cols: rows as u32,
@@ -69,9 +79,7 @@ pub fn reduce_norm(
         _pad: [0; 2],
     };
     run(ctx, &[norm::prepare_reduce(ctx, &pb, &wb, &h, &yb, p, "reduce_norm")?])?;
-    let bytes = ctx.read_bytes(&h, 0, (rows * stride * 2).next_multiple_of(4) as u64)?;
-    let halves = bytes.chunks_exact(2).take(rows * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-    Ok((ctx.read_f32(&yb, rows * n)?, halves))
+    Ok((ctx.read_f32(&yb, rows * n)?, read_halves(ctx, &h, rows * stride)?))
 }
 
 /// m rows of k floats (x_stride apart) rounded to f16 as the cooperative GEMM's input is: the
@@ -79,10 +87,9 @@ pub fn reduce_norm(
 pub fn to_half(ctx: &GpuContext, x: &[f32], m: usize, k: usize, x_stride: usize) -> Result<Vec<u16>> {
     let xb = ctx.upload_f32(x, "x")?;
     let stride = k.next_multiple_of(8);
-    let out = ctx.storage((m * stride * 2).next_multiple_of(16) as u64, "halves")?;
+    let out = halves_buffer(ctx, m * stride)?;
     run(ctx, &[crate::kernels::matmul::prepare_to_half(ctx, &xb, &out, m as u32, k as u32, x_stride as u32)?])?;
-    let bytes = ctx.read_bytes(&out, 0, (m * stride * 2).next_multiple_of(4) as u64)?;
-    Ok(bytes.chunks_exact(2).take(m * stride).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
+    read_halves(ctx, &out, m * stride)
 }
 
 /// An elementwise op over a and b.
