@@ -383,14 +383,12 @@ fn benches(c: &mut Criterion) {
                     });
                 }
                 // The cooperative GEMM's first dispatch rounds X to f16 (done by the runs
-                // above): the GEMM alone, too.
+                // above): the GEMM alone, too (in sweeps as well, to compare tiles by it).
                 if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) && ds.len() > 1 {
                     let sweep = std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1");
-                    if !sweep {
-                        g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
-                            b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
-                        });
-                    }
+                    g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
+                    });
                     // The sweep: also split along K, 2 and 4 ways.
                     if sweep {
                         for splits in [2u32, 4] {
