@@ -99,13 +99,13 @@ impl Session {
         // matmuls after it, where it does: every one of them must read the same halves (the
         // f16 norm was bound to the first's), or the float rows are written; so are a batched
         // step's (their matmuls plan and take positions as batched steps do).
-        let f16_stride = |f16_norm: Option<&Bound>, consumers: &[&BoundMatmul]| {
+        let f16_stride = |f16_norm: Option<&Bound>, consumers: &[BoundMatmul]| {
             let target = consumers[0].half_buffer();
             let same = consumers.iter().all(|b| b.half_input(ctx, m).is_some_and(|(h, _)| Some(h) == target));
             let stride = consumers[0].half_input(ctx, m).map(|(_, s)| s);
             stride.filter(|_| f16_norm.is_some() && norm_f16_pipe.is_some() && same && !batched)
         };
-        let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[&BoundMatmul], pass: &mut _| {
+        let norm_before = |f32_norm: &Bound, f16_norm: Option<&Bound>, consumers: &[BoundMatmul], pass: &mut _| {
             if let (Some(b), Some(p), Some(stride)) = (f16_norm, &norm_f16_pipe, f16_stride(f16_norm, consumers)) {
                 b.set(ctx, &RmsNormParams { n: c.n_embd, x_stride: se, y_stride: stride, eps: c.rms_eps });
                 b.record_with(pass, p, grid(m));
@@ -234,7 +234,7 @@ impl Session {
                         let parts = prefill.iter().collect::<Vec<_>>();
                         let written = std::mem::take(&mut attn_norm_folded) || {
                             rec.stage(Stage::AttnNorm, || norm_work(m, c.n_embd));
-                            norm_before(&l.attn_norm, l.attn_norm_f16.as_ref(), &parts, rec.pass())
+                            norm_before(&l.attn_norm, l.attn_norm_f16.as_ref(), prefill, rec.pass())
                         };
                         let halves = prefill[0].half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
                         let prepared = Prepared { blocks: None, halves };
@@ -452,7 +452,7 @@ impl Session {
             // Prefill: the FFN's norm in the output projection's split-K reduce where both take it.
             let ffn_fold = match (&l.ffn, &l.ffn_norm_reduce) {
                 (FfnOps::Interleaved { prefill, .. }, Some(b)) if !fused => {
-                    f16_stride(l.ffn_norm_f16.as_ref(), &[prefill]).map(|stride| (b, stride))
+                    f16_stride(l.ffn_norm_f16.as_ref(), std::slice::from_ref(prefill)).map(|stride| (b, stride))
                 }
                 _ => None,
             };
@@ -474,7 +474,7 @@ impl Session {
                     } else {
                         let written = ffn_norm_folded || {
                             rec.stage(Stage::FfnNorm, || norm_work(m, c.n_embd));
-                            norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), &[prefill], rec.pass())
+                            norm_before(&l.ffn_norm, l.ffn_norm_f16.as_ref(), std::slice::from_ref(prefill), rec.pass())
                         };
                         let halves = prefill.half_input(ctx, m).filter(|_| written).map(|(h, _)| h);
                         let prepared = Prepared { blocks: None, halves };
@@ -490,8 +490,7 @@ impl Session {
                     let next = self.layers.get(li + 1).filter(|_| !fused);
                     let attn_fold = next.and_then(|n| match (&n.qkv, &n.attn_norm_reduce) {
                         (QkvOps::Stacked { prefill: parts, .. }, Some(b)) => {
-                            let parts = parts.iter().collect::<Vec<_>>();
-                            f16_stride(n.attn_norm_f16.as_ref(), &parts).map(|stride| (b, stride))
+                            f16_stride(n.attn_norm_f16.as_ref(), parts).map(|stride| (b, stride))
                         }
                         _ => None,
                     });
