@@ -403,6 +403,13 @@ fn switch(name: &str) -> Option<bool> {
     }
 }
 
+/// `KILN_COOP_256=0|1`: whether F16 GEMMs that take 128x128 cooperative tiles take 256x128 ones
+/// instead, never or always (`plan::coop_256_takes`; a knob for measurements).
+pub fn coop_256_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_COOP_256"))
+}
+
 /// `KILN_COOP_LOAD_AHEAD=0|1|2`: K steps the cooperative GEMM's loaders hold loaded across the
 /// barriers, for every weight format (`plan::coop_loads_ahead`; a knob for measurements).
 pub fn coop_load_ahead_from_env() -> Option<u32> {

@@ -29,6 +29,10 @@ pub enum GemmTile {
     Coop128x64,
     /// 128x128 on cooperative matrices, eight subgroups of 64x32 each: large prefill GEMMs.
     Coop128,
+    /// 256 tokens x 128 weight rows on cooperative matrices, K steps of 16, eight subgroups of
+    /// 64x64 each that also load (`coop_shared_loads`): a quarter less traffic from L2 a flop
+    /// than Coop128, for F16 GEMMs with tiles to spare (`COOP_256_MIN_TILES`).
+    Coop256x128,
 }
 
 impl GemmTile {
@@ -46,6 +50,7 @@ impl GemmTile {
             GemmTile::Coop64 => (64, 64, 32, 16, 16),
             GemmTile::Coop128x64 => (128, 64, 32, 16, 16),
             GemmTile::Coop128 => (128, 128, 32, 16, 16),
+            GemmTile::Coop256x128 => (256, 128, 16, 16, 16),
         }
     }
     /// The register-tile file for (TM, TN).
@@ -56,27 +61,51 @@ impl GemmTile {
         }
     }
     pub fn is_coop(self) -> bool {
-        matches!(self, GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128)
+        matches!(
+            self,
+            GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128 | GemmTile::Coop256x128
+        )
     }
     /// The cooperative-matrix tiles.
-    pub const COOP: [GemmTile; 4] = [GemmTile::Coop16, GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128];
+    pub const COOP: [GemmTile; 5] =
+        [GemmTile::Coop16, GemmTile::Coop64, GemmTile::Coop128x64, GemmTile::Coop128, GemmTile::Coop256x128];
     /// Cooperative tiles: subgroups along N, and 16x16 accumulators per subgroup along M and N
     /// (gemm_coop.wgsl's SGN, FM, FN).
     pub fn coop_layout(self) -> (u32, u32, u32) {
         match self {
             GemmTile::Coop128 => (4, 4, 2),
             GemmTile::Coop128x64 => (2, 4, 2),
+            GemmTile::Coop256x128 => (2, 4, 4),
             GemmTile::Coop16 => (4, 1, 1),
             _ => (2, 2, 2),
         }
     }
     /// Cooperative tiles are warp-specialized (gemm_coop.wgsl): (invocations that multiply,
-    /// 32 per subgroup of accumulators; invocations that load the tiles, two 8-value chunks
-    /// of W each per K step).
+    /// 32 per subgroup of accumulators; invocations that load the tiles, `coop_w_chunks`
+    /// 8-value chunks of W each per K step).
     pub fn coop_invocations(self) -> (u32, u32) {
         let (bm, bn, bk, _, _) = self.dims();
         let (sgn, fm, _) = self.coop_layout();
-        ((bm / (fm * 16)) * sgn * 32, bn * bk / 8 / 2)
+        let multiply = (bm / (fm * 16)) * sgn * 32;
+        if self.coop_shared_loads() {
+            return (multiply, 0);
+        }
+        (multiply, bn * bk / 8 / self.coop_w_chunks())
+    }
+    /// Whether every invocation of the tile loads as well as multiplies (gemm_coop.wgsl's
+    /// SHARED, no loading subgroups): the 256x128 tile, whose 64x64 subgroups take more
+    /// registers than loader subgroups beside them would leave (a kernel's register count is
+    /// every invocation's; H200 runs 396, 405).
+    pub fn coop_shared_loads(self) -> bool {
+        self == GemmTile::Coop256x128
+    }
+    /// W chunks a loading invocation moves per K step (gemm_coop.wgsl's W_PER).
+    pub fn coop_w_chunks(self) -> u32 {
+        let (_, bn, bk, _, _) = self.dims();
+        if self.coop_shared_loads() {
+            return bn * bk / 8 / self.coop_invocations().0;
+        }
+        2
     }
     /// Invocations per workgroup (for cooperative tiles, those that multiply and those that load).
     pub fn workgroup_size(self) -> u32 {
@@ -140,7 +169,9 @@ impl std::fmt::Display for MatmulKernel {
             }
             MatmulKernel::Gemm { tile } if tile.is_coop() => {
                 let (bm, bn, bk, ..) = tile.dims();
-                write!(f, "gemm_coop[{bm}x{bn}x{bk},f16]")
+                // Tiles without loading subgroups (every subgroup loads its share) are marked.
+                let loads = if tile.coop_shared_loads() { ",self-load" } else { "" };
+                write!(f, "gemm_coop[{bm}x{bn}x{bk},f16{loads}]")
             }
             MatmulKernel::Gemm { tile } => {
                 let (bm, bn, bk, tm, tn) = tile.dims();
@@ -464,8 +495,8 @@ pub fn attn_decode_per_lane() -> u32 {
 
 /// Workgroup memory the int8 GEMV needs to quantize its own input (common/q8_in_local.wgsl:
 /// 12 KiB for up to 8192 values) beside its reduction's (`GEMV_Q8_SWIGLU`: 32 lanes x 65
-/// floats) and the rest.
-pub const GEMV_Q8_LOCAL_INPUT_BYTES: u32 = 20 * 1024;
+/// floats) and the rest (20,996 bytes at `GEMV_Q8_SWIGLU` with subgroups).
+pub const GEMV_Q8_LOCAL_INPUT_BYTES: u32 = 21 * 1024;
 /// The longest input the int8 GEMV quantizes itself (q8_in_local.wgsl's XQ_MAX_BLOCKS).
 pub const GEMV_Q8_LOCAL_INPUT_MAX_K: u32 = 8192;
 
@@ -742,7 +773,11 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     // tok/s).
     if coop {
         let tile = if m >= COOP_WIDE_MIN_M && n >= COOP_WIDE_MIN_N {
-            GemmTile::Coop128
+            if coop_256_takes(m, n, format) {
+                GemmTile::Coop256x128
+            } else {
+                GemmTile::Coop128
+            }
         } else if m <= 16 {
             GemmTile::Coop16
         } else {
@@ -758,6 +793,22 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
         GemmTile::T128x64
     };
     MatmulKernel::Gemm { tile }
+}
+
+/// 256x128 tiles (`GemmTile::Coop256x128`) from this many of them: each takes an SM, and they
+/// win only with waves to spare. H200, F16, µs for the GEMM alone against 128x128x32 (kernels
+/// bench with KILN_BENCH_SWEEP=1, runs 407-411): 4096^3 (512 tiles) 674-694 against 722-724;
+/// 2048x2048x2560 (80 tiles) 178.1 against 140.7.
+pub const COOP_256_MIN_TILES: u64 = 4 * COOP_FILL_TILES;
+
+/// Whether an F16 GEMM of m tokens over n outputs that takes 128x128 tiles takes 256x128 ones
+/// instead (`COOP_256_MIN_TILES`); `KILN_COOP_256=0|1` never / wherever 128x128 would run (to
+/// compare).
+pub fn coop_256_takes(m: u32, n: u32, format: WeightFormat) -> bool {
+    if let Some(forced) = crate::config::coop_256_from_env() {
+        return forced;
+    }
+    format == WeightFormat::F16 && m.div_ceil(256) as u64 * n.div_ceil(128) as u64 >= COOP_256_MIN_TILES
 }
 
 /// Split-K: a GEMM with fewer tiles than this is split along K into ranges that run as
@@ -1014,6 +1065,12 @@ mod tests {
         assert_eq!(gemm_splits(128, 2048, 2048, GemmTile::Coop64, &c), 4);
         assert_eq!(gemm(64, WeightFormat::Q8_0), Some(GemmTile::Coop64));
         assert_eq!(gemm(512, WeightFormat::F16), Some(GemmTile::Coop128));
+        // 256x128 tiles for F16 from 512 of them (4096^3: 16 x 32), never for block formats.
+        if crate::config::coop_256_from_env().is_none() {
+            assert_eq!(gemm(4096, WeightFormat::F16), Some(GemmTile::Coop256x128));
+            assert_eq!(gemm_n(2048, 2048, WeightFormat::F16), Some(GemmTile::Coop128));
+            assert_eq!(gemm(4096, WeightFormat::Q8_0), Some(GemmTile::Coop128));
+        }
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
         assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T128x64));
         assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::Coop64));
@@ -1030,15 +1087,18 @@ mod tests {
         for tile in GemmTile::COOP {
             let (bm, bn, bk, _, _) = tile.dims();
             let (sgn, fm, fnn) = tile.coop_layout();
-            // gemm_coop.wgsl writes out FM = 1, 2 or 4 and FN = 1 or 2 by name (FN 1 only with FM 1).
+            // gemm_coop.wgsl writes out FM = 1, 2 or 4 and FN = 1, 2 or 4 by name (FN 1 only with
+            // FM 1, FN 4 only with FM 4).
             assert!(fm == 1 || fm == 2 || fm == 4, "{tile:?}");
-            assert!(fnn == 2 || (fnn == 1 && fm == 1), "{tile:?}");
+            assert!(fnn == 2 || (fnn == 1 && fm == 1) || (fnn == 4 && fm == 4), "{tile:?}");
             let (multiply, load) = tile.coop_invocations();
             let sgm = multiply / 32 / sgn;
             assert_eq!((sgm * fm * 16, sgn * fnn * 16), (bm, bn), "{tile:?}");
-            // Two W chunks per loading invocation and K step; X chunks: 1, 2 or 4 per loading
-            // invocation, or (16-row tiles) one for each of the first whole subgroups.
-            assert_eq!(bn * bk / 8, 2 * load, "{tile:?}");
+            // One or two W chunks per loading invocation and K step; X chunks: 1, 2 or 4 per
+            // loading invocation, or (16-row tiles) one for each of the first whole subgroups.
+            assert!([1, 2].contains(&tile.coop_w_chunks()), "{tile:?}");
+            let load = if tile.coop_shared_loads() { multiply } else { load };
+            assert_eq!(bn * bk / 8, tile.coop_w_chunks() * load, "{tile:?}");
             assert_eq!(load % 32, 0, "{tile:?}");
             let x_chunks = bm * bk / 8;
             assert!(

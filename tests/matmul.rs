@@ -129,18 +129,21 @@ fn gemm_coop_every_format() {
             continue;
         }
         for format in WeightFormat::ALL.into_iter().filter(|f| !matches!(f, WeightFormat::F32 | WeightFormat::BF16)) {
+            // K from a number of blocks (ragged for F16), or as given: 512 puts several whole
+            // 256x128 tiles with K steps in fours before the edge ones (gemm_coop.wgsl's PAIRS).
             let shapes = GemmTile::COOP.into_iter().flat_map(|tile| {
                 [
-                    (70usize, 130usize, 2usize, tile),
-                    (64, 64, 1, tile),
-                    (9, 45, 3, tile),
-                    (200, 70, 2, tile),
-                    (300, 200, 5, tile),
+                    (70usize, 130usize, Err(2usize), tile),
+                    (64, 64, Err(1), tile),
+                    (9, 45, Err(3), tile),
+                    (200, 70, Err(2), tile),
+                    (300, 200, Err(5), tile),
+                    (520, 260, Ok(512usize), tile),
                 ]
             });
-            for (m, n, blocks, tile) in shapes {
+            for (m, n, k, tile) in shapes {
                 let kernel = MatmulKernel::Gemm { tile };
-                let k = k_for_coop(format, blocks);
+                let k = k.unwrap_or_else(|blocks| k_for_coop(format, blocks));
                 let what = format!("[{}] gemm_coop {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
                 let (got, want, c) = run_matmul(&g.ctx, format, n, k, m, kernel, m % 64 != 0, m % 10 == 0, None);
                 assert_within(&what, &got, &want, &coop_bound(&c.w_ref, n, k, &c.x, m), TOL);
@@ -162,6 +165,7 @@ fn split_k_gemm_matches_reference() {
             tiles.push(GemmTile::Coop16);
             tiles.push(GemmTile::Coop64);
             tiles.push(GemmTile::Coop128);
+            tiles.push(GemmTile::Coop256x128);
         }
         for tile in tiles {
             let kernel = MatmulKernel::Gemm { tile };
@@ -458,6 +462,7 @@ fn fused_epilogues_match_reference() {
             }
             if g.ctx.caps.coopmat && format != WeightFormat::F32 {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));
+                kernels.push(("gemm_coop 256x128 m=270", 270, MatmulKernel::Gemm { tile: GemmTile::Coop256x128 }));
             }
             if int8 && format != WeightFormat::F32 {
                 // The gate/up projection also writing the down projection's int8 input: 3
@@ -559,7 +564,7 @@ fn swiglu_epilogue_writes_halves_for_the_next_gemm() {
         }
         let mut tiles = vec![(GemmTile::T32, 13usize)];
         if g.ctx.caps.coopmat {
-            tiles.extend([(GemmTile::Coop64, 70), (GemmTile::Coop128, 140)]);
+            tiles.extend([(GemmTile::Coop64, 70), (GemmTile::Coop128, 140), (GemmTile::Coop256x128, 270)]);
         }
         for format in [WeightFormat::Q4K, WeightFormat::F16] {
             for &(tile, m) in &tiles {
@@ -618,7 +623,7 @@ fn batched_qkv_epilogue_writes_each_column_into_its_slot() {
         }
         let mut tiles = vec![GemmTile::T32];
         if g.ctx.caps.coopmat {
-            tiles.extend([GemmTile::Coop64, GemmTile::Coop128]);
+            tiles.extend([GemmTile::Coop64, GemmTile::Coop128, GemmTile::Coop256x128]);
         }
         for tile in tiles {
             for splits in [1, 2] {

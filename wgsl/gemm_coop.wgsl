@@ -4,7 +4,9 @@
 // subgroups, SGN of them along N) only multiply, each subgroup owning FM x FN accumulators of
 // 16 x 16 in f32 (a (16 FM) x (16 FN) block); the LWG invocations after them only load, decode
 // and store the tiles. Per K step of BK the loaders fill one of two buffers while the
-// multipliers read the other, one barrier a step. (When every subgroup loaded its share before
+// multipliers read the other, one barrier a step. The 256x128 tile (64x64 a subgroup) has no
+// loaders (LWG 0, SHARED): its accumulators leave no registers for loader subgroups beside
+// them, so every subgroup loads its share as well (k_steps_shared_full/edge). (When every subgroup loaded its share before
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
@@ -32,7 +34,7 @@
 // ragged edges) takes one 16 x 16 accumulator at a time through a per-subgroup slice of
 // workgroup memory, each subgroup on its own behind subgroup barriers (the loaders leave).
 // Header constants: BM, BN, BK (a multiple of 16), WG (multiplying invocations), LWG (loading
-// ones), SGN, FM (1, 2 or 4), FN (1 or 2), LOAD_AHEAD (0, 1 or 2).
+// ones; 0: SHARED), SGN, FM (1, 2 or 4), FN (1, 2 or 4; 4 only with FM 4), LOAD_AHEAD (0, 1 or 2).
 // FM 1 (16-row tiles) is for a few columns: batched decode steps, short prompts.
 // Parameters: common/matmul_params.wgsl (x_stride in halves); Y, bias, K range:
 // common/gemm_io.wgsl; the epilogue: common/matmul_epilogue.wgsl.
@@ -43,9 +45,13 @@ const N_SG: u32 = WG / 32u;
 // Per loading invocation and K step: 8-value chunks of X and of W. A 16-row tile has fewer X
 // chunks than loading invocations: the first X_CHUNKS (whole subgroups) move one each.
 const X_CHUNKS: u32 = BM * BK / 8u;
-const X_PER: u32 = max(1u, X_CHUNKS / LWG);
-const W_PER: u32 = BN * BK / 8u / LWG;
-const_assert ((FN == 2u || FM == 1u) && (X_PER == 1u || X_PER == 2u || X_PER == 4u) && W_PER == 2u);
+// SHARED (LWG 0): no loading subgroups; every invocation loads its share and multiplies
+// (k_steps_shared). NL: the invocations that load.
+const SHARED: bool = LWG == 0u;
+const NL: u32 = select(LWG, WG, SHARED);
+const X_PER: u32 = max(1u, X_CHUNKS / NL);
+const W_PER: u32 = BN * BK / 8u / NL;
+const_assert ((FN == 2u || FM == 1u || (FN == 4u && FM == 4u)) && (X_PER == 1u || X_PER == 2u || X_PER == 4u) && (W_PER == 1u || W_PER == 2u));
 
 var<workgroup> xs: array<vec4<f16>, 2u * BM * LDV>;   // A: [buffer][m][k / 4]
 var<workgroup> ws: array<vec4<f16>, 2u * BN * LDV>;   // B: [buffer][n][k / 4], i.e. K x N column-major
@@ -57,7 +63,7 @@ alias TileC = coop_mat16x16<f32, C>;
 
 // The X chunks and W words of one K step that one loading invocation moves, as loaded, until
 // stash decodes (block formats) and stores them. Named fields, not arrays indexed in loops,
-// which the compiler may keep in slow local memory (X_PER is 1, 2 or 4, W_PER 2).
+// which the compiler may keep in slow local memory (X_PER is 1, 2 or 4, W_PER 1 or 2).
 struct Staged {
     x0: XStage,
     x1: XStage,
@@ -69,12 +75,12 @@ struct Staged {
 
 // Below, lid is a loading invocation's index among the loaders.
 // Whether it moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
-fn moves_x(lid: u32) -> bool { return X_CHUNKS >= LWG || lid < X_CHUNKS; }
+fn moves_x(lid: u32) -> bool { return X_CHUNKS >= NL || lid < X_CHUNKS; }
 
 // Its chunk j: i = lid + j LWG of the tile's rows x (BK / 8) chunks, so that
 // consecutive invocations read consecutive chunks of a row.
-fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) / (BK / 8u); }
-fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * LWG) % (BK / 8u); }
+fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) / (BK / 8u); }
+fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) % (BK / 8u); }
 
 // Where chunk j of this invocation goes in buffer buf of a tile of `rows` rows.
 fn slot(lid: u32, j: u32, buf: u32, rows: u32) -> u32 {
@@ -87,12 +93,12 @@ fn fetch_edge(lid: u32, m0: u32, n0: u32, k0: u32) -> Staged {
     var s: Staged;
     if (moves_x(lid)) { s.x0 = load_x8(m0 + row_of(lid, 0u), k0 + chunk_of(lid, 0u) * 8u); }
     if (X_PER >= 2u) { s.x1 = load_x8(m0 + row_of(lid, 1u), k0 + chunk_of(lid, 1u) * 8u); }
-    if (X_PER == 4u) {
+    if (X_PER >= 4u) {
         s.x2 = load_x8(m0 + row_of(lid, 2u), k0 + chunk_of(lid, 2u) * 8u);
         s.x3 = load_x8(m0 + row_of(lid, 3u), k0 + chunk_of(lid, 3u) * 8u);
     }
     s.w0 = stage_w(n0 + row_of(lid, 0u), k0 / 8u + chunk_of(lid, 0u));
-    s.w1 = stage_w(n0 + row_of(lid, 1u), k0 / 8u + chunk_of(lid, 1u));
+    if (W_PER >= 2u) { s.w1 = stage_w(n0 + row_of(lid, 1u), k0 / 8u + chunk_of(lid, 1u)); }
     return s;
 }
 
@@ -111,12 +117,12 @@ fn bases(lid: u32, m0: u32, n0: u32) -> Bases {
     var b: Bases;
     if (moves_x(lid)) { b.x0 = x_base(m0 + row_of(lid, 0u)) + chunk_of(lid, 0u); }
     if (X_PER >= 2u) { b.x1 = x_base(m0 + row_of(lid, 1u)) + chunk_of(lid, 1u); }
-    if (X_PER == 4u) {
+    if (X_PER >= 4u) {
         b.x2 = x_base(m0 + row_of(lid, 2u)) + chunk_of(lid, 2u);
         b.x3 = x_base(m0 + row_of(lid, 3u)) + chunk_of(lid, 3u);
     }
     b.w0 = w_base(n0 + row_of(lid, 0u));
-    b.w1 = w_base(n0 + row_of(lid, 1u));
+    if (W_PER >= 2u) { b.w1 = w_base(n0 + row_of(lid, 1u)); }
     return b;
 }
 
@@ -124,12 +130,12 @@ fn fetch_full(lid: u32, b: Bases, c8: u32) -> Staged {
     var s: Staged;
     if (moves_x(lid)) { s.x0 = load_x8_at(b.x0, c8); }
     if (X_PER >= 2u) { s.x1 = load_x8_at(b.x1, c8); }
-    if (X_PER == 4u) {
+    if (X_PER >= 4u) {
         s.x2 = load_x8_at(b.x2, c8);
         s.x3 = load_x8_at(b.x3, c8);
     }
     s.w0 = stage_w_at(b.w0, c8 + chunk_of(lid, 0u));
-    s.w1 = stage_w_at(b.w1, c8 + chunk_of(lid, 1u));
+    if (W_PER >= 2u) { s.w1 = stage_w_at(b.w1, c8 + chunk_of(lid, 1u)); }
     return s;
 }
 
@@ -149,22 +155,22 @@ fn stash(lid: u32, s: Staged, buf: u32, full: bool) {
     if (full) {
         if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), x_halves_full(s.x0), 0u); }
         if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), x_halves_full(s.x1), 0u); }
-        if (X_PER == 4u) {
+        if (X_PER >= 4u) {
             put8(slot(lid, 2u, buf, BM), x_halves_full(s.x2), 0u);
             put8(slot(lid, 3u, buf, BM), x_halves_full(s.x3), 0u);
         }
         put8(slot(lid, 0u, buf, BN), halves_w_full(s.w0), 1u);
-        put8(slot(lid, 1u, buf, BN), halves_w_full(s.w1), 1u);
+        if (W_PER >= 2u) { put8(slot(lid, 1u, buf, BN), halves_w_full(s.w1), 1u); }
         return;
     }
     if (moves_x(lid)) { put8(slot(lid, 0u, buf, BM), x_halves(s.x0), 0u); }
     if (X_PER >= 2u) { put8(slot(lid, 1u, buf, BM), x_halves(s.x1), 0u); }
-    if (X_PER == 4u) {
+    if (X_PER >= 4u) {
         put8(slot(lid, 2u, buf, BM), x_halves(s.x2), 0u);
         put8(slot(lid, 3u, buf, BM), x_halves(s.x3), 0u);
     }
     put8(slot(lid, 0u, buf, BN), halves_w(s.w0), 1u);
-    put8(slot(lid, 1u, buf, BN), halves_w(s.w1), 1u);
+    if (W_PER >= 2u) { put8(slot(lid, 1u, buf, BN), halves_w(s.w1), 1u); }
 }
 
 // The accumulators (private: the multiply-adds live in a function the multiplying subgroups
@@ -177,10 +183,20 @@ var<private> c20: TileC;
 var<private> c21: TileC;
 var<private> c30: TileC;
 var<private> c31: TileC;
+// FN 4 (256x128 tiles, 64x64 a subgroup): the third and fourth columns of accumulators.
+var<private> c02: TileC;
+var<private> c03: TileC;
+var<private> c12: TileC;
+var<private> c13: TileC;
+var<private> c22: TileC;
+var<private> c23: TileC;
+var<private> c32: TileC;
+var<private> c33: TileC;
 
 // One K step's multiply-adds of a multiplying subgroup, from buffer cur. Accumulators,
-// fragments and multiply-adds are written out by name (FM is 1, 2 or 4, FN 1 or 2; FN 1 only
-// with FM 1): arrays of cooperative matrices indexed in loops may live in slow local memory.
+// fragments and multiply-adds are written out by name (FM is 1, 2 or 4, FN 1, 2 or 4; FN 1
+// only with FM 1, FN 4 only with FM 4): arrays of cooperative matrices indexed in loops may
+// live in slow local memory.
 fn multiply(cur: u32, sm: u32, sn: u32) {
     for (var kk = 0u; kk < BK; kk += 16u) {
         let ia = cur * BM * LDS + sm * LDS + kk;
@@ -188,7 +204,7 @@ fn multiply(cur: u32, sm: u32, sn: u32) {
         let a0 = coopLoadT<TileA>(&xs[ia / 4u], LDV);
         let b0 = coopLoad<TileB>(&ws[ib / 4u], LDV);
         c00 = coopMultiplyAdd(a0, b0, c00);
-        if (FN == 2u) {
+        if (FN >= 2u) {
             let b1 = coopLoad<TileB>(&ws[(ib + 16u * LDS) / 4u], LDV);
             c01 = coopMultiplyAdd(a0, b1, c01);
             if (FM >= 2u) {
@@ -203,6 +219,19 @@ fn multiply(cur: u32, sm: u32, sn: u32) {
                 c21 = coopMultiplyAdd(a2, b1, c21);
                 c30 = coopMultiplyAdd(a3, b0, c30);
                 c31 = coopMultiplyAdd(a3, b1, c31);
+                if (FN == 4u) {
+                    let a1 = coopLoadT<TileA>(&xs[(ia + 16u * LDS) / 4u], LDV);
+                    let b2 = coopLoad<TileB>(&ws[(ib + 32u * LDS) / 4u], LDV);
+                    let b3 = coopLoad<TileB>(&ws[(ib + 48u * LDS) / 4u], LDV);
+                    c02 = coopMultiplyAdd(a0, b2, c02);
+                    c03 = coopMultiplyAdd(a0, b3, c03);
+                    c12 = coopMultiplyAdd(a1, b2, c12);
+                    c13 = coopMultiplyAdd(a1, b3, c13);
+                    c22 = coopMultiplyAdd(a2, b2, c22);
+                    c23 = coopMultiplyAdd(a2, b3, c23);
+                    c32 = coopMultiplyAdd(a3, b2, c32);
+                    c33 = coopMultiplyAdd(a3, b3, c33);
+                }
             }
         }
     }
@@ -317,6 +346,54 @@ fn k_steps_edge(loader: bool, plid: u32, m0: u32, n0: u32, k_begin: u32, steps: 
     }
 }
 
+// SHARED: every invocation loads and multiplies. Each step's loads are issued at the start of
+// the step two before the one that reads them and held in registers across that step's
+// multiply-adds (c, then a), stored after them into the buffer not being read, one barrier a
+// step, whatever LOAD_AHEAD says (one step ahead, the 256x128 tile took 24% longer at 4096^3,
+// H200 run 409). For tiles whose subgroups need more registers than loader subgroups would
+// leave (64x64 a subgroup: a kernel's register count is every invocation's).
+fn k_steps_shared_full(b: Bases, k_begin: u32, steps: u32, lid: u32, sm: u32, sn: u32) {
+    var a: Staged;
+    var c: Staged;
+    stash(lid, fetch_full(lid, b, (k_begin) / 8u), 0u, true);
+    if (steps > 1u) { a = fetch_full(lid, b, (k_begin + BK) / 8u); }
+    workgroupBarrier();
+    // Unrolled by two, so that each held set is refilled in place (a: odd steps, c: even).
+    for (var step = 0u; step < steps; step += 2u) {
+        if (step + 2u < steps) { c = fetch_full(lid, b, (k_begin + (step + 2u) * BK) / 8u); }
+        multiply(0u, sm, sn);
+        if (step + 1u < steps) { stash(lid, a, 1u, true); }
+        workgroupBarrier();
+        if (step + 1u < steps) {
+            if (step + 3u < steps) { a = fetch_full(lid, b, (k_begin + (step + 3u) * BK) / 8u); }
+            multiply(1u, sm, sn);
+            if (step + 2u < steps) { stash(lid, c, 0u, true); }
+            workgroupBarrier();
+        }
+    }
+}
+
+fn k_steps_shared_edge(m0: u32, n0: u32, k_begin: u32, steps: u32, lid: u32, sm: u32, sn: u32) {
+    var a: Staged;
+    var c: Staged;
+    stash(lid, fetch_edge(lid, m0, n0, k_begin), 0u, false);
+    if (steps > 1u) { a = fetch_edge(lid, m0, n0, k_begin + BK); }
+    workgroupBarrier();
+    // Unrolled by two, so that each held set is refilled in place (a: odd steps, c: even).
+    for (var step = 0u; step < steps; step += 2u) {
+        if (step + 2u < steps) { c = fetch_edge(lid, m0, n0, k_begin + (step + 2u) * BK); }
+        multiply(0u, sm, sn);
+        if (step + 1u < steps) { stash(lid, a, 1u, false); }
+        workgroupBarrier();
+        if (step + 1u < steps) {
+            if (step + 3u < steps) { a = fetch_edge(lid, m0, n0, k_begin + (step + 3u) * BK); }
+            multiply(1u, sm, sn);
+            if (step + 2u < steps) { stash(lid, c, 0u, false); }
+            workgroupBarrier();
+        }
+    }
+}
+
 // The first WG invocations multiply, the LWG after them load (see the top of the file).
 // Roles are per subgroup (32 invocations in index order), so the cooperative operations run
 // in subgroup-uniform control flow; they are in functions so that naga, whose analysis knows
@@ -356,7 +433,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let steps = (ks.y - k_begin + BK - 1u) / BK;
     // Tiles inside X and W whose K steps are all whole take the loads without clamps or masks.
     let full = m0 + BM <= p.n_cols && n0 + BN <= p.n_rows && (ks.y - k_begin) % BK == 0u;
-    if (full) {
+    if (SHARED) {
+        if (full) {
+            k_steps_shared_full(bases(lid, m0, n0), k_begin, steps, lid, sm, sn);
+        } else {
+            k_steps_shared_edge(m0, n0, k_begin, steps, lid, sm, sn);
+        }
+    } else if (full) {
         k_steps_full(loader, plid, bases(plid, m0, n0), k_begin, steps, sm, sn);
     } else {
         k_steps_edge(loader, plid, m0, n0, k_begin, steps, sm, sn);
@@ -370,7 +453,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 // A multiplying subgroup's epilogue: its accumulators one at a time, first output (gm, gn).
 fn emit_all(lane: u32, slice: u32, gm: u32, gn: u32) {
     emit(0u, slice, lane, gm, gn);
-    if (FN == 2u) { emit(1u, slice, lane, gm, gn + 16u); }
+    if (FN >= 2u) { emit(1u, slice, lane, gm, gn + 16u); }
     if (FM >= 2u) {
         emit(2u, slice, lane, gm + 16u, gn);
         emit(3u, slice, lane, gm + 16u, gn + 16u);
@@ -380,6 +463,12 @@ fn emit_all(lane: u32, slice: u32, gm: u32, gn: u32) {
         emit(5u, slice, lane, gm + 32u, gn + 16u);
         emit(6u, slice, lane, gm + 48u, gn);
         emit(7u, slice, lane, gm + 48u, gn + 16u);
+    }
+    if (FN == 4u) {
+        for (var r = 0u; r < 4u; r++) {
+            emit(8u + 2u * r, slice, lane, gm + 16u * r, gn + 32u);
+            emit(9u + 2u * r, slice, lane, gm + 16u * r, gn + 48u);
+        }
     }
 }
 
@@ -392,6 +481,16 @@ fn clear() {
     c21 = TileC();
     c30 = TileC();
     c31 = TileC();
+    if (FN == 4u) {
+        c02 = TileC();
+        c03 = TileC();
+        c12 = TileC();
+        c13 = TileC();
+        c22 = TileC();
+        c23 = TileC();
+        c32 = TileC();
+        c33 = TileC();
+    }
 }
 
 // Accumulator i (c00, c01, c10, ... in that order) into this subgroup's slice.
@@ -404,7 +503,15 @@ fn put_acc(i: u32, slice: u32) {
         case 4u: { coopStoreT(c20, &cs[slice], 16u); }
         case 5u: { coopStoreT(c21, &cs[slice], 16u); }
         case 6u: { coopStoreT(c30, &cs[slice], 16u); }
-        default: { coopStoreT(c31, &cs[slice], 16u); }
+        case 7u: { coopStoreT(c31, &cs[slice], 16u); }
+        case 8u: { coopStoreT(c02, &cs[slice], 16u); }
+        case 9u: { coopStoreT(c03, &cs[slice], 16u); }
+        case 10u: { coopStoreT(c12, &cs[slice], 16u); }
+        case 11u: { coopStoreT(c13, &cs[slice], 16u); }
+        case 12u: { coopStoreT(c22, &cs[slice], 16u); }
+        case 13u: { coopStoreT(c23, &cs[slice], 16u); }
+        case 14u: { coopStoreT(c32, &cs[slice], 16u); }
+        default: { coopStoreT(c33, &cs[slice], 16u); }
     }
 }
 
