@@ -31,13 +31,20 @@ fn halves8(row: u32, c: u32, k: u32) -> vec4<u32> {
 }
 
 // Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
-// (scale0, offset0, scale1, offset1): weight = scale * q + offset.
+// (scale0, offset0, scale1, offset1): weight = scale * q + offset. ggml's get_scale_min_k4
+// on whole words, without its branch (sub-blocks 0-3 and 4-7 are packed differently, and a
+// subgroup's invocations take both): the scales' and mins' words of both halves, one picked,
+// the two sub-blocks' bytes taken out at 16 g % 32 and 8 bits on.
 fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
     // The block's first four words, one load where the weights are bound as vectors.
     let hd = w128(b / 4u);
-    let a = kquant_sub_scale(hd.x, hd.y, hd.z, hd.w, 2u * grp);
-    let c = kquant_sub_scale(hd.x, hd.y, hd.z, hd.w, 2u * grp + 1u);
-    return vec4<f32>(a.x, a.y, c.x, c.y);
+    let hi = grp >= 2u;
+    let scales = select(hd.y & 0x3f3f3f3fu, (hd.w & 0x0f0f0f0fu) | ((hd.y >> 2u) & 0x30303030u), hi);
+    let mins = select(hd.z & 0x3f3f3f3fu, ((hd.w >> 4u) & 0x0f0f0f0fu) | ((hd.z >> 2u) & 0x30303030u), hi);
+    let sh = (grp % 2u) * 16u;
+    let sm = uint_to_f32x4((vec4<u32>(scales, mins, scales, mins) >> vec4<u32>(sh, sh, sh + 8u, sh + 8u)) & vec4<u32>(0xffu));
+    let d_dmin = unpack2x16float(hd.x);
+    return vec4<f32>(d_dmin.x * sm.x, -(d_dmin.y * sm.y), d_dmin.x * sm.z, -(d_dmin.y * sm.w));
 }
 
 // Unit u of a row of k weights in blocks of block_words words, whose quants start at vector
