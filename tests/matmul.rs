@@ -129,8 +129,8 @@ fn gemm_coop_every_format() {
             continue;
         }
         for format in WeightFormat::ALL.into_iter().filter(|f| !matches!(f, WeightFormat::F32 | WeightFormat::BF16)) {
-            // K from a number of blocks (ragged for F16), or as given: 512 puts several whole
-            // 256x128 tiles with K steps in fours before the edge ones (gemm_coop.wgsl's PAIRS).
+            // K from a number of blocks (ragged for F16), or as given: 512 takes F16 through
+            // whole tiles too, several of them at 256x128 before the edge ones.
             let shapes = GemmTile::COOP.into_iter().flat_map(|tile| {
                 [
                     (70usize, 130usize, Err(2usize), tile),

@@ -4,12 +4,13 @@
 // subgroups, SGN of them along N) only multiply, each subgroup owning FM x FN accumulators of
 // 16 x 16 in f32 (a (16 FM) x (16 FN) block); the LWG invocations after them only load, decode
 // and store the tiles. Per K step of BK the loaders fill one of two buffers while the
-// multipliers read the other, one barrier a step. The 256x128 tile (64x64 a subgroup) has no
-// loaders (LWG 0, SHARED): its accumulators leave no registers for loader subgroups beside
-// them, so every subgroup loads its share as well (k_steps_shared_full/edge). (When every subgroup loaded its share before
+// multipliers read the other, one barrier a step. (When every subgroup loaded its share before
 // its multiply-adds, each step waited on memory: on an H200 the loads alone took half the
 // kernel's time, run 132, and neither loading further ahead nor ordering the loads helped,
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
+// The 256x128 tile (64x64 a subgroup) has no loaders (LWG 0, SHARED): its accumulators leave
+// no registers for loader subgroups beside them, so every subgroup loads its share as well,
+// two steps ahead (k_steps_shared_full/edge; 4096^3 in 674 us against 128x128's 722, run 407).
 // LOAD_AHEAD (plan::coop_loads_ahead: 1 or 2 steps by format): the loaders issue the loads of
 // the step LOAD_AHEAD after the next right after storing the next step and hold them in
 // registers across the barriers, so that a step's loads have LOAD_AHEAD + 1 steps to arrive.
@@ -77,7 +78,7 @@ struct Staged {
 // Whether it moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
 fn moves_x(lid: u32) -> bool { return X_CHUNKS >= NL || lid < X_CHUNKS; }
 
-// Its chunk j: i = lid + j LWG of the tile's rows x (BK / 8) chunks, so that
+// Its chunk j: i = lid + j NL of the tile's rows x (BK / 8) chunks, so that
 // consecutive invocations read consecutive chunks of a row.
 fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) / (BK / 8u); }
 fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) % (BK / 8u); }
