@@ -221,6 +221,8 @@ fn multiply(cur: u32, sm: u32, sn: u32) {
                 c30 = coopMultiplyAdd(a3, b0, c30);
                 c31 = coopMultiplyAdd(a3, b1, c31);
                 if (FN == 4u) {
+                    // a1 again (the one above is scoped to its block): the machine code loads
+                    // it once, 8 fragment loads a step (H200 run 409).
                     let a1 = coopLoadT<TileA>(&xs[(ia + 16u * LDS) / 4u], LDV);
                     let b2 = coopLoad<TileB>(&ws[(ib + 32u * LDS) / 4u], LDV);
                     let b3 = coopLoad<TileB>(&ws[(ib + 48u * LDS) / 4u], LDV);
