@@ -104,6 +104,16 @@ fn f16_bits_to_f32(h: u32) -> f32 {
     return f16_bits_to_f32x4(vec4<u32>(h)).x;
 }
 
+// Q4_K and Q5_K: the 6-bit scales (x) and mins (y) of sub-blocks 0-3 (hi false: the low 6
+// bits of s0 and s1) or 4-7 (hi true: s2's nibbles with s0's and s1's top two bits moved in),
+// a byte a sub-block: ggml's get_scale_min_k4 for four sub-blocks on whole words, without its
+// branch (a subgroup's invocations take both halves; branched, each ran both).
+fn kquant_scale_min_words(s0: u32, s1: u32, s2: u32, hi: bool) -> vec2<u32> {
+    let scales = select(s0 & 0x3f3f3f3fu, (s2 & 0x0f0f0f0fu) | ((s0 >> 2u) & 0x30303030u), hi);
+    let mins = select(s1 & 0x3f3f3f3fu, ((s2 >> 4u) & 0x0f0f0f0fu) | ((s1 >> 2u) & 0x30303030u), hi);
+    return vec2<u32>(scales, mins);
+}
+
 // Q4_K and Q5_K: ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12
 // packed bytes (the words s0, s1, s2 after d and dmin).
 fn kquant_scale_min_of(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<f32> {

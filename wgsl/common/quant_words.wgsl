@@ -31,18 +31,15 @@ fn halves8(row: u32, c: u32, k: u32) -> vec4<u32> {
 }
 
 // Q4_K and Q5_K: (scale, offset) of sub-blocks 2g and 2g+1 of the block at word b, as
-// (scale0, offset0, scale1, offset1): weight = scale * q + offset. ggml's get_scale_min_k4
-// on whole words, without its branch (sub-blocks 0-3 and 4-7 are packed differently, and a
-// subgroup's invocations take both): the scales' and mins' words of both halves, one picked,
-// the two sub-blocks' bytes taken out at 16 g % 32 and 8 bits on.
+// (scale0, offset0, scale1, offset1): weight = scale * q + offset. Their bytes taken out of
+// kquant_scale_min_words' at 16 g % 32 and 8 bits on (no branch: H200 run 413, TinyLlama
+// Q4_K_M tg128 +3.3%, Llama-7B +5.6%).
 fn kquant_group_scales(b: u32, grp: u32) -> vec4<f32> {
     // The block's first four words, one load where the weights are bound as vectors.
     let hd = w128(b / 4u);
-    let hi = grp >= 2u;
-    let scales = select(hd.y & 0x3f3f3f3fu, (hd.w & 0x0f0f0f0fu) | ((hd.y >> 2u) & 0x30303030u), hi);
-    let mins = select(hd.z & 0x3f3f3f3fu, ((hd.w >> 4u) & 0x0f0f0f0fu) | ((hd.z >> 2u) & 0x30303030u), hi);
+    let w = kquant_scale_min_words(hd.y, hd.z, hd.w, grp >= 2u);
     let sh = (grp % 2u) * 16u;
-    let sm = uint_to_f32x4((vec4<u32>(scales, mins, scales, mins) >> vec4<u32>(sh, sh, sh + 8u, sh + 8u)) & vec4<u32>(0xffu));
+    let sm = uint_to_f32x4((vec4<u32>(w.x, w.y, w.x, w.y) >> vec4<u32>(sh, sh, sh + 8u, sh + 8u)) & vec4<u32>(0xffu));
     let d_dmin = unpack2x16float(hd.x);
     return vec4<f32>(d_dmin.x * sm.x, -(d_dmin.y * sm.y), d_dmin.x * sm.z, -(d_dmin.y * sm.w));
 }
