@@ -10,7 +10,8 @@
 // runs 133-136; with loaders the F16 GEMM at 4096^3 went 108 -> 128 TFLOP/s, run 137.)
 // The 256x128 tile (64x64 a subgroup) has no loaders (LWG 0, SHARED): its accumulators leave
 // no registers for loader subgroups beside them, so every subgroup loads its share as well,
-// two steps ahead (k_steps_shared_full/edge; 4096^3 in 674 us against 128x128's 722, run 407).
+// four steps ahead in inner tiles, two in edge tiles (k_steps_shared_full/edge; 4096^3 in 667 us
+// against 128x128's 722, runs 407, 415).
 // LOAD_AHEAD (plan::coop_loads_ahead: 1 or 2 steps by format): the loaders issue the loads of
 // the step LOAD_AHEAD after the next right after storing the next step and hold them in
 // registers across the barriers, so that a step's loads have LOAD_AHEAD + 1 steps to arrive.
@@ -350,27 +351,46 @@ fn k_steps_edge(loader: bool, plid: u32, m0: u32, n0: u32, k_begin: u32, steps: 
 }
 
 // SHARED: every invocation loads and multiplies. Each step's loads are issued at the start of
-// the step two before the one that reads them and held in registers across that step's
-// multiply-adds (c, then a), stored after them into the buffer not being read, one barrier a
-// step, whatever LOAD_AHEAD says (one step ahead, the 256x128 tile took 24% longer at 4096^3,
-// H200 run 409). For tiles whose subgroups need more registers than loader subgroups would
-// leave (64x64 a subgroup: a kernel's register count is every invocation's).
+// the step four before the one that reads them (two in edge tiles) and held in registers
+// across the multiply-adds in between, stored after the last of them into the buffer not being
+// read, one barrier a step, whatever LOAD_AHEAD says. H200, F16 4096^3 alone: one step ahead
+// took 24% longer than two (run 409); four 679.6 -> 667.0 µs (235 registers against 207), three
+// (unrolled by three, buffers picked at run time) 713.5 (run 415). For tiles whose subgroups
+// need more registers than loader subgroups would leave (64x64 a subgroup: a kernel's register
+// count is every invocation's).
 fn k_steps_shared_full(b: Bases, k_begin: u32, steps: u32, lid: u32, sm: u32, sn: u32) {
     var a: Staged;
     var c: Staged;
+    var e: Staged;
+    var f: Staged;
     stash(lid, fetch_full(lid, b, (k_begin) / 8u), 0u, true);
     if (steps > 1u) { a = fetch_full(lid, b, (k_begin + BK) / 8u); }
+    if (steps > 2u) { c = fetch_full(lid, b, (k_begin + 2u * BK) / 8u); }
+    if (steps > 3u) { e = fetch_full(lid, b, (k_begin + 3u * BK) / 8u); }
     workgroupBarrier();
-    // Unrolled by two, so that each held set is refilled in place (a: odd steps, c: even).
-    for (var step = 0u; step < steps; step += 2u) {
-        if (step + 2u < steps) { c = fetch_full(lid, b, (k_begin + (step + 2u) * BK) / 8u); }
+    // Unrolled by four, so that each held set is refilled in place (a, c, e, f: steps 1, 2, 3, 0
+    // mod 4) and the buffers alternate by name.
+    for (var step = 0u; step < steps; step += 4u) {
+        if (step + 4u < steps) { f = fetch_full(lid, b, (k_begin + (step + 4u) * BK) / 8u); }
         multiply(0u, sm, sn);
         if (step + 1u < steps) { stash(lid, a, 1u, true); }
         workgroupBarrier();
         if (step + 1u < steps) {
-            if (step + 3u < steps) { a = fetch_full(lid, b, (k_begin + (step + 3u) * BK) / 8u); }
+            if (step + 5u < steps) { a = fetch_full(lid, b, (k_begin + (step + 5u) * BK) / 8u); }
             multiply(1u, sm, sn);
             if (step + 2u < steps) { stash(lid, c, 0u, true); }
+            workgroupBarrier();
+        }
+        if (step + 2u < steps) {
+            if (step + 6u < steps) { c = fetch_full(lid, b, (k_begin + (step + 6u) * BK) / 8u); }
+            multiply(0u, sm, sn);
+            if (step + 3u < steps) { stash(lid, e, 1u, true); }
+            workgroupBarrier();
+        }
+        if (step + 3u < steps) {
+            if (step + 7u < steps) { e = fetch_full(lid, b, (k_begin + (step + 7u) * BK) / 8u); }
+            multiply(1u, sm, sn);
+            if (step + 4u < steps) { stash(lid, f, 0u, true); }
             workgroupBarrier();
         }
     }
