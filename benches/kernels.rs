@@ -5,6 +5,7 @@
 //! and 4096 tokens, report GFLOP/s as "elem/s"; the adapter's probed peaks are printed first.
 //! `KILN_BENCH_SMALL=1` shrinks the shapes for CPU adapters.
 
+use std::cell::OnceCell;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -343,10 +344,26 @@ fn benches(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("gemm_{m}x{k}x{n}"));
         g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
         for format in WeightFormat::ALL {
-            let w = weights(&ctx, format, n, k);
-            let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
-            let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
-            let mm = Matmul::dense(&w, &x, &y, m as u32);
+            // (Block formats need rows of whole blocks.)
+            let Some(bytes) = format.tensor_bytes(n, k) else { continue };
+            // The tensors and each plan's dispatches are made the first time a benchmark that
+            // the filter lets through needs them: a sweep over several shapes otherwise spent
+            // its time uploading and preparing every format and tile it would not run (H200,
+            // run 411: a sweep of seven shapes filtered to two tiles ended at its timeout after
+            // the first shape).
+            let data: OnceCell<(WeightTensor, wgpu::Buffer, wgpu::Buffer)> = OnceCell::new();
+            let data = || {
+                data.get_or_init(|| {
+                    let w = weights(&ctx, format, n, k);
+                    let x = ctx.upload_f32(&vec![0.01f32; m * k], "x").unwrap();
+                    let y = ctx.storage((m * n * 4) as u64, "y").unwrap();
+                    (w, x, y)
+                })
+            };
+            let mm = || {
+                let (w, x, y) = data();
+                Matmul::dense(w, x, y, m as u32)
+            };
             let mut plans = vec![plan_matmul(m as u32, n as u32, k as u32, format, &ctx.caps)];
             if std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1") {
                 plans = GemmTile::ALL.map(|tile| MatmulKernel::Gemm { tile }).to_vec();
@@ -356,45 +373,60 @@ fn benches(c: &mut Criterion) {
             }
             // "elements" are floating-point operations: criterion prints them as elem/s.
             g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            // Whether the weights fit one binding (one chunk), as the f16 copy's decoder needs.
+            let one_chunk = bytes as u64 <= ctx.max_storage();
             for plan in plans {
-                let ds = matmul::prepare_with(&ctx, &mm, plan, "gemm").unwrap();
+                let ds: OnceCell<Vec<Dispatch>> = OnceCell::new();
+                let ds = || ds.get_or_init(|| matmul::prepare_with(&ctx, &mm(), plan, "gemm").unwrap());
                 g.bench_function(format!("{}/{plan}", format.name()), |b| {
-                    b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                    let ds = ds();
+                    b.iter_custom(|iters| gpu_time(&ctx, &mut timer, ds, iters))
                 });
                 // K-quants, whose prefill GEMMs may read an f16 copy of the weights
                 // (`Caps::dequant_f16_from`): the copy's decoder alone, and the whole route.
                 let quantized_gemm =
                     kiln::plan::dequant_f16_format(format) && matches!(plan, MatmulKernel::Gemm { .. });
-                if quantized_gemm && ctx.caps.dequant_f16_from.is_some() && w.chunks.len() == 1 {
-                    let halves = ctx.storage((n * k * 2) as u64, "f16 copy").unwrap();
-                    let decode = [matmul::prepare_dequant_f16(&ctx, &w, &halves).unwrap()];
+                if quantized_gemm && ctx.caps.dequant_f16_from.is_some() && one_chunk {
+                    let decode: OnceCell<(wgpu::Buffer, [Dispatch; 1])> = OnceCell::new();
                     g.bench_function(format!("{}/dequant_f16", format.name()), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &decode, iters))
+                        let (_, decode) = decode.get_or_init(|| {
+                            let halves = ctx.storage((n * k * 2) as u64, "f16 copy").unwrap();
+                            let decode = [matmul::prepare_dequant_f16(&ctx, &data().0, &halves).unwrap()];
+                            (halves, decode)
+                        });
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, decode, iters))
                     });
                     // Each beside the planner's GEMM as a session runs it (split along K where
                     // the planner splits).
-                    let route = matmul::prepare_dequant(&ctx, &mm, "gemm").unwrap();
+                    let route: OnceCell<Vec<Dispatch>> = OnceCell::new();
                     g.bench_function(format!("{}/{plan} via f16 copy", format.name()), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &route, iters))
+                        let route = route.get_or_init(|| matmul::prepare_dequant(&ctx, &mm(), "gemm").unwrap());
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, route, iters))
                     });
-                    let planned = matmul::prepare_planned(&ctx, &mm, "gemm").unwrap();
+                    let planned: OnceCell<Vec<Dispatch>> = OnceCell::new();
                     g.bench_function(format!("{}/{plan} as planned", format.name()), |b| {
-                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &planned, iters))
+                        let planned = planned.get_or_init(|| matmul::prepare_planned(&ctx, &mm(), "gemm").unwrap());
+                        b.iter_custom(|iters| gpu_time(&ctx, &mut timer, planned, iters))
                     });
                 }
                 // The cooperative GEMM's first dispatch rounds X to f16 (done by the runs
                 // above): the GEMM alone, too (in sweeps as well, to compare tiles by it).
-                if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) && ds.len() > 1 {
+                if matches!(plan, MatmulKernel::Gemm { tile } if tile.is_coop()) {
                     let sweep = std::env::var("KILN_BENCH_SWEEP").as_deref() == Ok("1");
                     g.bench_function(format!("{}/{plan} alone", format.name()), |b| {
+                        let ds = ds();
+                        assert!(ds.len() > 1, "{plan}: no rounding dispatch in front of the GEMM");
                         b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
                     });
                     // The sweep: also split along K, 2 and 4 ways.
                     if sweep {
                         for splits in [2u32, 4] {
-                            let ds = matmul::prepare_split(&ctx, &mm, plan, splits, "gemm", false).unwrap();
+                            let ds: OnceCell<Vec<Dispatch>> = OnceCell::new();
                             g.bench_function(format!("{}/{plan}/split{splits}", format.name()), |b| {
-                                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds, iters))
+                                let ds = ds.get_or_init(|| {
+                                    matmul::prepare_split(&ctx, &mm(), plan, splits, "gemm", false).unwrap()
+                                });
+                                b.iter_custom(|iters| gpu_time(&ctx, &mut timer, ds, iters))
                             });
                         }
                     }
