@@ -349,8 +349,8 @@ fn benches(c: &mut Criterion) {
             // The tensors and each plan's dispatches are made the first time a benchmark that
             // the filter lets through needs them: a sweep over several shapes otherwise spent
             // its time uploading and preparing every format and tile it would not run (H200,
-            // run 411: a sweep of seven shapes filtered to two tiles ended at its timeout after
-            // the first shape).
+            // run 411: a sweep of seven shapes filtered to two tiles stopped after the first
+            // shape, most likely at its 250 s timeout).
             let data: OnceCell<(WeightTensor, wgpu::Buffer, wgpu::Buffer)> = OnceCell::new();
             let data = || {
                 data.get_or_init(|| {
