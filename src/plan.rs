@@ -258,6 +258,27 @@ pub const GEMV_Q8_SWIGLU: GemvShape = GemvShape::grouped(512, 4, 16);
 /// 328 -> 316). `KILN_GEMV_Q8_SWIGLU` set to a shape or `on` takes it at every size.
 pub const GEMV_Q8_SWIGLU_MAX_WEIGHTS: u64 = 1 << 25;
 
+/// The int8 GEMV's shape for a one-token gate/up projection too large for the int8 SwiGLU
+/// epilogue (`GEMV_Q8_SWIGLU_MAX_WEIGHTS`; float SwiGLU output, `kernels::Epi::SwiGlu`): 4 groups
+/// of 32 invocations, each its own 2 rows (one gate/up pair), where the planner's shape for
+/// 8,192 rows and more is 64 invocations on 4 rows. H200, Llama-7B's 22016 x 4096 Q4_K: alone
+/// (run 423, weights from memory) 19.9 -> 18.3 µs; tg128 (runs 424-425, `KILN_GEMV_Q8`, two
+/// calls) 441.8 -> 447.0 and 442.0 -> 446.7 tok/s; as the planner's rule (run 426, 3 rounds)
+/// 441.1 -> 446.4. The same shape on Llama-7B's Q/K/V and LM
+/// head as well gained less (444.5), so only the gate/up takes it; only Q4_K is measured.
+pub const GEMV_Q8_GLU_FLOAT: GemvShape = GemvShape::grouped(128, 2, 4);
+
+/// The shape a one-token gate/up projection of `format` (n rows of k, float SwiGLU output) takes
+/// on the int8 GEMV, where not the planner's: `GEMV_Q8_GLU_FLOAT` for Q4_K matrices past
+/// `GEMV_Q8_SWIGLU_MAX_WEIGHTS` (the measured case), unless `KILN_GEMV_Q8` names a shape for
+/// the matrix.
+pub fn gemv_q8_glu_float_shape(format: WeightFormat, n: u32, k: u32) -> Option<GemvShape> {
+    if crate::config::gemv_q8_from_env(n, k).is_some() {
+        return None;
+    }
+    (format == WeightFormat::Q4K && n as u64 * k as u64 > GEMV_Q8_SWIGLU_MAX_WEIGHTS).then_some(GEMV_Q8_GLU_FLOAT)
+}
+
 /// Whether the workgroups of the int8 GEMV's `shape` cover whole int8 blocks of SwiGLU
 /// outputs: grouped, row pairs, 64 weight rows (32 outputs) or a multiple.
 pub fn covers_q8_blocks(shape: GemvShape) -> bool {
@@ -876,6 +897,17 @@ mod tests {
 
     fn gpu() -> Caps {
         Caps { subgroups: true, f16: true, ..Caps::baseline() }
+    }
+
+    #[test]
+    fn large_q4k_gate_up_with_float_swiglu_takes_row_pairs_in_groups() {
+        // Llama-7B's gate/up (2 x 11008 rows of 4096): past the int8 SwiGLU epilogue's size.
+        assert_eq!(gemv_q8_glu_float_shape(WeightFormat::Q4K, 22016, 4096), Some(GEMV_Q8_GLU_FLOAT));
+        assert_eq!(GEMV_Q8_GLU_FLOAT.rows % 2, 0, "a gate/up pair stays in one group");
+        // TinyLlama's (23 M weights) takes the int8 epilogue's shape; other formats are unmeasured.
+        assert_eq!(gemv_q8_glu_float_shape(WeightFormat::Q4K, 11264, 2048), None);
+        assert_eq!(gemv_q8_glu_float_shape(WeightFormat::Q6K, 22016, 4096), None);
+        assert_eq!(gemv_q8_glu_float_shape(WeightFormat::Q8_0, 22016, 4096), None);
     }
 
     #[test]

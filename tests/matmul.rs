@@ -459,6 +459,9 @@ fn fused_epilogues_match_reference() {
                 kernels.push(("gemv_q8 groups of 4, m=6", 6, gemv(4, 128, 2, true)));
                 let grouped = MatmulKernel::Gemv { ncols: 8, shape: GEMV_Q8_WIDE, q8: true };
                 kernels.push(("gemv_q8 row groups, m=10", 10, grouped));
+                // A large gate/up projection's one-token shape (`plan::GEMV_Q8_GLU_FLOAT`).
+                let glu = MatmulKernel::Gemv { ncols: 1, shape: kiln::plan::GEMV_Q8_GLU_FLOAT, q8: true };
+                kernels.push(("gemv_q8 row groups, m=1", 1, glu));
             }
             if g.ctx.caps.coopmat && format != WeightFormat::F32 {
                 kernels.push(("gemm_coop m=70", 70, MatmulKernel::Gemm { tile: GemmTile::Coop64 }));

@@ -1253,6 +1253,13 @@ impl BoundMatmul {
             (MatmulKernel::Gemv { q8: true, .. }, Some(o)) if m == 1 && !(batched && o.epi == Epi::AddQ8Norm) => {
                 MatmulKernel::Gemv { ncols: 1, shape: o.shape, q8: true }
             }
+            // A gate/up projection with the float SwiGLU output (too large for the int8 one).
+            (MatmulKernel::Gemv { q8: true, ncols: 1, shape }, None)
+                if m == 1 && !batched && self.epi == Epi::SwiGlu =>
+            {
+                let shape = crate::plan::gemv_q8_glu_float_shape(self.format, self.n, self.k).unwrap_or(shape);
+                MatmulKernel::Gemv { ncols: 1, shape, q8: true }
+            }
             _ => kernel,
         }
     }
