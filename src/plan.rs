@@ -264,8 +264,8 @@ pub const GEMV_Q8_SWIGLU_MAX_WEIGHTS: u64 = 1 << 25;
 /// 8,192 rows and more is 64 invocations on 4 rows. H200, Llama-7B's 22016 x 4096 Q4_K: alone
 /// (run 423, weights from memory) 19.9 -> 18.3 µs; tg128 (runs 424-425, `KILN_GEMV_Q8`, two
 /// calls) 441.8 -> 447.0 and 442.0 -> 446.7 tok/s; as the planner's rule (run 426, 3 rounds)
-/// 441.1 -> 446.4. The same shape on Llama-7B's Q/K/V and LM
-/// head as well gained less (444.5), so only the gate/up takes it; only Q4_K is measured.
+/// 441.1 -> 446.4. The same shape on Llama-7B's Q/K/V and LM head as well gained less (444.5),
+/// so only the gate/up takes it; only Q4_K is measured.
 pub const GEMV_Q8_GLU_FLOAT: GemvShape = GemvShape::grouped(128, 2, 4);
 
 /// The shape a one-token gate/up projection of `format` (n rows of k, float SwiGLU output) takes
