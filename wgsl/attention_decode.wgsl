@@ -18,7 +18,8 @@
 // With Q8_OUT, a step of one split also writes its output as the output projection's int8
 // input, blocks of 32 values of one head (common/q8_block.wgsl, the layout quantize_q8.wgsl
 // writes; heads of a multiple of 32 dimensions), so that GEMV needs no quantize dispatch; a
-// split step's combine pass writes them instead.
+// split step's combine pass writes them instead, or with MERGE its last split, which then
+// writes no f32 output (common/decode_merge.wgsl's `merge_write`).
 //
 // K rows come through common/kv_rows_vec.wgsl (heads of a multiple of 8 dimensions: whole
 // vectors) or common/kv_rows_scalar.wgsl (one value at a time).

@@ -44,10 +44,10 @@ struct Params {
 // Bindings 2 and 3, the K and V caches: declared by the tile file, as it reads them.
 // The partials [n_head, n_splits, head_dim + 2]: each split's unnormalized output, then its
 // max (natural log) and sum; with MERGE the output [n_head * head_dim] (the partials in
-// common/decode_merge.wgsl's).
+// common/decode_merge.wgsl's), not written with Q8_OUT.
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(5) var<storage, read> step: Step;
-// With MERGE and Q8_OUT: the output also as int8 blocks [n_head * head_dim / 32].
+// With MERGE and Q8_OUT: the output as int8 blocks [n_head * head_dim / 32] (only so).
 @group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 const LDQ: u32 = D + 8u;                 // f16 row stride of the Q tile (bank padding)

@@ -480,7 +480,9 @@ pub struct DecodeLaunch {
 }
 
 /// The decode attention of one sequence's token; `q8_out`: the output also as the output
-/// projection's int8 blocks (`takes_q8_out`).
+/// projection's int8 blocks (`takes_q8_out`), and only so where the splits merge themselves
+/// (`DecodeLaunch::merges`: the merge writes no f32 output beside the blocks, which the output
+/// projection alone reads).
 pub fn decode_launch(
     ctx_caps: &crate::gpu::Caps,
     kv: KvKind,

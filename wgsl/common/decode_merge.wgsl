@@ -15,9 +15,10 @@
 // The merge reads them as vec4s, up to 8 invocations sharing an output's splits, each with
 // sixteen splits' loads in flight at a time: one 16-row tile of 8 heads over 32 splits is 64 KiB,
 // a few round trips of the L2 cache.
-// The includer declares `dst` (binding 4: the output [n_head * head_dim] f32) and, with
-// Q8_OUT, `xq_out` (binding 6: int8 blocks of 32 values, common/q8_block.wgsl's layout,
-// written through common/q8_lanes8.wgsl: subgroups of 8 or more), and the constant WG.
+// The includer declares `dst` (binding 4: the output [n_head * head_dim] f32, written without
+// Q8_OUT) and, with Q8_OUT, `xq_out` (binding 6: the output as int8 blocks of 32 values,
+// common/q8_block.wgsl's layout, written through common/q8_lanes8.wgsl: subgroups of 8 or
+// more), and the constant WG.
 
 @group(0) @binding(7) @coherent var<storage, read_write> merge_part: array<vec4<f32>>;
 // One counter per head block, zero between dispatches (the last workgroup resets its own).
@@ -99,6 +100,11 @@ fn merge_eight(a: MergeAcc, h: u32, s: u32, step: u32, c: u32, n_splits: u32, hd
     let l5 = merge_load(h, s + 5u * step, c, n_splits, hd);
     let l6 = merge_load(h, s + 6u * step, c, n_splits, hd);
     let l7 = merge_load(h, s + 7u * step, c, n_splits, hd);
+    return merge_fold(a, l0, l1, l2, l3, l4, l5, l6, l7);
+}
+
+// Eight splits' partials added to a, with one rescale to their largest max.
+fn merge_fold(a: MergeAcc, l0: MergeLoad, l1: MergeLoad, l2: MergeLoad, l3: MergeLoad, l4: MergeLoad, l5: MergeLoad, l6: MergeLoad, l7: MergeLoad) -> MergeAcc {
     let m8 = max(max(max(l0.s.x, l1.s.x), max(l2.s.x, l3.s.x)), max(max(l4.s.x, l5.s.x), max(l6.s.x, l7.s.x)));
     let m = max(a.m, m8);
     var r = merge_rescale(a, m);
@@ -130,6 +136,10 @@ fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32)
     // The subgroup's size (every invocation is here: the caller's control flow is uniform).
     let sg = subgroupAdd(1u);
     let groups = merge_groups(n4, sg);
+    if (groups == 1u && n4 <= WG && per <= sg && per % 8u == 0u && (per & (per - 1u)) == 0u && n_used <= 4u * per) {
+        merge_shuffled(lid, h0, nh, hd, n_used, n_splits);
+        return;
+    }
     let k = lid % groups;
     let slots = WG / groups;
     // Whole rounds of WG invocations, so that every invocation of a subgroup takes part in the
@@ -156,24 +166,103 @@ fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32)
         if (groups > 1u) { a = merge_meet(a, 1u); }
         if (groups > 2u) { a = merge_meet(a, 2u); }
         if (groups > 4u) { a = merge_meet(a, 4u); }
-        let val = a.v / a.t;
-        let inside = base + lid / groups < n4;
-        if (inside && k == 0u) {
-            let at = h * hd + 4u * c;
-            dst[at] = val.x;
-            dst[at + 1u] = val.y;
-            dst[at + 2u] = val.z;
-            dst[at + 3u] = val.w;
-        }
-        if (Q8_OUT) {
-            // Block c / 8 of the head, its eight vectors on neighbouring groups of invocations.
-            let j = c % 8u;
-            let b = q8_lanes8_apart(val, j, groups);
-            if (inside && k == 0u) {
-                let blk = (h * (hd / 32u) + c / 8u) * 3u;
-                xq_out[blk + j / 4u][j % 4u] = b.q;
-                if (j == 0u) { xq_out[blk + 2u] = bitcast<vec4<u32>>(b.sums); }
-            }
+        merge_write(a.v / a.t, h, c, hd, groups, base + lid / groups < n4 && k == 0u);
+    }
+}
+
+// Output vector c of head h (an index into the output) of a merge: as f32, or with Q8_OUT
+// into its int8 block only, whose eight vectors lie on neighbouring groups of `groups`
+// invocations (uniform control flow: every invocation of the subgroup calls it; `writes`:
+// whether this one stores). With Q8_OUT the output projection reads the blocks alone, so the
+// f32 output would be a dead store on the merge's critical path (H200, TinyLlama at depth
+// 4,096: +0.6% without it, run 438).
+fn merge_write(val: vec4<f32>, h: u32, c: u32, hd: u32, groups: u32, writes: bool) {
+    if (writes && !Q8_OUT) {
+        let at = h * hd + 4u * c;
+        dst[at] = val.x;
+        dst[at + 1u] = val.y;
+        dst[at + 2u] = val.z;
+        dst[at + 3u] = val.w;
+    }
+    if (Q8_OUT) {
+        let j = c % 8u;
+        let b = q8_lanes8_apart(val, j, groups);
+        if (writes) {
+            let blk = (h * (hd / 32u) + c / 8u) * 3u;
+            xq_out[blk + j / 4u][j % 4u] = b.q;
+            if (j == 0u) { xq_out[blk + 2u] = bitcast<vec4<u32>>(b.sums); }
         }
     }
+}
+
+// A split's (max, sum) from the invocation of its head that loaded it (`merge_shuffled`):
+// invocation hl + s % per holds split s in slot s / per of its four (st).
+fn merge_stat_slot(st: array<vec2<f32>, 4>, slot: u32) -> vec2<f32> {
+    return select(select(select(st[0], st[1], slot == 1u), st[2], slot == 2u), st[3], slot == 3u);
+}
+
+// Eight splits s .. s + 7 of output vector c of head h added to a: their values loaded, their
+// statistics shuffled from the head's invocations (cur: slot s / per of each, per a multiple
+// of 8, so the eight share it), then `merge_fold`.
+fn merge_eight_shuffled(a: MergeAcc, h: u32, s: u32, c: u32, n_splits: u32, hd: u32, cur: vec2<f32>, hl: u32) -> MergeAcc {
+    let r = merge_row(h, s, n_splits, hd) + c;
+    let rs = hd / 4u + 1u;   // vec4s between a head's splits
+    let v0 = merge_part[r];
+    let v1 = merge_part[r + rs];
+    let v2 = merge_part[r + 2u * rs];
+    let v3 = merge_part[r + 3u * rs];
+    let v4 = merge_part[r + 4u * rs];
+    let v5 = merge_part[r + 5u * rs];
+    let v6 = merge_part[r + 6u * rs];
+    let v7 = merge_part[r + 7u * rs];
+    let j = hl + s % (hd / 4u);
+    let s0 = vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0);
+    let s1 = vec4<f32>(subgroupShuffle(cur.x, j + 1u), subgroupShuffle(cur.y, j + 1u), 0.0, 0.0);
+    let s2 = vec4<f32>(subgroupShuffle(cur.x, j + 2u), subgroupShuffle(cur.y, j + 2u), 0.0, 0.0);
+    let s3 = vec4<f32>(subgroupShuffle(cur.x, j + 3u), subgroupShuffle(cur.y, j + 3u), 0.0, 0.0);
+    let s4 = vec4<f32>(subgroupShuffle(cur.x, j + 4u), subgroupShuffle(cur.y, j + 4u), 0.0, 0.0);
+    let s5 = vec4<f32>(subgroupShuffle(cur.x, j + 5u), subgroupShuffle(cur.y, j + 5u), 0.0, 0.0);
+    let s6 = vec4<f32>(subgroupShuffle(cur.x, j + 6u), subgroupShuffle(cur.y, j + 6u), 0.0, 0.0);
+    let s7 = vec4<f32>(subgroupShuffle(cur.x, j + 7u), subgroupShuffle(cur.y, j + 7u), 0.0, 0.0);
+    return merge_fold(a, MergeLoad(v0, s0), MergeLoad(v1, s1), MergeLoad(v2, s2), MergeLoad(v3, s3), MergeLoad(v4, s4), MergeLoad(v5, s5), MergeLoad(v6, s6), MergeLoad(v7, s7));
+}
+
+// `merge_splits` for one invocation an output vector (one round of them), each head's
+// invocations within a subgroup (subgroups in index order, per a power of two of at least 8
+// and at most the subgroup's size) and at most four splits an invocation of the head: each
+// split's (max, sum) loaded once for the head, by invocation s % per, and passed to the others
+// through shuffles, so that a split costs an invocation one load, not two. (H200, TinyLlama at
+// depth 4,096: a round of 16 splits' values and statistics, 32 loads an invocation, cost
+// ~0.5 µs a layer more than a round of 8, run 435.)
+fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32) {
+    let per = hd / 4u;
+    let n4 = nh * per;
+    let o = min(lid, n4 - 1u);
+    let hh = o / per;
+    let c = o % per;
+    let h = h0 + hh;
+    let sg = subgroupAdd(1u);
+    let hl = lid % sg - c;   // the subgroup lane of the head's first invocation
+    let last = n_used - 1u;
+    var st: array<vec2<f32>, 4>;
+    for (var q = 0u; q < 4u; q++) {
+        st[q] = merge_part[merge_row(h, min(c + q * per, last), n_splits, hd) + per].xy;
+    }
+    var a = MergeAcc(-3.4028235e38, vec4<f32>(0.0), 0.0);
+    var s = 0u;
+    // Sixteen splits' values in flight, then eight, then one at a time.
+    for (; s + 15u < n_used; s += 16u) {
+        let x = merge_eight_shuffled(a, h, s, c, n_splits, hd, merge_stat_slot(st, s / per), hl);
+        a = merge_eight_shuffled(x, h, s + 8u, c, n_splits, hd, merge_stat_slot(st, (s + 8u) / per), hl);
+    }
+    for (; s + 7u < n_used; s += 8u) {
+        a = merge_eight_shuffled(a, h, s, c, n_splits, hd, merge_stat_slot(st, s / per), hl);
+    }
+    for (; s < n_used; s++) {
+        let cur = merge_stat_slot(st, s / per);
+        let j = hl + s % per;
+        let l = MergeLoad(merge_part[merge_row(h, s, n_splits, hd) + c], vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0));
+        a = merge_add(merge_rescale(a, max(a.m, l.s.x)), l, max(a.m, l.s.x));
+    }
+    merge_write(a.v / a.t, h, c, hd, 1u, lid < n4);
 }
