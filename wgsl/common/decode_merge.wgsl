@@ -137,7 +137,7 @@ fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32)
     let sg = subgroupAdd(1u);
     let groups = merge_groups(n4, sg);
     if (groups == 1u && n4 <= WG && per <= sg && per % 8u == 0u && (per & (per - 1u)) == 0u && n_used <= 4u * per) {
-        merge_shuffled(lid, h0, nh, hd, n_used, n_splits);
+        merge_shuffled(lid, h0, nh, hd, n_used, n_splits, sg);
         return;
     }
     let k = lid % groups;
@@ -234,14 +234,14 @@ fn merge_eight_shuffled(a: MergeAcc, h: u32, s: u32, c: u32, n_splits: u32, hd: 
 // through shuffles, so that a split costs an invocation one load, not two. (H200, TinyLlama at
 // depth 4,096: a round of 16 splits' values and statistics, 32 loads an invocation, cost
 // ~0.5 µs a layer more than a round of 8, run 435.)
-fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32) {
+// sg: the subgroup's size (merge_splits' count).
+fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32, sg: u32) {
     let per = hd / 4u;
     let n4 = nh * per;
     let o = min(lid, n4 - 1u);
     let hh = o / per;
     let c = o % per;
     let h = h0 + hh;
-    let sg = subgroupAdd(1u);
     let hl = lid % sg - c;   // the subgroup lane of the head's first invocation
     let last = n_used - 1u;
     var st: array<vec2<f32>, 4>;
