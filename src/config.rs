@@ -238,6 +238,14 @@ pub fn decode_coop_keys_from_env() -> Option<u32> {
     *KEYS.get_or_init(|| one_of("KILN_DECODE_COOP_KEYS", &[16, 32, 64]))
 }
 
+/// `KILN_DECODE_WO_AHEAD=0|1`: whether the cooperative decode kernel's workgroups that do not
+/// merge read the output projection's weights into L2 while the last ones merge
+/// (`attention::decode_wo_ahead`; on by default).
+pub fn decode_wo_ahead_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_DECODE_WO_AHEAD"))
+}
+
 /// A knob set to one of `allowed`; None where unset or anything else.
 fn one_of(name: &str, allowed: &[u32]) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|v| allowed.contains(v))

@@ -149,8 +149,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         // Only the splits the context reaches count (the grid never holds more).
         let n_used = (kv_len + p.chunk - 1u) / p.chunk;
         if (split >= n_used) { return; }
-        if (merge_is_last(lid, kvh, n_used)) {
+        let ticket = merge_ticket(lid, kvh, n_used);
+        if (ticket + 1u == n_used) {
             merge_splits(lid, kvh * g, g, D, n_used, p.n_splits);
+        } else {
+            // The output projection's weights into L2, a share for each of every KV head's
+            // n_used - 1 workgroups that do not merge, by the order they finished in.
+            merge_wo_ahead(lid, kvh * (n_used - 1u) + ticket, (p.n_head / g) * (n_used - 1u));
         }
         return;
     }

@@ -77,8 +77,9 @@ pub struct Caps {
     pub attn_decode_wide: bool,
     /// One sequence's split decode attention merges its splits in the last workgroup of each
     /// block to finish instead of a combine pass (common/decode_merge.wgsl; `plan::decode_merge`):
-    /// where the adapter binds storage `@coherent` (MEMORY_DECORATION_COHERENT) and has
-    /// subgroups (the int8 output's blocks are quantized through shuffles).
+    /// where the adapter binds storage `@coherent` (MEMORY_DECORATION_COHERENT), has subgroups
+    /// (the int8 output's blocks are quantized through shuffles) and binds the merging kernels'
+    /// `kernels::attention::DECODE_MERGE_STORAGE_BUFFERS` storage buffers.
     pub decode_merge: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
@@ -540,7 +541,9 @@ impl GpuContext {
                 && limits.max_compute_workgroup_size_x >= crate::kernels::ATTN_WG_DECODE_WIDE,
             decode_merge: opts.decode_merge.unwrap_or_else(crate::plan::decode_merge)
                 && features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
-                && subgroups,
+                && subgroups
+                && limits.max_storage_buffers_per_shader_stage
+                    >= crate::kernels::attention::DECODE_MERGE_STORAGE_BUFFERS,
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

@@ -265,6 +265,17 @@ pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
     })
 }
 
+/// Whether the cooperative decode kernel's workgroups that do not merge read the output
+/// projection's weights into L2, a share each by the order they finished in, while the last
+/// ones merge (common/decode_merge.wgsl's `merge_wo_ahead`): the rest of the GPU idles then,
+/// and the output projection comes next. Or `KILN_DECODE_WO_AHEAD`. (H200, TinyLlama Q4_K_M
+/// tg128 at depth 4,096, the same build without / with, 3 rounds: 1,079.5 -> 1,084.4 in run
+/// 446, 1,072.2 -> 1,075.6 in run 447; the first 1-4 MiB of gate/up read as well, run 447,
+/// gained nothing or lost up to 1.7%.)
+pub fn decode_wo_ahead() -> bool {
+    crate::config::decode_wo_ahead_from_env().unwrap_or(true)
+}
+
 /// `DECODE_COOP_FROM`, or `KILN_DECODE_COOP_FROM` (None: off).
 pub fn decode_coop_from() -> Option<u32> {
     crate::config::decode_coop_from_env().unwrap_or(Some(DECODE_COOP_FROM))
@@ -700,7 +711,13 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     let q8 = a.q8_out.unwrap_or(&unused);
     let bg = if l.merges() {
         let done = ctx.storage(merge_counters_bytes(shape), "attention.merge counters")?;
-        bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8, a.partial, &done])
+        // (The weights read ahead: any buffer here; a session binds the output projection's.)
+        bind(
+            ctx,
+            &pipe,
+            "attention.decode",
+            &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8, a.partial, &done, a.k_cache],
+        )
     } else {
         bind(ctx, &pipe, "attention.decode", &[&ub, a.q, a.k_cache, a.v_cache, dst, &step, q8])
     };
@@ -715,10 +732,15 @@ pub fn prepare_decode(ctx: &GpuContext, kv: KvKind, shape: &AttnShape, a: &Decod
     Ok(v)
 }
 
+/// Storage buffers a decode kernel that merges its own splits binds (its layout in
+/// `KernelKey::bindings`): the adapter must allow as many a shader stage (`Caps::decode_merge`).
+pub const DECODE_MERGE_STORAGE_BUFFERS: u32 = 9;
+
 /// Bytes of the counters of decode attention that merges its own splits: one u32 per block of
-/// heads (at most one per head), zero between dispatches.
+/// heads (at most one per head), zero between dispatches, then one word nothing reads (the
+/// sink of common/decode_merge.wgsl's `merge_wo_ahead`).
 pub fn merge_counters_bytes(shape: &AttnShape) -> u64 {
-    4 * shape.n_head.max(1) as u64
+    4 * shape.n_head.max(1) as u64 + 4
 }
 
 /// CPU reference for causal attention of m queries at positions pos0.. over a cache of
@@ -758,6 +780,27 @@ mod tests {
 
     fn shape(n_head: u32, n_kv_head: u32, head_dim: u32) -> AttnShape {
         AttnShape { n_head, n_kv_head, head_dim, n_ctx: 32768 }
+    }
+
+    #[test]
+    fn merging_kernels_bind_as_many_storage_buffers_as_caps_asks_for() {
+        for key in [
+            KernelKey::AttnDecodeCoop { head_dim: 64, keys: 32, merge: true, q8_out: true },
+            KernelKey::AttnDecode {
+                kv: KvKind::F16Native,
+                subgroups: true,
+                head_dim: 64,
+                vectors: true,
+                block: 1,
+                batched: false,
+                q8_out: true,
+                wide: false,
+                merge: true,
+            },
+        ] {
+            let storage = key.bindings().iter().filter(|b| **b != crate::kernels::Binding::Uniform).count();
+            assert_eq!(storage as u32, DECODE_MERGE_STORAGE_BUFFERS, "{key:?}");
+        }
     }
 
     #[test]

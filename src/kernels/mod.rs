@@ -125,7 +125,9 @@ fn step_file(c: Composer, batched: bool) -> Composer {
 fn decode_merge_files(c: Composer, merge: bool) -> Composer {
     let c = c.const_bool("MERGE", merge);
     if merge {
-        c.include("common/q8_lanes8.wgsl").include("common/decode_merge.wgsl")
+        c.const_bool("WO_AHEAD", attention::decode_wo_ahead())
+            .include("common/q8_lanes8.wgsl")
+            .include("common/decode_merge.wgsl")
     } else {
         c.include("common/decode_merge_none.wgsl")
     }
@@ -330,7 +332,7 @@ pub enum KernelKey {
         /// positions; one sequence, one head a workgroup).
         wide: bool,
         /// A split step's last workgroup of each block merges the splits itself, so no
-        /// combine pass follows (common/decode_merge.wgsl, bindings 7 and 8; one sequence,
+        /// combine pass follows (common/decode_merge.wgsl, bindings 7 to 9; one sequence,
         /// subgroups, heads of a multiple of 4 dimensions: `Caps::decode_merge`).
         merge: bool,
     },
@@ -497,9 +499,10 @@ impl KernelKey {
             KernelKey::AttnDecode { merge: false, .. } | KernelKey::AttnDecodeCoop { merge: false, .. } => {
                 &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite]
             }
-            // Those that merge their own splits: the partials and the blocks' counters after.
+            // Those that merge their own splits: the partials and the blocks' counters after,
+            // then the output projection's weights (read ahead, common/decode_merge.wgsl).
             KernelKey::AttnDecode { merge: true, .. } | KernelKey::AttnDecodeCoop { merge: true, .. } => {
-                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite]
+                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite, Read]
             }
             // The chunks' table (unused by the one-sequence variants, so that both share the
             // bind group), then the split keys' partial outputs (the cooperative variant's).

@@ -24,6 +24,10 @@
 // One counter per head block, zero between dispatches (the last workgroup resets its own).
 @group(0) @binding(8) var<storage, read_write> merge_done: array<atomic<u32>>;
 
+// The output projection's weights (its first chunk), which the workgroups that do not merge
+// read into L2 (`merge_wo_ahead`) while the last ones merge.
+@group(0) @binding(9) var<storage, read> wo_ahead: array<vec4<u32>>;
+
 var<workgroup> merge_last: u32;
 
 // Row (head h, split s) of the partials, in vec4s, for heads of hd dimensions.
@@ -39,15 +43,44 @@ fn merge_put(i: u32, v: vec4<f32>) {
 // Called by every invocation of a split workgroup once its partials are written: whether it is
 // the last of the n_used splits that count on counter c (uniform across the workgroup).
 fn merge_is_last(lid: u32, c: u32, n_used: u32) -> bool {
+    return merge_ticket(lid, c, n_used) + 1u == n_used;
+}
+
+// `merge_is_last`'s count, returning the workgroup's place among the n_used (0: the first to
+// finish; n_used - 1: the last, which merges).
+fn merge_ticket(lid: u32, c: u32, n_used: u32) -> u32 {
     storageBarrier();
     if (lid == 0u) {
-        let last = atomicAdd(&merge_done[c], 1u) + 1u == n_used;
-        if (last) { atomicStore(&merge_done[c], 0u); }
-        merge_last = select(0u, 1u, last);
+        let t = atomicAdd(&merge_done[c], 1u);
+        if (t + 1u == n_used) { atomicStore(&merge_done[c], 0u); }
+        merge_last = t;
     }
-    let last = workgroupUniformLoad(&merge_last) == 1u;
-    if (last) { storageBarrier(); }
-    return last;
+    let t = workgroupUniformLoad(&merge_last);
+    if (t + 1u == n_used) { storageBarrier(); }
+    return t;
+}
+
+// With WO_AHEAD (`attention::decode_wo_ahead`), run by a workgroup that does not merge: share
+// `slice` of `slices` of the output projection's weights read, so that the output projection,
+// next, finds them in L2 (the rest of the GPU idles while the last workgroups merge). Up to
+// sixteen 16-byte loads an invocation, all in flight at once (shares past 16 vectors an
+// invocation are read in part); their values feed only a store into the counters' last word,
+// which nothing reads, behind a condition that (all but) never holds: the driver drops a load
+// whose value feeds nothing.
+fn merge_wo_ahead(lid: u32, slice: u32, slices: u32) {
+    if (!WO_AHEAD) { return; }
+    let total = arrayLength(&wo_ahead);
+    let per = (total + slices - 1u) / slices;
+    let begin = slice * per;
+    let end = min(begin + per, total);
+    if (begin >= end) { return; }
+    var x: array<vec4<u32>, 16>;
+    for (var j = 0u; j < 16u; j++) { x[j] = wo_ahead[min(begin + lid + j * WG, end - 1u)]; }
+    var acc = vec4<u32>(0u);
+    for (var j = 0u; j < 16u; j++) { acc ^= x[j]; }
+    if (all(acc == vec4<u32>(0x9e3779b9u, 0x7f4a7c15u, 0x2545f491u, 0x94d049bbu))) {
+        atomicMax(&merge_done[arrayLength(&merge_done) - 1u], acc.x);
+    }
 }
 
 // One split's partial for output vector c of head h: (values, (max, sum, 0, 0)).

@@ -518,7 +518,18 @@ impl Session {
                         &ctx,
                         &decode_key(wo_q8.is_some(), true),
                         "attention",
-                        &[q_src, &kc, &vc, &attn, &step_state, wo_q8.as_ref().unwrap_or(&no_q8), &partial, &merge_done],
+                        &[
+                            q_src,
+                            &kc,
+                            &vc,
+                            &attn,
+                            &step_state,
+                            wo_q8.as_ref().unwrap_or(&no_q8),
+                            &partial,
+                            &merge_done,
+                            // (Read ahead into L2 while the last split workgroups merge.)
+                            &w.wo.chunks[0].buffer,
+                        ],
                     )?)
                 } else {
                     None
