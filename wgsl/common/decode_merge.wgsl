@@ -62,18 +62,18 @@ fn merge_ticket(lid: u32, c: u32, n_used: u32) -> u32 {
 
 // With WO_AHEAD (`attention::decode_wo_ahead`), run by a workgroup that does not merge: share
 // `slice` of `slices` of the output projection's weights read, so that the output projection,
-// next, finds them in L2 (the rest of the GPU idles while the last workgroups merge). Up to
-// sixteen 16-byte loads an invocation, all in flight at once (shares past 16 vectors an
-// invocation are read in part); their values feed only a store into the counters' last word,
-// which nothing reads, behind a condition that (all but) never holds: the driver drops a load
-// whose value feeds nothing.
+// next, finds them in L2 (the rest of the GPU idles while the last workgroups merge). Sixteen
+// 16-byte loads an invocation, all in flight at once; where the shares would need more, none
+// is read (part of a GEMV's rows in L2 does not end it sooner: H200, run 447). Their values
+// feed only a store into the counters' last word, which nothing reads, behind a condition that
+// (all but) never holds: the driver drops a load whose value feeds nothing.
 fn merge_wo_ahead(lid: u32, slice: u32, slices: u32) {
     if (!WO_AHEAD) { return; }
     let total = arrayLength(&wo_ahead);
     let per = (total + slices - 1u) / slices;
     let begin = slice * per;
     let end = min(begin + per, total);
-    if (begin >= end) { return; }
+    if (per > 16u * WG || begin >= end) { return; }
     var x: array<vec4<u32>, 16>;
     for (var j = 0u; j < 16u; j++) { x[j] = wo_ahead[min(begin + lid + j * WG, end - 1u)]; }
     var acc = vec4<u32>(0u);
