@@ -18,10 +18,11 @@
 // The includer declares `dst` (binding 4: the output [n_head * head_dim] f32, written without
 // Q8_OUT) and, with Q8_OUT, `xq_out` (binding 6: the output as int8 blocks of 32 values,
 // common/q8_block.wgsl's layout, written through common/q8_lanes8.wgsl: subgroups of 8 or
-// more), and the constant WG.
+// more), and the constants WG and WO_AHEAD (`merge_wo_ahead`).
 
 @group(0) @binding(7) @coherent var<storage, read_write> merge_part: array<vec4<f32>>;
-// One counter per head block, zero between dispatches (the last workgroup resets its own).
+// One counter per head block, zero between dispatches (the last workgroup resets its own),
+// then a word nothing reads (`merge_wo_ahead`'s sink).
 @group(0) @binding(8) var<storage, read_write> merge_done: array<atomic<u32>>;
 
 // The output projection's weights (its first chunk), which the workgroups that do not merge
