@@ -269,10 +269,10 @@ pub fn decode_coop_keys(shape: &AttnShape, kv_len: u32) -> u32 {
 /// projection's weights into L2, a share each by the order they finished in, while the last
 /// ones merge (common/decode_merge.wgsl's `merge_wo_ahead`): the rest of the GPU idles then,
 /// and the output projection comes next. Only where the shares take the whole matrix (at most
-/// 32 KiB a workgroup: TinyLlama's 2.4 MB over 128 takes 18 KiB). Or `KILN_DECODE_WO_AHEAD`. (H200, TinyLlama Q4_K_M
-/// tg128 at depth 4,096, the same build without / with, 3 rounds: 1,079.5 -> 1,084.4 in run
-/// 446, 1,072.2 -> 1,075.6 in run 447; the first 1-4 MiB of gate/up read as well, run 447,
-/// gained nothing or lost up to 1.7%.)
+/// 32 KiB a workgroup: TinyLlama's 2.4 MB over 128 takes 18 KiB). Or `KILN_DECODE_WO_AHEAD`.
+/// (H200, TinyLlama Q4_K_M tg128 at depth 4,096, the same build without / with, 3 rounds:
+/// 1,079.5 -> 1,084.4 in run 446, 1,072.2 -> 1,075.6 in run 447, 1,070.0 -> 1,076.0 in run
+/// 448; the first 1-4 MiB of gate/up read as well, run 447, gained nothing or lost up to 1.7%.)
 pub fn decode_wo_ahead() -> bool {
     crate::config::decode_wo_ahead_from_env().unwrap_or(true)
 }

@@ -112,6 +112,12 @@ fn merge_rescale(a: MergeAcc, m: f32) -> MergeAcc {
     return MergeAcc(m, a.v * w, a.t * w);
 }
 
+// One split's partial added to a (rescaled to the larger max).
+fn merge_one(a: MergeAcc, l: MergeLoad) -> MergeAcc {
+    let m = max(a.m, l.s.x);
+    return merge_add(merge_rescale(a, m), l, m);
+}
+
 // Split groups of the merge: a power of two up to 8, `groups` neighbouring invocations of a
 // subgroup of `sg` taking every groups-th split of one output vector, then meeting through
 // shuffles; as many as the workgroup has invocations for (WG / outputs), and with Q8_OUT few
@@ -195,7 +201,7 @@ fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32)
         }
         for (; s < n_used; s += step) {
             let l = merge_load(h, s, c, n_splits, hd);
-            a = merge_add(merge_rescale(a, max(a.m, l.s.x)), l, max(a.m, l.s.x));
+            a = merge_one(a, l);
         }
         if (groups > 1u) { a = merge_meet(a, 1u); }
         if (groups > 2u) { a = merge_meet(a, 2u); }
@@ -235,6 +241,11 @@ fn merge_stat_slot(st: array<vec2<f32>, 4>, slot: u32) -> vec2<f32> {
     return select(select(select(st[0], st[1], slot == 1u), st[2], slot == 2u), st[3], slot == 3u);
 }
 
+// The statistics (max, sum, 0, 0) that subgroup lane j holds in cur.
+fn merge_stat(cur: vec2<f32>, j: u32) -> vec4<f32> {
+    return vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0);
+}
+
 // Eight splits s .. s + 7 of output vector c of head h added to a: their values loaded, their
 // statistics shuffled from the head's invocations (cur: slot s / per of each, per a multiple
 // of 8, so the eight share it), then `merge_fold`.
@@ -250,14 +261,14 @@ fn merge_eight_shuffled(a: MergeAcc, h: u32, s: u32, c: u32, n_splits: u32, hd: 
     let v6 = merge_part[r + 6u * rs];
     let v7 = merge_part[r + 7u * rs];
     let j = hl + s % (hd / 4u);
-    let s0 = vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0);
-    let s1 = vec4<f32>(subgroupShuffle(cur.x, j + 1u), subgroupShuffle(cur.y, j + 1u), 0.0, 0.0);
-    let s2 = vec4<f32>(subgroupShuffle(cur.x, j + 2u), subgroupShuffle(cur.y, j + 2u), 0.0, 0.0);
-    let s3 = vec4<f32>(subgroupShuffle(cur.x, j + 3u), subgroupShuffle(cur.y, j + 3u), 0.0, 0.0);
-    let s4 = vec4<f32>(subgroupShuffle(cur.x, j + 4u), subgroupShuffle(cur.y, j + 4u), 0.0, 0.0);
-    let s5 = vec4<f32>(subgroupShuffle(cur.x, j + 5u), subgroupShuffle(cur.y, j + 5u), 0.0, 0.0);
-    let s6 = vec4<f32>(subgroupShuffle(cur.x, j + 6u), subgroupShuffle(cur.y, j + 6u), 0.0, 0.0);
-    let s7 = vec4<f32>(subgroupShuffle(cur.x, j + 7u), subgroupShuffle(cur.y, j + 7u), 0.0, 0.0);
+    let s0 = merge_stat(cur, j);
+    let s1 = merge_stat(cur, j + 1u);
+    let s2 = merge_stat(cur, j + 2u);
+    let s3 = merge_stat(cur, j + 3u);
+    let s4 = merge_stat(cur, j + 4u);
+    let s5 = merge_stat(cur, j + 5u);
+    let s6 = merge_stat(cur, j + 6u);
+    let s7 = merge_stat(cur, j + 7u);
     return merge_fold(a, MergeLoad(v0, s0), MergeLoad(v1, s1), MergeLoad(v2, s2), MergeLoad(v3, s3), MergeLoad(v4, s4), MergeLoad(v5, s5), MergeLoad(v6, s6), MergeLoad(v7, s7));
 }
 
@@ -295,8 +306,7 @@ fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u3
     for (; s < n_used; s++) {
         let cur = merge_stat_slot(st, s / per);
         let j = hl + s % per;
-        let l = MergeLoad(merge_part[merge_row(h, s, n_splits, hd) + c], vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0));
-        a = merge_add(merge_rescale(a, max(a.m, l.s.x)), l, max(a.m, l.s.x));
+        a = merge_one(a, MergeLoad(merge_part[merge_row(h, s, n_splits, hd) + c], merge_stat(cur, j)));
     }
     merge_write(a.v / a.t, h, c, hd, 1u, lid < n4);
 }
