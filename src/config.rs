@@ -208,6 +208,14 @@ pub fn decode_merge_from_env() -> Option<bool> {
     *ON.get_or_init(|| switch("KILN_DECODE_MERGE"))
 }
 
+/// `KILN_DECODE_MERGE_ACQUIRE=0|1`: whether the last workgroup of a merging decode launch
+/// fences (device-scope acquire) after its count before it reads the partials
+/// (`plan::decode_merge_acquire`; a knob for measurements).
+pub fn decode_merge_acquire_from_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| switch("KILN_DECODE_MERGE_ACQUIRE"))
+}
+
 /// `KILN_DECODE_MERGE_SPLITS=<n>`: the most splits a decode launch merges in its last
 /// workgroups (`kernels::attention::DECODE_MERGE_MOST_SPLITS`; a knob for measurements).
 pub fn decode_merge_splits_from_env() -> Option<u32> {

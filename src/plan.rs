@@ -358,6 +358,23 @@ pub fn decode_merge() -> bool {
     crate::config::decode_merge_from_env().unwrap_or(true)
 }
 
+/// `Caps::decode_merge_acquire` without the context option: `KILN_DECODE_MERGE_ACQUIRE` where
+/// set, else on everywhere but NVIDIA (PCI vendor `NVIDIA_VENDOR`). There the merging
+/// workgroup's loads of the partials are L1-bypassing (`@coherent`: LDG.E.STRONG.GPU in the
+/// SASS), issued only once the count's atomic has returned (they sit behind a branch on its
+/// value), and every other workgroup fenced its partials before counting itself: the last
+/// block of CUDA's threadFenceReduction sample, which reads with no fence after its atomic
+/// either. The fence is a `MEMBAR.SC.GPU` on the merge's critical path: H200, run 461
+/// (`ab.py -n 5`, TinyLlama Q4_K_M tg128, the fence dropped through `KILN_WGSL_DIR`):
+/// depth 4,096 1,084.6 -> 1,091.6 tok/s, depth 0 1,213.1 -> 1,214.9. Elsewhere the Vulkan
+/// memory model's acquire stays.
+pub fn decode_merge_acquire(vendor: u32) -> bool {
+    crate::config::decode_merge_acquire_from_env().unwrap_or(vendor != NVIDIA_VENDOR)
+}
+
+/// NVIDIA's PCI vendor ID (`wgpu::AdapterInfo::vendor`).
+pub const NVIDIA_VENDOR: u32 = 0x10de;
+
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {
     crate::config::attn_q8_out_from_env().unwrap_or(true)

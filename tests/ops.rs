@@ -272,10 +272,11 @@ fn attention_prefill_and_decode() {
 /// quantize it (`check_q8_blocks`). Just past one split, one head a workgroup takes wide
 /// workgroups where the adapter runs them (`Caps::attn_decode_wide`): one dispatch. Also on a
 /// context whose split steps merge their splits in their last workgroups (`merge_gpu`,
-/// `Caps::decode_merge`): one dispatch at every context.
+/// `Caps::decode_merge`): one dispatch at every context; and that merge with the other
+/// choice of its fence after the count (`merge_other_fence_gpu`, `Caps::decode_merge_acquire`).
 #[test]
 fn decode_attention_blocks_and_splits() {
-    for g in gpus().iter().chain(merge_gpu()) {
+    for g in gpus().iter().chain(merge_gpu()).chain(merge_other_fence_gpu()) {
         let mut wide_runs = 0;
         let mut merged_runs = 0;
         // (heads, KV heads, head dim): TinyLlama, Llama-7B, Qwen3-0.6B, Qwen2.5-0.5B (group 7),
@@ -357,7 +358,7 @@ fn decode_attention_blocks_and_splits() {
 /// and the probabilities are rounded to f16, as in flash attention on cooperative matrices.
 #[test]
 fn decode_attention_on_cooperative_matrices() {
-    for g in gpus().iter().chain(merge_gpu()) {
+    for g in gpus().iter().chain(merge_gpu()).chain(merge_other_fence_gpu()) {
         for (nh, nkv, hd) in [(32u32, 4u32, 64u32), (8, 8, 128), (14, 2, 64), (16, 1, 64), (16, 1, 128)] {
             let n_ctx = 1100;
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };

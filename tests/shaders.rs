@@ -107,6 +107,30 @@ fn subgroup_sized_variants_validate_at_32_and_64_lanes() {
     }
 }
 
+/// The decode attention variants that merge their own splits also compose and validate
+/// without the merge's fence after its count (`Caps::decode_merge_acquire`, NVIDIA's default;
+/// the baseline keeps it).
+#[test]
+fn merging_decode_variants_validate_without_the_acquire() {
+    let caps = Caps { decode_merge_acquire: false, ..Caps::baseline() };
+    let variants: Vec<KernelKey> = KernelKey::all_variants()
+        .into_iter()
+        .filter(|k| {
+            matches!(k, KernelKey::AttnDecode { merge: true, .. } | KernelKey::AttnDecodeCoop { merge: true, .. })
+        })
+        .collect();
+    assert!(!variants.is_empty());
+    let mut failures = Vec::new();
+    for key in &variants {
+        let src = key.source(&caps).expect("compose");
+        assert!(src.text.contains("fn merge_acquire(last: bool) {}"), "{key:?}: the fence left out");
+        if let Err(e) = validate(&src, validation_caps(key)) {
+            failures.push(format!("{key:?}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), variants.len(), failures.join("\n"));
+}
+
 /// Compiled pipelines are kept on disk between runs where the adapter offers PIPELINE_CACHE
 /// (Vulkan): the file appears when a context that compiled pipelines is dropped, the next
 /// context starts from it, and a file the driver does not accept (corrupt, another driver's)

@@ -81,6 +81,9 @@ pub struct Caps {
     /// (the int8 output's blocks are quantized through shuffles) and binds the merging kernels'
     /// `kernels::attention::DECODE_MERGE_STORAGE_BUFFERS` storage buffers.
     pub decode_merge: bool,
+    /// With `decode_merge`, the merging workgroup fences (device-scope acquire) after its
+    /// count, before it reads the other workgroups' partials (`plan::decode_merge_acquire`).
+    pub decode_merge_acquire: bool,
     /// The most columns (tokens) a matmul runs on the GEMV rather than a GEMM:
     /// `plan::GEMV_DEFAULT_COLS` on GPUs, one workgroup's (`plan::GEMV_GROUP_COLS`) on CPU
     /// adapters, whose GEMM tiles suit them better; `KILN_GEMV_MAX_COLS` (or the context
@@ -118,6 +121,7 @@ impl Caps {
             attn_q8_out: false,
             attn_decode_wide: false,
             decode_merge: false,
+            decode_merge_acquire: true,
             gemv_max_cols: crate::plan::GEMV_GROUP_COLS,
             subgroup_min: 0,
             subgroup_max: 0,
@@ -167,6 +171,8 @@ pub struct ContextOptions {
     pub attn_decode_wide: Option<bool>,
     /// `Caps::decode_merge`; None: `KILN_DECODE_MERGE` or the planner's default.
     pub decode_merge: Option<bool>,
+    /// `Caps::decode_merge_acquire`; None: `KILN_DECODE_MERGE_ACQUIRE` or the planner's default.
+    pub decode_merge_acquire: Option<bool>,
     /// At most this many columns on the GEMV (`Caps::gemv_max_cols`, `KILN_GEMV_MAX_COLS`).
     pub gemv_max_cols: Option<u32>,
     /// Open the device with these limits instead of the adapter's (tests that stand in for
@@ -544,6 +550,9 @@ impl GpuContext {
                 && subgroups
                 && limits.max_storage_buffers_per_shader_stage
                     >= crate::kernels::attention::DECODE_MERGE_STORAGE_BUFFERS,
+            decode_merge_acquire: opts
+                .decode_merge_acquire
+                .unwrap_or_else(|| crate::plan::decode_merge_acquire(info.vendor)),
             gemv_max_cols: opts
                 .gemv_max_cols
                 .unwrap_or(if info.device_type == wgpu::DeviceType::Cpu {

@@ -65,6 +65,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("common/decode_coop_staged.wgsl", include_str!("../../wgsl/common/decode_coop_staged.wgsl")),
     ("common/decode_merge.wgsl", include_str!("../../wgsl/common/decode_merge.wgsl")),
     ("common/decode_merge_none.wgsl", include_str!("../../wgsl/common/decode_merge_none.wgsl")),
+    ("common/decode_merge_acquire.wgsl", include_str!("../../wgsl/common/decode_merge_acquire.wgsl")),
+    ("common/decode_merge_acquire_none.wgsl", include_str!("../../wgsl/common/decode_merge_acquire_none.wgsl")),
     ("common/q8_out.wgsl", include_str!("../../wgsl/common/q8_out.wgsl")),
     ("common/q8_out_none.wgsl", include_str!("../../wgsl/common/q8_out_none.wgsl")),
     ("common/q8_out_norm.wgsl", include_str!("../../wgsl/common/q8_out_norm.wgsl")),

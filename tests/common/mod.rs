@@ -71,6 +71,20 @@ pub fn merge_gpu() -> Option<&'static TestGpu> {
     GPU.get_or_init(|| open("native-merge", ContextOptions { decode_merge: Some(true), ..Default::default() })).as_ref()
 }
 
+/// The same merge with the other choice of its fence after the count than the native
+/// adapter's default (`Caps::decode_merge_acquire`): without it on lavapipe (NVIDIA's
+/// default), with it on NVIDIA; so that both variants run against the reference.
+pub fn merge_other_fence_gpu() -> Option<&'static TestGpu> {
+    static GPU: OnceLock<Option<TestGpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let acquire = !gpus()[0].ctx.caps.decode_merge_acquire;
+        let opts =
+            ContextOptions { decode_merge: Some(true), decode_merge_acquire: Some(acquire), ..Default::default() };
+        open(if acquire { "native-merge-acquire" } else { "native-merge-unfenced" }, opts)
+    })
+    .as_ref()
+}
+
 /// A context that plans with a tiny storage-binding limit, to force tensor splitting.
 pub fn small_binding_gpu(limit: u64) -> Arc<GpuContext> {
     GpuContext::new(&ContextOptions { max_binding_override: Some(limit), ..Default::default() }).expect("GPU")

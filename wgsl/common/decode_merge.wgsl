@@ -6,7 +6,7 @@
 // block's counter; the workgroup whose count completes the block reads every split's partials
 // and writes the output. `storageBarrier` before the count is a device-scope release of the
 // workgroup's writes (naga: OpControlBarrier with Device memory scope and UniformMemory
-// semantics), the one after it the acquire, and the partials are bound @coherent so that
+// semantics), the one after it the acquire (but on NVIDIA: `merge_ticket`), and the partials are bound @coherent so that
 // their reads see other workgroups' writes, not a stale cache line (the "last block" pattern
 // of CUDA's threadFenceReduction and AMD's FidelityFX SPD). Needs the adapter's
 // MEMORY_DECORATION_COHERENT (`Caps::decode_merge`).
@@ -18,7 +18,7 @@
 // The includer declares `dst` (binding 4: the output [n_head * head_dim] f32, written without
 // Q8_OUT) and, with Q8_OUT, `xq_out` (binding 6: the output as int8 blocks of 32 values,
 // common/q8_block.wgsl's layout, written through common/q8_lanes8.wgsl: subgroups of 8 or
-// more), and the constants WG and WO_AHEAD (`merge_wo_ahead`).
+// more), and the constants WG, WO_AHEAD (`merge_wo_ahead`) and one of the `merge_acquire` files.
 
 @group(0) @binding(7) @coherent var<storage, read_write> merge_part: array<vec4<f32>>;
 // One counter per head block, zero between dispatches (the last workgroup resets its own),
@@ -48,7 +48,8 @@ fn merge_is_last(lid: u32, c: u32, n_used: u32) -> bool {
 }
 
 // `merge_is_last`'s count, returning the workgroup's place among the n_used (0: the first to
-// finish; n_used - 1: the last, which merges).
+// finish; n_used - 1: the last, which merges), then `merge_acquire` (the acquire for the last:
+// common/decode_merge_acquire.wgsl, or none on NVIDIA, common/decode_merge_acquire_none.wgsl).
 fn merge_ticket(lid: u32, c: u32, n_used: u32) -> u32 {
     storageBarrier();
     if (lid == 0u) {
@@ -57,7 +58,7 @@ fn merge_ticket(lid: u32, c: u32, n_used: u32) -> u32 {
         merge_last = t;
     }
     let t = workgroupUniformLoad(&merge_last);
-    if (t + 1u == n_used) { storageBarrier(); }
+    merge_acquire(t + 1u == n_used);
     return t;
 }
 
