@@ -364,10 +364,10 @@ pub fn decode_merge() -> bool {
 /// SASS), issued only once the count's atomic has returned (they sit behind a branch on its
 /// value), and every other workgroup fenced its partials before counting itself: the last
 /// block of CUDA's threadFenceReduction sample, which reads with no fence after its atomic
-/// either. The fence is a `MEMBAR.SC.GPU` on the merge's critical path: H200, run 461
-/// (`ab.py -n 5`, TinyLlama Q4_K_M tg128, the fence dropped through `KILN_WGSL_DIR`):
-/// depth 4,096 1,084.6 -> 1,091.6 tok/s, depth 0 1,213.1 -> 1,214.9. Elsewhere the Vulkan
-/// memory model's acquire stays.
+/// either. The fence is a `MEMBAR.SC.GPU` on the merge's critical path: H200, run 464
+/// (`ab.py -n 4`, TinyLlama Q4_K_M tg128, `KILN_DECODE_MERGE_ACQUIRE=1` against the default),
+/// GPU µs a step back to back at depth 4,096 896.8 -> 892.3, at depth 0 806.4 -> 806.1.
+/// Elsewhere the Vulkan memory model's acquire stays.
 pub fn decode_merge_acquire(vendor: u32) -> bool {
     crate::config::decode_merge_acquire_from_env().unwrap_or(vendor != NVIDIA_VENDOR)
 }

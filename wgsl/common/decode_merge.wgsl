@@ -6,10 +6,10 @@
 // block's counter; the workgroup whose count completes the block reads every split's partials
 // and writes the output. `storageBarrier` before the count is a device-scope release of the
 // workgroup's writes (naga: OpControlBarrier with Device memory scope and UniformMemory
-// semantics), the one after it the acquire (but on NVIDIA: `merge_ticket`), and the partials are bound @coherent so that
-// their reads see other workgroups' writes, not a stale cache line (the "last block" pattern
-// of CUDA's threadFenceReduction and AMD's FidelityFX SPD). Needs the adapter's
-// MEMORY_DECORATION_COHERENT (`Caps::decode_merge`).
+// semantics), the one after it the acquire (not on NVIDIA: `merge_ticket`), and the partials
+// are bound @coherent so that their reads see other workgroups' writes, not a stale cache line
+// (the "last block" pattern of CUDA's threadFenceReduction and AMD's FidelityFX SPD). Needs
+// the adapter's MEMORY_DECORATION_COHERENT (`Caps::decode_merge`).
 // Layout of the partials: per head and split a row of RV = head_dim / 4 + 1 vec4s, the split's
 // unnormalized output then (max of its scores (natural log), sum of exp(score - max), 0, 0).
 // The merge reads them as vec4s, up to 8 invocations sharing an output's splits, each with
