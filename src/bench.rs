@@ -84,7 +84,7 @@ impl AdapterRecord {
 /// PCI (or Khronos) vendor id → name.
 pub fn vendor_name(id: u32) -> &'static str {
     match id {
-        0x10de => "NVIDIA",
+        crate::gpu::context::NVIDIA_VENDOR => "NVIDIA",
         0x1002 | 0x1022 => "AMD",
         0x8086 => "Intel",
         0x106b => "Apple",

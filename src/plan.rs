@@ -359,7 +359,7 @@ pub fn decode_merge() -> bool {
 }
 
 /// `Caps::decode_merge_acquire` without the context option: `KILN_DECODE_MERGE_ACQUIRE` where
-/// set, else on everywhere but NVIDIA (PCI vendor `NVIDIA_VENDOR`). There the merging
+/// set, else on everywhere but NVIDIA (`gpu::context::NVIDIA_VENDOR`). There the merging
 /// workgroup's loads of the partials are L1-bypassing (`@coherent`: LDG.E.STRONG.GPU in the
 /// SASS), issued only once the count's atomic has returned (they sit behind a branch on its
 /// value), and every other workgroup fenced its partials before counting itself: the last
@@ -369,11 +369,8 @@ pub fn decode_merge() -> bool {
 /// GPU µs a step back to back at depth 4,096 896.8 -> 892.3, at depth 0 806.4 -> 806.1.
 /// Elsewhere the Vulkan memory model's acquire stays.
 pub fn decode_merge_acquire(vendor: u32) -> bool {
-    crate::config::decode_merge_acquire_from_env().unwrap_or(vendor != NVIDIA_VENDOR)
+    crate::config::decode_merge_acquire_from_env().unwrap_or(vendor != crate::gpu::context::NVIDIA_VENDOR)
 }
-
-/// NVIDIA's PCI vendor ID (`wgpu::AdapterInfo::vendor`).
-pub const NVIDIA_VENDOR: u32 = 0x10de;
 
 /// `Caps::attn_q8_out` without the context option: `KILN_ATTN_Q8_OUT` where set, else on.
 pub fn attn_q8_out() -> bool {

@@ -131,6 +131,9 @@ impl Caps {
     }
 }
 
+/// NVIDIA's PCI vendor ID (`wgpu::AdapterInfo::vendor`; `bench::vendor_name` names the others).
+pub const NVIDIA_VENDOR: u32 = 0x10de;
+
 /// How to pick and open an adapter.
 #[derive(Debug, Clone, Default)]
 pub struct ContextOptions {

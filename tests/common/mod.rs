@@ -65,7 +65,7 @@ pub fn gpus() -> &'static [TestGpu] {
 }
 
 /// The native adapter with split decode attention merged by its last workgroups
-/// (`Caps::decode_merge`, off by default until measured), where the adapter can.
+/// (`Caps::decode_merge`, asked for whatever the environment says), where the adapter can.
 pub fn merge_gpu() -> Option<&'static TestGpu> {
     static GPU: OnceLock<Option<TestGpu>> = OnceLock::new();
     GPU.get_or_init(|| open("native-merge", ContextOptions { decode_merge: Some(true), ..Default::default() })).as_ref()
