@@ -403,14 +403,14 @@ impl Session {
         Ok(all)
     }
 
-    /// Leaves `stage` out of every step from now on (None: the whole step again). What it
-    /// computes is wrong without it; what the step costs without it is the measurement.
     /// Decode steps `generate_chained` records per command buffer (1 ..= `CHAIN_MAX`): more
     /// spreads the host's submit cost over more tokens, fewer hands tokens out sooner.
     pub fn set_steps_per_submit(&mut self, n: usize) {
         self.steps_per_submit = n.clamp(1, CHAIN_MAX);
     }
 
+    /// Leaves `stage` out of every step from now on (None: the whole step again). What it
+    /// computes is wrong without it; what the step costs without it is the measurement.
     pub fn skip_stage(&mut self, stage: Option<crate::profile::Stage>) {
         self.skip = stage;
     }
