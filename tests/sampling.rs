@@ -268,6 +268,53 @@ fn chained_generation_stopped_mid_group_continues_exactly() {
     }
 }
 
+/// A chained generation after a prompt starts from the decode step recorded while the prompt
+/// ran (`Session::set_prerecord`): the same tokens as without it, greedy and sampled; and a
+/// step recorded for one kind of sampler, or one that another step has passed, is not used.
+#[test]
+fn generation_from_the_step_recorded_during_the_prompt_gives_the_same_tokens() {
+    use kiln::engine::Model;
+    use kiln::model::{Output, SessionOptions};
+    let greedy = SamplerConfig { temperature: 0.0, repeat_penalty: 1.3, repeat_last_n: 64, ..Default::default() };
+    let sampled = SamplerConfig { seed: 11, top_k: 40, temperature: 0.9, ..Default::default() };
+    for g in gpus() {
+        let model = Model::load(g.ctx.clone(), testdata().join("stories260K/stories260K.gguf"), &mut |_| {}).unwrap();
+        let opts = SessionOptions { n_ctx: 128, ubatch: 64, f16_kv: true, all_logits: false, n_seq: 1 };
+        let prompt = [1u32, 403, 407, 9];
+        // `then`: what happens between the prompt and the generation; `cfg_after`: the sampler
+        // the generation takes (the prompt's is `cfg`).
+        let run = |prerecord: bool, cfg: SamplerConfig, cfg_after: SamplerConfig, then: Option<u32>| {
+            let mut s = model.session(opts).unwrap();
+            s.set_prerecord(prerecord);
+            s.set_sampling(&Sampler::new(cfg), &prompt);
+            let first = s.forward(&prompt, Output::Sampled).unwrap()[0] as u32;
+            assert_eq!(s.has_prerecorded(), prerecord, "[{}] after the prompt", g.name);
+            let mut history: Vec<u32> = prompt.iter().copied().chain([first]).collect();
+            let mut next = first;
+            if let Some(extra) = then {
+                s.forward(&[extra], Output::Sampled).unwrap();
+                assert!(!s.has_prerecorded(), "[{}] a one-token step records none", g.name);
+                history.push(extra);
+                next = extra;
+            }
+            s.set_sampling(&Sampler::new(cfg_after), &history);
+            let got = s.generate_chained(next, 24, &mut |_| true).unwrap();
+            assert!(!s.has_prerecorded());
+            (first, got)
+        };
+        for (cfg, cfg_after, then) in [
+            (greedy, greedy, None),
+            (sampled, sampled, None),
+            (sampled, greedy, None),
+            (greedy, sampled, None),
+            (sampled, sampled, Some(77)),
+        ] {
+            let want = run(false, cfg, cfg_after, then);
+            assert_eq!(run(true, cfg, cfg_after, then), want, "[{}] {cfg:?} then {cfg_after:?}, fed {then:?}", g.name);
+        }
+    }
+}
+
 /// Banned tokens (`--ignore-eos`) are never drawn, greedy or sampled, on the GPU as by the
 /// reference.
 #[test]

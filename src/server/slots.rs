@@ -76,7 +76,9 @@ pub struct BatchedSlots {
 impl BatchedSlots {
     /// `count` slots of `opts.n_ctx` tokens each on `model` (one session of `count` sequences).
     pub fn open(model: &Model, opts: SessionOptions, count: usize) -> Result<BatchedSlots> {
-        let session = model.session(SessionOptions { n_seq: count as u32, ..opts })?;
+        let mut session = model.session(SessionOptions { n_seq: count as u32, ..opts })?;
+        // The server's steps after a prompt are its own, not a chained generation.
+        session.set_prerecord(false);
         Ok(BatchedSlots { session })
     }
 
@@ -236,7 +238,9 @@ pub struct SessionSlots {
 impl SessionSlots {
     /// `count` sessions of `opts` on `model`.
     pub fn open(model: &Model, opts: SessionOptions, count: usize) -> Result<SessionSlots> {
-        let sessions = (0..count).map(|_| model.session(opts)).collect::<Result<Vec<_>>>()?;
+        let mut sessions = (0..count).map(|_| model.session(opts)).collect::<Result<Vec<_>>>()?;
+        // The server's steps after a prompt are its own, not a chained generation.
+        sessions.iter_mut().for_each(|s| s.set_prerecord(false));
         Ok(SessionSlots { sessions, counts: BatchCounts::default() })
     }
 

@@ -693,6 +693,8 @@ impl Session {
             chain_stage,
             chain_tokens,
             steps_per_submit,
+            prerecorded: None,
+            prerecord: true,
             resident_f16_bytes,
             step_picks,
             last_step_slots: Vec::new(),

@@ -220,6 +220,10 @@ pub struct Session {
     chain_tokens: wgpu::Buffer,
     /// Decode steps recorded per command buffer in `generate_chained`.
     steps_per_submit: usize,
+    /// A generation's first decode step, recorded while the GPU ran the prompt before it
+    /// (submit.rs, `prerecord_first_step`), and whether prompts record one (`set_prerecord`).
+    prerecorded: Option<submit::Prerecorded>,
+    prerecord: bool,
     /// Bytes of prefill's resident f16 copies of the quantized weights (0: none).
     resident_f16_bytes: u64,
     /// Pipelined batched steps (slots.rs, `submit_slots`): the picks of the last one, kept
@@ -336,6 +340,7 @@ impl Session {
     /// Forgets the context of every sequence (the cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.pos.iter_mut().for_each(|p| *p = 0);
+        self.prerecorded = None;
         // No pick of an earlier step is a sequence's next token any more.
         self.last_step_slots.clear();
     }
@@ -407,6 +412,22 @@ impl Session {
     /// spreads the host's submit cost over more tokens, fewer hands tokens out sooner.
     pub fn set_steps_per_submit(&mut self, n: usize) {
         self.steps_per_submit = n.clamp(1, CHAIN_MAX);
+    }
+
+    /// Whether a prompt's step records the first decode step of the chained generation that
+    /// usually follows it while the GPU runs the prompt (default on; a session whose prompts
+    /// are followed by anything else, such as the server's steps, turns it off: the recording
+    /// would be thrown away).
+    pub fn set_prerecord(&mut self, on: bool) {
+        self.prerecord = on;
+        if !on {
+            self.prerecorded = None;
+        }
+    }
+
+    /// Whether a first decode step recorded during the last prompt waits for `generate_chained`.
+    pub fn has_prerecorded(&self) -> bool {
+        self.prerecorded.is_some()
     }
 
     /// Leaves `stage` out of every step from now on (None: the whole step again). What it

@@ -107,6 +107,7 @@ impl Session {
         out0: u32,
         read: u32,
     ) -> Result<Vec<f32>> {
+        self.prerecorded = None;
         let t0 = Instant::now();
         let ctx = self.ctx.clone();
         let m = tokens.len() as u32;

@@ -119,6 +119,7 @@ impl Session {
     /// read once for all of them, each row at its own position in its own region, attention
     /// per chunk. Else one step per chunk, as `forward_slot`.
     pub fn prefill_slots(&mut self, chunks: &[PromptChunk]) -> Result<Vec<Option<u32>>> {
+        self.prerecorded = None;
         let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         for (i, c) in chunks.iter().enumerate() {
             self.check_slot(c.slot)?;
@@ -328,6 +329,7 @@ impl Session {
     /// most two steps are in flight. A prompt's step (`forward_slot`) may run in between: it
     /// waits for the steps before it.
     pub fn submit_slots(&mut self, batch: &[(usize, Feed)]) -> Result<()> {
+        self.prerecorded = None;
         if batch.is_empty() || batch.len() > self.batch_cols || !self.can_pipeline() {
             return Err(KilnError::invalid(
                 "batched step",

@@ -47,6 +47,7 @@ impl Session {
     /// Runs one step whose step buffer is written: the ids, one command buffer, one submit,
     /// the readback (when `read`): the picked tokens (as f32) or the logits `out` asks for.
     pub(super) fn run_step(&mut self, ids: &[u32], shape: &StepShape, out: Output, read: bool) -> Result<Vec<f32>> {
+        self.prerecorded = None;
         let t0 = std::time::Instant::now();
         let ctx = self.ctx.clone();
         let m = shape.m;
@@ -80,6 +81,9 @@ impl Session {
         let t1 = std::time::Instant::now();
         ctx.queue.submit([enc.finish()]);
         let t2 = std::time::Instant::now();
+        if read && self.prerecords_after(shape, out) {
+            self.prerecord_first_step(shape.pos0 + m);
+        }
         let bytes = if read { self.read(read_bytes)? } else { Vec::new() };
         let t3 = std::time::Instant::now();
         let gpu = match prof.as_mut() {
@@ -233,7 +237,7 @@ impl Session {
             }
         }
         if room > 0 {
-            self.record_steps(&mut enc, &mut None, None, 1, 0)?;
+            self.record_steps(&mut enc, &mut None, None, 1, 0, self.pos[0])?;
         }
         // The other kind of sampler (greedy or not) than the one configured now, which the
         // steps above took: both passes, or a greedy sampler's one.
@@ -345,7 +349,10 @@ impl Session {
                 // step on an H200; a 4-step first group left the GPU idle for 1.6 ms of
                 // tg128's 117, run 226).
                 let n = per.min(1 << group.min(16)).min(max_new - submitted);
-                let idx = self.submit_steps(group % 2, n, submitted)?;
+                let idx = match self.take_prerecorded(group, n) {
+                    Some(first_step) => self.submit_prerecorded(first_step),
+                    None => self.submit_steps(group % 2, n, submitted)?,
+                };
                 in_flight.push_back((idx, group % 2, n));
                 submitted += n;
                 group += 1;
@@ -380,12 +387,13 @@ impl Session {
     /// Records `n` chained decode steps (steps `k0..k0 + n` of a generation) into one command
     /// buffer and submits it; the steps leave their sampled tokens in `chain_stage[slot]`.
     fn submit_steps(&mut self, slot: usize, n: usize, k0: usize) -> Result<wgpu::SubmissionIndex> {
+        self.prerecorded = None;
         let ctx = self.ctx.clone();
         let t0 = std::time::Instant::now();
         let mut enc =
             ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
         let mut prof = self.prof.take();
-        let recorded = self.record_steps(&mut enc, &mut prof, Some(slot), n, k0);
+        let recorded = self.record_steps(&mut enc, &mut prof, Some(slot), n, k0, self.pos[0]);
         let t1 = std::time::Instant::now();
         let idx = recorded.map(|_| ctx.queue.submit([enc.finish()]));
         let (encode, submit) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
@@ -402,11 +410,70 @@ impl Session {
         idx
     }
 
-    /// Records `n` decode steps from slot 0's position on: the step state the kernels read is
-    /// written here for the first, and each step's sampler moves it on to the next position
-    /// and appends its token to `chain_tokens` (the next step's embedding gather reads the
-    /// token from `out_id`); with `slot`, the group's tokens are copied to `chain_stage[slot]`
-    /// for the host after its last step. Does not move the session's position.
+    /// Whether a step of `shape` whose `out` is read back is a prompt that a chained generation
+    /// usually follows (`prerecord_first_step`): slot 0's sequence, several tokens, one token
+    /// picked, room for a decode step after it, and nothing that changes how steps record.
+    fn prerecords_after(&self, shape: &StepShape, out: Output) -> bool {
+        self.prerecord
+            && shape.m > 1
+            && shape.kv_base == 0
+            && shape.batched.is_none()
+            && shape.together.is_none()
+            && matches!(out, Output::Argmax | Output::Sampled)
+            && shape.pos0 + shape.m < self.opts.n_ctx
+            && self.prof.is_none()
+            && self.skip.is_none()
+    }
+
+    /// Records the first decode step after a prompt while the GPU runs the prompt, so that
+    /// `generate_chained` submits it as soon as the prompt's token is known instead of first
+    /// recording it. Its queue writes (the step state, its kernels' parameters) land with the
+    /// next submit; any other step of this session drops it (`run_step`, `submit_steps`,
+    /// `time_steps`, slots.rs, score.rs), since its writes would change what it reads. Why: after
+    /// a long prompt the host takes longest over that step (H200, 4,096-token prompt: its
+    /// recording and submit ~0.2-1.2 ms more than the steps after it, run 467), while the GPU
+    /// waits; during the prompt the host only waits.
+    fn prerecord_first_step(&mut self, pos: u32) {
+        let ctx = self.ctx.clone();
+        let t = std::time::Instant::now();
+        let mut enc =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chained steps") });
+        if self.record_steps(&mut enc, &mut None, Some(0), 1, 0, pos).is_ok() {
+            let commands = enc.finish();
+            self.prerecorded =
+                Some(Prerecorded { pos, greedy: self.sample_greedy, commands, host_secs: t.elapsed().as_secs_f64() });
+        }
+    }
+
+    /// The prerecorded first step where a chained generation's first group (`group` 0, one
+    /// step) is the step it recorded: the same position and kind of sampler, unprofiled.
+    fn take_prerecorded(&mut self, group: usize, n: usize) -> Option<Prerecorded> {
+        let p = self.prerecorded.take()?;
+        let fits = group == 0
+            && n == 1
+            && p.pos == self.pos[0]
+            && p.greedy == self.sample_greedy
+            && self.prof.is_none()
+            && self.skip.is_none();
+        fits.then_some(p)
+    }
+
+    /// Submits a prerecorded first step as a chained group of one (readback slot 0).
+    fn submit_prerecorded(&mut self, first_step: Prerecorded) -> wgpu::SubmissionIndex {
+        let t = std::time::Instant::now();
+        let idx = self.ctx.queue.submit([first_step.commands]);
+        self.host.steps += 1;
+        self.host.encode += first_step.host_secs;
+        self.host.submit += t.elapsed().as_secs_f64();
+        self.pos[0] += 1;
+        idx
+    }
+
+    /// Records `n` decode steps of slot 0's sequence from position `pos` on: the step state the
+    /// kernels read is written here for the first, and each step's sampler moves it on to the
+    /// next position and appends its token to `chain_tokens` (the next step's embedding gather
+    /// reads the token from `out_id`); with `slot`, the group's tokens are copied to
+    /// `chain_stage[slot]` for the host after its last step. Does not move the session's position.
     fn record_steps(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -414,9 +481,9 @@ impl Session {
         slot: Option<usize>,
         n: usize,
         k0: usize,
+        pos: u32,
     ) -> Result<()> {
         let ctx = &self.ctx;
-        let pos = self.pos[0];
         debug_assert!(n <= CHAIN_MAX && pos as usize + n <= self.opts.n_ctx as usize);
         // Queue writes land before the command buffer's commands and after those of the groups
         // submitted before it.
@@ -440,6 +507,16 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// A generation's first decode step recorded while the GPU ran the prompt before it
+/// (`Session::prerecord_first_step`): its position, the kind of sampler it recorded (greedy
+/// or not: their dispatches differ), its commands and the host seconds they took.
+pub(super) struct Prerecorded {
+    pos: u32,
+    greedy: bool,
+    commands: wgpu::CommandBuffer,
+    host_secs: f64,
 }
 
 /// What decode steps cost when the host never waits between them (`time_back_to_back`).
@@ -503,6 +580,7 @@ impl Session {
     /// command buffer between two timestamps and submitted: the GPU span in nanoseconds, and
     /// the host's seconds to record and to submit them.
     fn time_steps(&mut self, n: usize) -> Result<(f64, f64, f64)> {
+        self.prerecorded = None;
         let ctx = self.ctx.clone();
         let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("back-to-back timestamps"),
@@ -530,7 +608,7 @@ impl Session {
             });
         };
         mark(&mut enc, Some(0), None);
-        self.record_steps(&mut enc, &mut None, None, n, 0)?;
+        self.record_steps(&mut enc, &mut None, None, n, 0, self.pos[0])?;
         mark(&mut enc, None, Some(1));
         enc.resolve_query_set(&set, 0..2, &resolve, 0);
         let t1 = std::time::Instant::now();
