@@ -349,7 +349,7 @@ impl Session {
                 // step on an H200; a 4-step first group left the GPU idle for 1.6 ms of
                 // tg128's 117, run 226).
                 let n = per.min(1 << group.min(16)).min(max_new - submitted);
-                let idx = match self.take_prerecorded(group, n) {
+                let idx = match self.take_prerecorded(group) {
                     Some(first_step) => self.submit_prerecorded(first_step),
                     None => self.submit_steps(group % 2, n, submitted)?,
                 };
@@ -387,7 +387,6 @@ impl Session {
     /// Records `n` chained decode steps (steps `k0..k0 + n` of a generation) into one command
     /// buffer and submits it; the steps leave their sampled tokens in `chain_stage[slot]`.
     fn submit_steps(&mut self, slot: usize, n: usize, k0: usize) -> Result<wgpu::SubmissionIndex> {
-        self.prerecorded = None;
         let ctx = self.ctx.clone();
         let t0 = std::time::Instant::now();
         let mut enc =
@@ -428,7 +427,7 @@ impl Session {
     /// Records the first decode step after a prompt while the GPU runs the prompt, so that
     /// `generate_chained` submits it as soon as the prompt's token is known instead of first
     /// recording it. Its queue writes (the step state, its kernels' parameters) land with the
-    /// next submit; any other step of this session drops it (`run_step`, `submit_steps`,
+    /// next submit; any other step of this session drops it (`run_step`, `take_prerecorded`,
     /// `time_steps`, slots.rs, score.rs), since its writes would change what it reads. Why: after
     /// a long prompt the host takes longest over that step (H200, 4,096-token prompt: its
     /// recording and submit ~0.2-1.2 ms more than the steps after it, run 467), while the GPU
@@ -445,12 +444,12 @@ impl Session {
         }
     }
 
-    /// The prerecorded first step where a chained generation's first group (`group` 0, one
-    /// step) is the step it recorded: the same position and kind of sampler, unprofiled.
-    fn take_prerecorded(&mut self, group: usize, n: usize) -> Option<Prerecorded> {
+    /// The prerecorded first step where a chained generation's first group (`group` 0, always
+    /// one step) is the step it recorded: the same position and kind of sampler, unprofiled.
+    /// Taken whatever the group, so that no later group finds it.
+    fn take_prerecorded(&mut self, group: usize) -> Option<Prerecorded> {
         let p = self.prerecorded.take()?;
         let fits = group == 0
-            && n == 1
             && p.pos == self.pos[0]
             && p.greedy == self.sample_greedy
             && self.prof.is_none()
