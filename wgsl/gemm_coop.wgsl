@@ -24,9 +24,10 @@
 // is: common/coop_w_half.wgsl; block formats decoded by the format file's fetch8 and unpack8:
 // common/coop_w_decode.wgsl) are stored k-contiguous: X row-major (A, loaded with coopLoadT), W
 // as the column-major K x N matrix B (coopLoad). Rows are padded by 8 halves (LDS) so a
-// fragment's 16 rows fall in different banks. The tiles are arrays of vec4<f16> (LDV a row;
-// cooperative loads take their strides in the array's elements): a chunk of eight halves is
-// two 8-byte stores, not eight 2-byte ones.
+// fragment's 16 rows fall in different banks, and the loaders' chunks are spread over rows so
+// that their stores do too (row_of). The tiles are arrays of vec4<f16> (LDV a row; cooperative
+// loads take their strides in the array's elements): a chunk of eight halves is two 8-byte
+// stores, not eight 2-byte ones (NVIDIA's compiler joins them into one 16-byte store).
 // Loads are instruction-bound (kernels bench, 4096^3 F16: converting X from f32 inside the
 // kernel, loads behind bounds checks, and addresses recomputed per chunk each cost about a
 // third). So tiles that lie inside X and W with whole K steps (`full`, uniform per workgroup)
@@ -79,10 +80,23 @@ struct Staged {
 // Whether it moves an X chunk (all do but in 16-row tiles; uniform per subgroup).
 fn moves_x(lid: u32) -> bool { return X_CHUNKS >= NL || lid < X_CHUNKS; }
 
-// Its chunk j: i = lid + j NL of the tile's rows x (BK / 8) chunks, so that
-// consecutive invocations read consecutive chunks of a row.
-fn row_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) / (BK / 8u); }
-fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) % (BK / 8u); }
+// Its chunk j: i = lid + j NL of the tile's rows x CH chunks. A 16-byte access is served a
+// quarter-warp (8 invocations) at a time, so what each 8 consecutive i touch sets its cost: they
+// take 8 / CH whole rows (as few lines of X and W as a K step allows), CH rows apart (rows 0, 2,
+// 4, 6 at BK 16; 0, 4 at BK 32), so that their stores into rows of CH + 1 16-byte units (LDS)
+// fall in eight different bank groups; consecutive rows put two in one group. Each 32
+// consecutive i cover 32 / CH whole rows. H200, run 480, F16 4096^3: 256x128x16 667.8 -> 640.3
+// µs, 128x128x32 724.6 -> 670.2; pp512 TinyLlama Q4_K_M +3.5%, Llama-7B +5.5%. (One chunk of 8
+// consecutive rows a quarter-warp makes the stores conflict-free too but spreads the loads over
+// 8 lines: 674.4 -> 818.4 µs, run 479.)
+const CH: u32 = BK / 8u;
+const_assert CH == 2u || CH == 4u;
+fn row_of(lid: u32, j: u32) -> u32 {
+    let i = lid + j * NL;
+    let quarter = (i % 32u) / 8u;
+    return (i / 32u) * (32u / CH) + quarter % CH + (quarter / CH) * 8u + CH * ((i % 8u) / CH);
+}
+fn chunk_of(lid: u32, j: u32) -> u32 { return (lid + j * NL) % CH; }
 
 // Where chunk j of this invocation goes in buffer buf of a tile of `rows` rows.
 fn slot(lid: u32, j: u32, buf: u32, rows: u32) -> u32 {
