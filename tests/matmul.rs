@@ -104,9 +104,13 @@ fn gemv_every_format() {
 fn gemm_every_format() {
     for g in gpus() {
         for format in WeightFormat::ALL {
-            for (m, n, tile) in
-                [(9usize, 45usize, GemmTile::T32), (70, 130, GemmTile::T128), (70, 130, GemmTile::T64x128)]
-            {
+            for (m, n, tile) in [
+                (9usize, 45usize, GemmTile::T32),
+                (70, 130, GemmTile::T64),
+                (70, 130, GemmTile::T128x64),
+                (70, 130, GemmTile::T128),
+                (70, 130, GemmTile::T64x128),
+            ] {
                 let k = k_for(format, 2, 100);
                 let kernel = MatmulKernel::Gemm { tile };
                 let what = format!("[{}] gemm {} m={m} n={n} k={k} {tile:?}", g.name, format.name());
