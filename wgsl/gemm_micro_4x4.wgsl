@@ -1,17 +1,26 @@
-// 4x4 register tile for gemm.wgsl, as named vec4s passed by value (registers on every driver).
+// 4x4 register tile for gemm.wgsl: rows ty + NTY i (i < 4) by columns 2 (tx + NTX jj) + h
+// (jj < 2, h < 2), as named vec4s passed by value (registers on every driver).
 struct Acc { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
 
-fn micro_step(c: Acc, xa: u32, wa: u32) -> Acc {
-    let a0 = xs[xa];
-    let b0 = ws[wa];
-    var o = c;
-    o.r0 = fma(vec4<f32>(a0.x), b0, c.r0);
-    o.r1 = fma(vec4<f32>(a0.y), b0, c.r1);
-    o.r2 = fma(vec4<f32>(a0.z), b0, c.r2);
-    o.r3 = fma(vec4<f32>(a0.w), b0, c.r3);
+// The products over k-quad q of the step (`quad`: gemm.wgsl).
+fn micro_step(c: Acc, q: u32, tx: u32, ty: u32) -> Acc {
+    let b0 = w_at(q, 2u * tx);
+    let b1 = w_at(q, 2u * tx + 1u);
+    let b2 = w_at(q, 2u * (tx + NTX));
+    let b3 = w_at(q, 2u * (tx + NTX) + 1u);
+    let t0 = vec4<f32>(b0.x, b1.x, b2.x, b3.x);
+    let t1 = vec4<f32>(b0.y, b1.y, b2.y, b3.y);
+    let t2 = vec4<f32>(b0.z, b1.z, b2.z, b3.z);
+    let t3 = vec4<f32>(b0.w, b1.w, b2.w, b3.w);
+    var o: Acc;
+    o.r0 = quad(c.r0, x_at(q, ty), t0, t1, t2, t3);
+    o.r1 = quad(c.r1, x_at(q, ty + NTY), t0, t1, t2, t3);
+    o.r2 = quad(c.r2, x_at(q, ty + 2u * NTY), t0, t1, t2, t3);
+    o.r3 = quad(c.r3, x_at(q, ty + 3u * NTY), t0, t1, t2, t3);
     return o;
 }
 
+// Row i's column j (0-3, in the order above).
 fn micro_get(c: Acc, i: u32, j: u32) -> f32 {
     var r: vec4<f32>;
     switch i {
