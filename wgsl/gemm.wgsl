@@ -43,8 +43,8 @@ struct Ahead {
     w1: RawW8,
 }
 
-// For the register tiles (gemm_micro_*.wgsl): four columns' sums c plus a row's four k (a) times their weights at those k (t0..t3: weight
-// k of each column), one fma a product.
+// For the register tiles (gemm_micro_*.wgsl): four columns' sums c plus a row's four k (a)
+// times their weights at those k (t0..t3: weight k of each column), one fma a product.
 fn quad(c: vec4<f32>, a: vec4<f32>, t0: vec4<f32>, t1: vec4<f32>, t2: vec4<f32>, t3: vec4<f32>) -> vec4<f32> {
     return fma(vec4<f32>(a.w), t3, fma(vec4<f32>(a.z), t2, fma(vec4<f32>(a.y), t1, fma(vec4<f32>(a.x), t0, c))));
 }
