@@ -21,8 +21,3 @@ fn unpack_w8(w: RawW8) -> array<vec4<f32>, 2> {
     let ch = unpack8(w.raw);
     return array<vec4<f32>, 2>(chunk_lo(ch), chunk_hi(ch));
 }
-
-// Weights 8c .. 8c + 7 of W's row, decoded; zero outside W.
-fn load_w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
-    return unpack_w8(fetch_w8(row, c));
-}
