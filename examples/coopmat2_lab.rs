@@ -1,0 +1,547 @@
+//! Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2, NVIDIA's Vulkan driver),
+//! for issue 12's GEMM: what they give a GEMM when the driver stages the matrices itself. A
+//! WGSL GEMM is written with 16x16 matrices, translated by naga, and its SPIR-V patched: the
+//! three matrix types get workgroup scope and the tile's sizes (A BMxBK, B BKxBN, C BMxBN) and
+//! the module declares the extension. The device is opened through wgpu-hal with the extension
+//! and its features enabled, and the module passed through (wgpu's PASSTHROUGH_SHADERS).
+//!
+//! `cargo run --release --example coopmat2_lab -- <M> <K> <N> <BM> <BN> <BK> <invocations>
+//! [repetitions]` prints the best of 5 timestamped passes of that many dispatches, and the
+//! worst relative error of 256 sampled outputs against an f64 CPU reference (F16 inputs, f32
+//! outputs). `LAB_MODE` picks the kernel (below); `LAB_GROUP=g` visits the pipelined kernel's
+//! tiles g rows of tiles at a time; `LAB_SPV_OUT=dir` writes the WGSL and the patched SPIR-V
+//! there; `LAB_SPV_ONLY=1` stops before opening a device (any machine).
+//!
+//! H200 (runs 485-490, 4096^3): the multiply-adds alone reach 570 TFLOP/s (mma.sync in CUDA:
+//! 470); the driver's own staging from storage buffers 38-57; the pipelined kernel
+//! (`pipe-pad2-ahead4`, 128x256x16 on 256 invocations) 646 us, 212.7 TFLOP/s, where kiln's
+//! cooperative GEMM takes 640 us. Kept as a lab, not as a kernel (README, forty-seventh session).
+
+use std::borrow::Cow;
+use std::ffi::c_void;
+
+use half::f16;
+use wgpu::util::DeviceExt;
+
+#[repr(C)]
+struct Cm2Features {
+    s_type: i32,
+    p_next: *mut c_void,
+    /// workgroup scope, flexible dimensions, reductions, conversions, per-element operations,
+    /// tensor addressing, block loads.
+    v: [u32; 7],
+}
+
+/// `LAB_MODE`: `direct` (default) loads each K step's A and B from the storage buffers;
+/// `compute` loads them once before the loop (the multiply-adds alone); `smem` stages one
+/// A and one B tile in workgroup memory once and loads them from there every step.
+fn wgsl(bm: u32, bn: u32, bk: u32, wg: u32) -> String {
+    let mode = std::env::var("LAB_MODE").unwrap_or_else(|_| "direct".into());
+    if mode.starts_with("pipe") {
+        // pipe[-pad<vec4s>][-ahead<n>]
+        let pad = mode.split("-pad").nth(1).map(|t| t.split('-').next().unwrap().parse().unwrap()).unwrap_or(0);
+        let ahead = mode.split("-ahead").nth(1).map(|t| t.parse().unwrap()).unwrap_or(1);
+        assert!(
+            ahead == 1
+                || (ahead % 2 == 0 && (std::env::args().nth(2).unwrap().parse::<u32>().unwrap() / bk) % ahead == 0)
+        );
+        return pipe_wgsl(bm, bn, bk, wg, pad, ahead);
+    }
+    let (decl, pre, body) = match mode.as_str() {
+        "compute" => (
+            String::new(),
+            "  let a = coopLoadT<TA>(&xh[m0 * ks], ks);\n  let b = coopLoad<TB>(&w[n0 * ks], ks);\n".to_string(),
+            "    c = coopMultiplyAdd(a, b, c);\n".to_string(),
+        ),
+        "smem" => (
+            format!("var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;\n", bm * bk, bn * bk),
+            format!(
+                "  for (var i = lid; i < {ta}u; i += {wg}u) {{ sa[i] = xh[(m0 + i / {bk}u) * ks + i % {bk}u]; }}
+  for (var i = lid; i < {tb}u; i += {wg}u) {{ sb[i] = w[(n0 + i / {bk}u) * ks + i % {bk}u]; }}
+  workgroupBarrier();\n",
+                ta = bm * bk,
+                tb = bn * bk
+            ),
+            format!(
+                "    let a = coopLoadT<TA>(&sa[0], {bk}u);\n    let b = coopLoad<TB>(&sb[0], {bk}u);\n    c = coopMultiplyAdd(a, b, c);\n"
+            ),
+        ),
+        _ => (
+            String::new(),
+            String::new(),
+            "    let a = coopLoadT<TA>(&xh[m0 * ks + k], ks);\n    let b = coopLoad<TB>(&w[n0 * ks + k], ks);\n    c = coopMultiplyAdd(a, b, c);\n".to_string(),
+        ),
+    };
+    format!(
+        "enable f16;
+enable wgpu_cooperative_matrix;
+struct P {{ m: u32, n: u32, k: u32, pad: u32 }}
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> w: array<f16>;
+@group(0) @binding(2) var<storage, read> xh: array<f16>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+alias TA = coop_mat16x16<f16, A>;
+alias TB = coop_mat16x16<f16, B>;
+alias TC = coop_mat16x16<f32, C>;
+{decl}
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let ks = p.k;
+  let m0 = wid.y * {bm}u;
+  let n0 = wid.x * {bn}u;
+{pre}  var c = TC();
+  for (var k = 0u; k < ks; k += {bk}u) {{
+{body}  }}
+  let ns = p.n;
+  let yi = m0 * ns + n0;
+  let cv = c;
+  coopStoreT(cv, &y[yi], ns);
+}}
+"
+    )
+}
+
+/// `pipe`: a whole GEMM. Each K step's A and B tiles go from the storage buffers (16-byte
+/// chunks, one step ahead in registers) into one of two buffers in workgroup memory, the
+/// workgroup-scope matrices load from the other; one barrier a step. `pipe-pad`: rows padded
+/// by 8 halves.
+fn pipe_wgsl(bm: u32, bn: u32, bk: u32, wg: u32, pad: u32, ahead: u32) -> String {
+    let ldv = bk / 4 + pad; // row stride in vec4<f16>
+    let cpr = bk / 8; // 16-byte chunks a row
+    let na = bm * cpr / wg; // A chunks an invocation
+    let nb = bn * cpr / wg;
+    assert!(na >= 1 && nb >= 1 && bm * cpr % wg == 0 && bn * cpr % wg == 0);
+    let mut s = format!(
+        "enable f16;
+enable wgpu_cooperative_matrix;
+struct P {{ m: u32, n: u32, k: u32, pad: u32 }}
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+alias TA = coop_mat16x16<f16, A>;
+alias TB = coop_mat16x16<f16, B>;
+alias TC = coop_mat16x16<f32, C>;
+var<workgroup> xs: array<vec4<f16>, {xsz}>;
+var<workgroup> ws: array<vec4<f16>, {wsz}>;
+fn h4(a: u32, b: u32) -> vec4<f16> {{ return vec4<f16>(vec4<f32>(unpack2x16float(a), unpack2x16float(b))); }}
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let ks = p.k;
+  let kc = ks / 8u;
+  // LAB_GROUP=g: tiles visited g rows of tiles at a time, column by column (L2 reuse).
+  let tn = p.n / {bn}u;
+  let tm = p.m / {bm}u;
+  let t = wid.x + wid.y * tn;
+  let g = min({group}u, tm);
+  let band = t / (g * tn);
+  let rows = min(g, tm - band * g);
+  let r = t - band * g * tn;
+  let m0 = (band * g + r % rows) * {bm}u;
+  let n0 = (r / rows) * {bn}u;
+  let steps = ks / {bk}u;
+",
+        xsz = 2 * bm * ldv,
+        wsz = 2 * bn * ldv,
+        group = std::env::var("LAB_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32 << 20)
+    );
+    for i in 0..na {
+        s += &format!(
+            "  let qa{i} = lid + {o}u;\n  let ga{i} = (m0 + qa{i} / {cpr}u) * kc + qa{i} % {cpr}u;\n  let sa{i} = (qa{i} / {cpr}u) * {ldv}u + (qa{i} % {cpr}u) * 2u;\n",
+            o = i * wg
+        );
+    }
+    for i in 0..nb {
+        s += &format!(
+            "  let qb{i} = lid + {o}u;\n  let gb{i} = (n0 + qb{i} / {cpr}u) * kc + qb{i} % {cpr}u;\n  let sb{i} = (qb{i} / {cpr}u) * {ldv}u + (qb{i} % {cpr}u) * 2u;\n",
+            o = i * wg
+        );
+    }
+    // Register set `r` loads step `step` (an expression); stores into buffer `buf`.
+    let load = |s: &mut String, r: u32, step: &str| {
+        *s += &format!("    {{ let ko = ({step}) * {cpr}u;\n");
+        for i in 0..na {
+            *s += &format!("    r{r}a{i} = xh[ga{i} + ko];\n");
+        }
+        for i in 0..nb {
+            *s += &format!("    r{r}b{i} = w[gb{i} + ko];\n");
+        }
+        *s += "    }\n";
+    };
+    let store = |s: &mut String, r: u32, buf: &str| {
+        for i in 0..na {
+            *s += &format!(
+                "    xs[{buf} * {t}u + sa{i}] = h4(r{r}a{i}.x, r{r}a{i}.y);\n    xs[{buf} * {t}u + sa{i} + 1u] = h4(r{r}a{i}.z, r{r}a{i}.w);\n",
+                t = bm * ldv
+            );
+        }
+        for i in 0..nb {
+            *s += &format!(
+                "    ws[{buf} * {t}u + sb{i}] = h4(r{r}b{i}.x, r{r}b{i}.y);\n    ws[{buf} * {t}u + sb{i} + 1u] = h4(r{r}b{i}.z, r{r}b{i}.w);\n",
+                t = bn * ldv
+            );
+        }
+    };
+    let mma = |s: &mut String, buf: &str| {
+        *s += &format!(
+            "    {{ let a = coopLoadT<TA>(&xs[{buf} * {}u], {ldv}u);\n    let b = coopLoad<TB>(&ws[{buf} * {}u], {ldv}u);\n    c = coopMultiplyAdd(a, b, c); }}\n",
+            bm * ldv,
+            bn * ldv
+        );
+    };
+    for r in 0..ahead {
+        for i in 0..na {
+            s += &format!("  var r{r}a{i}: vec4<u32>;\n");
+        }
+        for i in 0..nb {
+            s += &format!("  var r{r}b{i}: vec4<u32>;\n");
+        }
+    }
+    load(&mut s, 0, "0u");
+    store(&mut s, 0, "0u");
+    if ahead == 1 {
+        s += "  workgroupBarrier();\n  var c = TC();\n";
+        s += "  for (var st = 0u; st < steps; st++) {\n    let cur = st % 2u;\n    let more = st + 1u < steps;\n";
+        s += "    if (more) {\n";
+        load(&mut s, 0, "st + 1u");
+        s += "    }\n";
+        mma(&mut s, "cur");
+        s += "    if (more) {\n";
+        store(&mut s, 0, "(1u - cur)");
+        s += "    }\n    workgroupBarrier();\n  }\n";
+    } else {
+        // `ahead` register sets, the loop unrolled by `ahead` (an even number dividing the
+        // steps) so each part names its own: part t loads step t + ahead into set t % ahead
+        // (stored at t - 1), multiplies buffer t % 2, stores set (t + 1) % ahead into the other.
+        for j in 1..ahead {
+            s += &format!("  if ({j}u < steps) {{\n");
+            load(&mut s, j, &format!("{j}u"));
+            s += "  }\n";
+        }
+        s += "  workgroupBarrier();\n  var c = TC();\n";
+        s += &format!("  for (var st = 0u; st < steps; st += {ahead}u) {{\n");
+        for t in 0..ahead {
+            s += &format!("    if (st + {}u < steps) {{\n", t + ahead);
+            load(&mut s, t, &format!("st + {}u", t + ahead));
+            s += "    }\n";
+            mma(&mut s, &format!("{}u", t % 2));
+            s += &format!("    if (st + {}u < steps) {{\n", t + 1);
+            store(&mut s, (t + 1) % ahead, &format!("{}u", (t + 1) % 2));
+            s += "    }\n    workgroupBarrier();\n";
+        }
+        s += "  }\n";
+    }
+    s += "  let ns = p.n;\n  let yi = m0 * ns + n0;\n  let cv = c;\n  coopStoreT(cv, &y[yi], ns);\n}\n";
+    s
+}
+
+fn spirv(src: &str) -> Vec<u32> {
+    if let Ok(dir) = std::env::var("LAB_SPV_OUT") {
+        std::fs::write(format!("{dir}/lab.wgsl"), src).unwrap();
+    }
+    let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .expect("naga validation");
+    let unchecked = naga::proc::BoundsCheckPolicy::Unchecked;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        flags: naga::back::spv::WriterFlags::empty(),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: unchecked,
+            buffer: unchecked,
+            image_load: unchecked,
+            binding_array: unchecked,
+        },
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        emit_int_div_checks: false,
+        ..Default::default()
+    };
+    let pipeline =
+        naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).expect("SPIR-V")
+}
+
+/// The matrix types at workgroup scope with the tile's sizes; the extension declared.
+fn patch(words: &mut Vec<u32>, bm: u32, bn: u32, bk: u32) {
+    const OP_EXTENSION: u32 = 10;
+    const OP_TYPE_INT: u32 = 21;
+    const OP_CONSTANT: u32 = 43;
+    const OP_TYPE_COOP_KHR: u32 = 4456;
+    let mut constants = std::collections::HashMap::new();
+    let mut uint = None;
+    let mut first_ext = None;
+    let mut coop = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xffff;
+        match op {
+            OP_EXTENSION if first_ext.is_none() => first_ext = Some(i),
+            OP_TYPE_INT if words[i + 2] == 32 && words[i + 3] == 0 && uint.is_none() => {
+                uint = Some((words[i + 1], i + count))
+            }
+            OP_CONSTANT if count == 4 => {
+                constants.insert(words[i + 2], words[i + 3]);
+            }
+            OP_TYPE_COOP_KHR => coop.push(i),
+            _ => {}
+        }
+        i += count.max(1);
+    }
+    let (uint, after_uint) = uint.expect("no u32 type");
+    let id = words[3];
+    words[3] += 4;
+    let (scope, cm, cn, ck) = (id, id + 1, id + 2, id + 3);
+    for &t in &coop {
+        // OpTypeCooperativeMatrixKHR result, component type, scope, rows, columns, use
+        let role = constants[&words[t + 6]];
+        words[t + 3] = scope;
+        let (r, c) = match role {
+            0 => (cm, ck),
+            1 => (ck, cn),
+            _ => (cm, cn),
+        };
+        words[t + 4] = r;
+        words[t + 5] = c;
+    }
+    let mut new = Vec::new();
+    for (cid, v) in [(scope, 2u32), (cm, bm), (cn, bn), (ck, bk)] {
+        new.extend([(4 << 16) | OP_CONSTANT, uint, cid, v]);
+    }
+    words.splice(after_uint..after_uint, new);
+    let name = b"SPV_NV_cooperative_matrix2\0";
+    let mut ext = vec![0u32; name.len().div_ceil(4)];
+    for (j, b) in name.iter().enumerate() {
+        ext[j / 4] |= (*b as u32) << (8 * (j % 4));
+    }
+    let mut inst = vec![((ext.len() as u32 + 1) << 16) | OP_EXTENSION];
+    inst.extend(ext);
+    let at = first_ext.expect("no OpExtension");
+    words.splice(at..at, inst);
+    assert!(coop.len() >= 3, "{} matrix types", coop.len());
+}
+
+fn main() {
+    let a: Vec<u32> = std::env::args().skip(1).map(|s| s.parse().expect("numbers")).collect();
+    let (m, k, n, bm, bn, bk, wg) = (a[0], a[1], a[2], a[3], a[4], a[5], a[6]);
+    let reps = a.get(7).copied().unwrap_or(20);
+    assert!(m % bm == 0 && n % bn == 0 && k % bk == 0, "whole tiles only");
+
+    let mut words = spirv(&wgsl(bm, bn, bk, wg));
+    patch(&mut words, bm, bn, bk);
+    if let Ok(dir) = std::env::var("LAB_SPV_OUT") {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(format!("{dir}/gemm_{bm}x{bn}x{bk}_{wg}.spv"), bytes).unwrap();
+    }
+    if std::env::var("LAB_SPV_ONLY").is_ok() {
+        return;
+    }
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN;
+    desc.flags = wgpu::InstanceFlags::empty();
+    let instance = wgpu::Instance::new(desc);
+    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    }))
+    .expect("adapter");
+    let features = adapter.features()
+        & (wgpu::Features::SHADER_F16
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::PASSTHROUGH_SHADERS);
+    let limits = adapter.limits();
+    let mut cm2 = Cm2Features { s_type: 1000593000, p_next: std::ptr::null_mut(), v: [1, 1, 0, 0, 0, 0, 0] };
+    let cm2_ptr = &mut cm2 as *mut Cm2Features as *const c_void;
+    let open = {
+        let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }.expect("a Vulkan adapter");
+        let cb = move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
+            args.extensions.push(c"VK_NV_cooperative_matrix2");
+            args.create_info.p_next = cm2_ptr;
+        };
+        unsafe { hal.open_with_callback(features, &limits, &wgpu::MemoryHints::Performance, Some(Box::new(cb))) }
+            .expect("device with VK_NV_cooperative_matrix2")
+    };
+    let (device, queue) = unsafe {
+        adapter.create_device_from_hal::<wgpu::hal::api::Vulkan>(
+            open,
+            &wgpu::DeviceDescriptor {
+                label: Some("lab"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::enabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            },
+        )
+    }
+    .expect("wgpu device");
+    let _ = &cm2;
+
+    let module = unsafe {
+        device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some("cm2 gemm"),
+            entry_points: Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                name: "main".into(),
+                workgroup_size: (wg, 1, 1),
+            }]),
+            spirv: Some(Cow::Borrowed(&words)),
+            ..Default::default()
+        })
+    };
+    let entry =
+        |binding, ty| wgpu::BindGroupLayoutEntry { binding, visibility: wgpu::ShaderStages::COMPUTE, ty, count: None };
+    let storage = |read_only| wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Storage { read_only },
+        has_dynamic_offset: false,
+        min_binding_size: None,
+    };
+    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: None,
+        entries: &[
+            entry(
+                0,
+                wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+            ),
+            entry(1, storage(true)),
+            entry(2, storage(true)),
+            entry(3, storage(false)),
+        ],
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: None,
+        bind_group_layouts: &[Some(&bgl)],
+        immediate_size: 0,
+    });
+    let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("cm2 gemm"),
+        layout: Some(&pl),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+
+    // Inputs: small pseudo-random values, exactly representable in f16.
+    let mut seed = 12345u64;
+    let mut rnd = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as i32 % 17 - 8) as f32 / 16.0
+    };
+    let xs: Vec<f16> = (0..(m * k) as usize).map(|_| f16::from_f32(rnd())).collect();
+    let ws: Vec<f16> = (0..(n * k) as usize).map(|_| f16::from_f32(rnd())).collect();
+    let pb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&[m, n, k, 0u32]),
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
+    let wb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&ws),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let xb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&xs),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let ybytes = (m * n * 4) as u64;
+    let yb = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: ybytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let rb = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: ybytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &bgl,
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: pb.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: wb.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: xb.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 3, resource: yb.as_entire_binding() },
+        ],
+    });
+    let qs =
+        device.create_query_set(&wgpu::QuerySetDescriptor { label: None, ty: wgpu::QueryType::Timestamp, count: 2 });
+    let qb = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let qr = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let run = |times: u32, timed: bool| {
+        let mut enc = device.create_command_encoder(&Default::default());
+        {
+            let tw = timed.then_some(wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: tw });
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            for _ in 0..times {
+                pass.dispatch_workgroups(n / bn, m / bm, 1);
+            }
+        }
+        if timed {
+            enc.resolve_query_set(&qs, 0..2, &qb, 0);
+            enc.copy_buffer_to_buffer(&qb, 0, &qr, 0, 16);
+        }
+        queue.submit([enc.finish()]);
+        device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    };
+    run(2, false);
+    let period = queue.get_timestamp_period() as f64;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        run(reps, true);
+        qr.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        let t: Vec<u64> = bytemuck::cast_slice(&qr.slice(..).get_mapped_range().unwrap()).to_vec();
+        qr.unmap();
+        best = best.min((t[1] - t[0]) as f64 * period / 1e3 / reps as f64);
+    }
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(&yb, 0, &rb, 0, ybytes);
+    queue.submit([enc.finish()]);
+    rb.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let y: Vec<f32> = bytemuck::cast_slice(&rb.slice(..).get_mapped_range().unwrap()).to_vec();
+    let mut worst = 0f64;
+    let mut s = 7u64;
+    for _ in 0..256 {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let (r, c) = ((s >> 33) % m as u64, (s >> 13) % n as u64);
+        let want: f64 = (0..k as u64)
+            .map(|j| xs[(r * k as u64 + j) as usize].to_f64() * ws[(c * k as u64 + j) as usize].to_f64())
+            .sum();
+        let got = y[(r * n as u64 + c) as usize] as f64;
+        worst = worst.max((got - want).abs() / want.abs().max(1.0));
+    }
+    println!(
+        "cm2 {} {m}x{k}x{n} tile {bm}x{bn}x{bk} wg {wg}: {best:.1} µs, {:.1} TFLOP/s, worst error {worst:.2e}",
+        std::env::var("LAB_MODE").unwrap_or_else(|_| "direct".into()),
+        flops / best / 1e6
+    );
+}
