@@ -797,8 +797,11 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     // 128x64 tiles do the most per byte loaded but only pay off with enough of them to fill the
     // GPU: at 512 tokens they win for 5632 outputs (352 tiles), and lose by 1.5x to 64x64 tiles
     // for 2048 outputs (128 tiles).
-    // F32 weights take 128 W rows per tile instead: on an H200 at 512x2048x5632, 22.0 TFLOP/s
-    // against 20.1 with 128x64 (the other formats lose 1-9% with it).
+    // Weights that decode cheaply (F32, F16, BF16, Q8_0) take 128 W rows per tile instead:
+    // H200, cooperative matrices off, the reworked kernel (run 491, µs at 512x2048x5632 /
+    // 512x4096x11008 / 4096^3): F16 544 / 2,171 / 6,164 -> 436 / 1,712 / 4,924, BF16 -20 to
+    // -24%, Q8_0 -7 to -13%; the K-quants, whose 128 rows cost more decoding, keep 128x64 (Q4_K
+    // +1 / +1 / +7%, Q6_K +3 / -1 / +7% with 64x128).
     // Matrix cores where the adapter has them, for quantized and F16 weights (F32 and BF16
     // would lose range in f16): 128x128 tiles from COOP_WIDE_MIN_M tokens, split along K
     // where they are too few to fill the GPU (`gemm_splits`), 64x64 tiles split along K below,
@@ -822,7 +825,7 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     }
     let tile = if tiles(128, 64) < 256 {
         GemmTile::T64
-    } else if format == WeightFormat::F32 {
+    } else if matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 | WeightFormat::Q8_0) {
         GemmTile::T64x128
     } else {
         GemmTile::T128x64
@@ -976,6 +979,10 @@ mod tests {
         ));
         assert!(matches!(
             plan_matmul(512, 4096, 4096, WeightFormat::Q8_0, &c),
+            MatmulKernel::Gemm { tile: GemmTile::T64x128 }
+        ));
+        assert!(matches!(
+            plan_matmul(512, 4096, 4096, WeightFormat::Q4K, &c),
             MatmulKernel::Gemm { tile: GemmTile::T128x64 }
         ));
     }
@@ -1084,9 +1091,12 @@ mod tests {
         assert_eq!(gemm(512, 2048), GemmTile::T64);
         assert_eq!(gemm(512, 256), GemmTile::T64);
         assert_eq!(gemm(2048, 2048), GemmTile::T128x64);
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8_0] {
+            assert!(matches!(plan_matmul(512, 5632, 2048, f, &c), MatmulKernel::Gemm { tile: GemmTile::T64x128 }));
+        }
         assert!(matches!(
-            plan_matmul(512, 5632, 2048, WeightFormat::F32, &c),
-            MatmulKernel::Gemm { tile: GemmTile::T64x128 }
+            plan_matmul(512, 5632, 2048, WeightFormat::Q6K, &c),
+            MatmulKernel::Gemm { tile: GemmTile::T128x64 }
         ));
     }
 
@@ -1118,7 +1128,7 @@ mod tests {
             assert_eq!(gemm(4096, WeightFormat::Q8_0), Some(GemmTile::Coop128));
         }
         assert_eq!(gemm(512, WeightFormat::F32), Some(GemmTile::T64x128));
-        assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T128x64));
+        assert_eq!(gemm(512, WeightFormat::BF16), Some(GemmTile::T64x128));
         assert_eq!(gemm(32, WeightFormat::Q4K), Some(GemmTile::Coop64));
         // 16-row tiles up to 16 tokens (batched decode steps, short prompts).
         assert_eq!(gemm(9, WeightFormat::F16), Some(GemmTile::Coop16));
