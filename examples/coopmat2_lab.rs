@@ -235,32 +235,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     s
 }
 
+/// The kernel as SPIR-V 1.6, translated as wgpu translates kiln's trusted modules
+/// (`Dump::spirv`: no bounds checks, workgroup memory not zeroed).
 fn spirv(src: &str) -> Vec<u32> {
     if let Ok(dir) = std::env::var("LAB_SPV_OUT") {
         std::fs::write(format!("{dir}/lab.wgsl"), src).unwrap();
     }
-    let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
-        .expect("naga validation");
-    let unchecked = naga::proc::BoundsCheckPolicy::Unchecked;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 6),
-        flags: naga::back::spv::WriterFlags::empty(),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: unchecked,
-            buffer: unchecked,
-            image_load: unchecked,
-            binding_array: unchecked,
-        },
-        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
-        force_loop_bounding: false,
-        emit_int_div_checks: false,
-        ..Default::default()
+    let dump = kiln::gpu::dump::Dump {
+        label: "cm2 gemm".into(),
+        entry: "main".into(),
+        bindings: Vec::new(),
+        overrides: Vec::new(),
+        text: src.into(),
     };
-    let pipeline =
-        naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
-    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).expect("SPIR-V")
+    dump.spirv().unwrap_or_else(|e| panic!("{e}")).0
 }
 
 /// The matrix types at workgroup scope with the tile's sizes; the extension declared.
