@@ -32,19 +32,38 @@ struct Cm2Features {
     v: [u32; 7],
 }
 
+/// What every kernel declares: the parameters, W and X as arrays of `elem`, Y, the matrix
+/// types (patched to the tile's sizes).
+fn header(elem: &str) -> String {
+    format!(
+        "enable f16;
+enable wgpu_cooperative_matrix;
+struct P {{ m: u32, n: u32, k: u32, pad: u32 }}
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> w: array<{elem}>;
+@group(0) @binding(2) var<storage, read> xh: array<{elem}>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+alias TA = coop_mat16x16<f16, A>;
+alias TB = coop_mat16x16<f16, B>;
+alias TC = coop_mat16x16<f32, C>;
+"
+    )
+}
+
+/// The tile's sums into Y (naga needs the stride and the address as named values).
+const STORE_Y: &str = "  let ns = p.n;\n  let yi = m0 * ns + n0;\n  let cv = c;\n  coopStoreT(cv, &y[yi], ns);\n";
+
 /// `LAB_MODE`: `direct` (default) loads each K step's A and B from the storage buffers;
 /// `compute` loads them once before the loop (the multiply-adds alone); `smem` stages one
 /// A and one B tile in workgroup memory once and loads them from there every step.
-fn wgsl(bm: u32, bn: u32, bk: u32, wg: u32) -> String {
+/// `pipe...`: `pipe_wgsl`.
+fn wgsl(k: u32, bm: u32, bn: u32, bk: u32, wg: u32) -> String {
     let mode = std::env::var("LAB_MODE").unwrap_or_else(|_| "direct".into());
     if mode.starts_with("pipe") {
         // pipe[-pad<vec4s>][-ahead<n>]
         let pad = mode.split("-pad").nth(1).map(|t| t.split('-').next().unwrap().parse().unwrap()).unwrap_or(0);
         let ahead = mode.split("-ahead").nth(1).map(|t| t.parse().unwrap()).unwrap_or(1);
-        assert!(
-            ahead == 1
-                || (ahead % 2 == 0 && (std::env::args().nth(2).unwrap().parse::<u32>().unwrap() / bk) % ahead == 0)
-        );
+        assert!(ahead == 1 || (ahead % 2 == 0 && (k / bk) % ahead == 0), "steps in whole groups of `ahead`");
         return pipe_wgsl(bm, bn, bk, wg, pad, ahead);
     }
     let (decl, pre, body) = match mode.as_str() {
@@ -72,18 +91,9 @@ fn wgsl(bm: u32, bn: u32, bk: u32, wg: u32) -> String {
             "    let a = coopLoadT<TA>(&xh[m0 * ks + k], ks);\n    let b = coopLoad<TB>(&w[n0 * ks + k], ks);\n    c = coopMultiplyAdd(a, b, c);\n".to_string(),
         ),
     };
-    format!(
-        "enable f16;
-enable wgpu_cooperative_matrix;
-struct P {{ m: u32, n: u32, k: u32, pad: u32 }}
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<f16>;
-@group(0) @binding(2) var<storage, read> xh: array<f16>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-alias TA = coop_mat16x16<f16, A>;
-alias TB = coop_mat16x16<f16, B>;
-alias TC = coop_mat16x16<f32, C>;
-{decl}
+    header("f16")
+        + &format!(
+            "{decl}
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let ks = p.k;
@@ -92,37 +102,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {pre}  var c = TC();
   for (var k = 0u; k < ks; k += {bk}u) {{
 {body}  }}
-  let ns = p.n;
-  let yi = m0 * ns + n0;
-  let cv = c;
-  coopStoreT(cv, &y[yi], ns);
-}}
+{STORE_Y}}}
 "
-    )
+        )
 }
 
-/// `pipe`: a whole GEMM. Each K step's A and B tiles go from the storage buffers (16-byte
-/// chunks, one step ahead in registers) into one of two buffers in workgroup memory, the
-/// workgroup-scope matrices load from the other; one barrier a step. `pipe-pad`: rows padded
-/// by 8 halves.
+/// `pipe[-pad<p>][-ahead<a>]`: a whole GEMM. Each K step's A and B tiles go from the storage
+/// buffers (16-byte chunks, `a` steps ahead in registers, default 1) into one of two buffers in
+/// workgroup memory, the workgroup-scope matrices load from the other; one barrier a step.
+/// Rows are padded by `p` vec4s of halves (default 0).
 fn pipe_wgsl(bm: u32, bn: u32, bk: u32, wg: u32, pad: u32, ahead: u32) -> String {
     let ldv = bk / 4 + pad; // row stride in vec4<f16>
     let cpr = bk / 8; // 16-byte chunks a row
     let na = bm * cpr / wg; // A chunks an invocation
     let nb = bn * cpr / wg;
     assert!(na >= 1 && nb >= 1 && bm * cpr % wg == 0 && bn * cpr % wg == 0);
-    let mut s = format!(
-        "enable f16;
-enable wgpu_cooperative_matrix;
-struct P {{ m: u32, n: u32, k: u32, pad: u32 }}
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-alias TA = coop_mat16x16<f16, A>;
-alias TB = coop_mat16x16<f16, B>;
-alias TC = coop_mat16x16<f32, C>;
-var<workgroup> xs: array<vec4<f16>, {xsz}>;
+    let mut s = header("vec4<u32>");
+    s += &format!(
+        "var<workgroup> xs: array<vec4<f16>, {xsz}>;
 var<workgroup> ws: array<vec4<f16>, {wsz}>;
 fn h4(a: u32, b: u32) -> vec4<f16> {{ return vec4<f16>(vec4<f32>(unpack2x16float(a), unpack2x16float(b))); }}
 @compute @workgroup_size({wg})
@@ -231,7 +228,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         s += "  }\n";
     }
-    s += "  let ns = p.n;\n  let yi = m0 * ns + n0;\n  let cv = c;\n  coopStoreT(cv, &y[yi], ns);\n}\n";
+    s += STORE_Y;
+    s += "}\n";
     s
 }
 
@@ -317,7 +315,7 @@ fn main() {
     let reps = a.get(7).copied().unwrap_or(20);
     assert!(m % bm == 0 && n % bn == 0 && k % bk == 0, "whole tiles only");
 
-    let mut words = spirv(&wgsl(bm, bn, bk, wg));
+    let mut words = spirv(&wgsl(k, bm, bn, bk, wg));
     patch(&mut words, bm, bn, bk);
     if let Ok(dir) = std::env::var("LAB_SPV_OUT") {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
