@@ -2,7 +2,8 @@
 // (jj < 2, h < 2), as named vec4s passed by value (registers on every driver).
 struct Acc { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
 
-// The products over k-quad q of the step (`quad`: gemm.wgsl).
+// The products over k-quad q of the step (`quad`: gemm.wgsl); the transposition written out
+// (gemm_micro_8x8.wgsl says why).
 fn micro_step(c: Acc, q: u32, tx: u32, ty: u32) -> Acc {
     let b0 = w_at(q, 2u * tx);
     let b1 = w_at(q, 2u * tx + 1u);
