@@ -370,6 +370,9 @@ fn benches(c: &mut Criterion) {
                 if ctx.caps.coopmat && !matches!(format, WeightFormat::F32 | WeightFormat::BF16) {
                     plans.extend(GemmTile::COOP.map(|tile| MatmulKernel::Gemm { tile }));
                 }
+                if ctx.caps.cm2 && kiln::plan::cm2_takes(m as u32, n as u32, k as u32, format) {
+                    plans.push(MatmulKernel::Gemm { tile: GemmTile::Cm2 });
+                }
             }
             // "elements" are floating-point operations: criterion prints them as elem/s.
             g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
@@ -418,8 +421,9 @@ fn benches(c: &mut Criterion) {
                         assert!(ds.len() > 1, "{plan}: no rounding dispatch in front of the GEMM");
                         b.iter_custom(|iters| gpu_time(&ctx, &mut timer, &ds[1..], iters))
                     });
-                    // The sweep: also split along K, 2 and 4 ways.
-                    if sweep {
+                    // The sweep: also split along K, 2 and 4 ways (not the workgroup-scope tile,
+                    // which has no partials epilogue).
+                    if sweep && plan != (MatmulKernel::Gemm { tile: GemmTile::Cm2 }) {
                         for splits in [2u32, 4] {
                             let ds: OnceCell<Vec<Dispatch>> = OnceCell::new();
                             g.bench_function(format!("{}/{plan}/split{splits}", format.name()), |b| {

@@ -1,21 +1,26 @@
 //! Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2, NVIDIA's Vulkan driver),
-//! for issue 12's GEMM: what they give a GEMM when the driver stages the matrices itself. A
-//! WGSL GEMM is written with 16x16 matrices, translated by naga, and its SPIR-V patched: the
-//! three matrix types get workgroup scope and the tile's sizes (A BMxBK, B BKxBN, C BMxBN) and
-//! the module declares the extension. The device is opened through wgpu-hal with the extension
+//! for issue 12's GEMM. A WGSL GEMM is written with 16x16 matrices, translated by naga, and its
+//! SPIR-V patched: the three matrix types get workgroup scope and the tile's sizes (A BMxBK, B
+//! BKxBN, C BMxBN) and the module declares the extension. Or the module is kiln's own
+//! (`LAB_MODE=kiln`: kernels/gemm_cm2.rs, `LAB_ADD_Y=before|after|never`), or one compiled
+//! elsewhere with the lab's bindings (`LAB_SPV_IN=file.spv`, e.g. glslang's build of
+//! profiling/cm2/gemm_tensor.comp). The device is opened through wgpu-hal with the extension
 //! and its features enabled, and the module passed through (wgpu's PASSTHROUGH_SHADERS).
 //!
 //! `cargo run --release --example coopmat2_lab -- <M> <K> <N> <BM> <BN> <BK> <invocations>
 //! [repetitions]` prints the best of 5 timestamped passes of that many dispatches, and the
 //! worst relative error of 256 sampled outputs against an f64 CPU reference (F16 inputs, f32
-//! outputs). `LAB_MODE` picks the kernel (below); `LAB_GROUP=g` visits the pipelined kernel's
-//! tiles g rows of tiles at a time; `LAB_SPV_OUT=dir` writes the WGSL and the patched SPIR-V
-//! there; `LAB_SPV_ONLY=1` stops before opening a device (any machine).
+//! outputs). `LAB_MODE` picks the kernel (below); `LAB_GROUP=g` visits the pipelined and tensor
+//! kernels' tiles g rows of tiles at a time; `LAB_HINT=usage` opens the device with kiln's
+//! memory hints (memory in small blocks); `LAB_SPV_OUT=dir` writes the WGSL and the patched
+//! SPIR-V there; `LAB_SPV_ONLY=1` stops before opening a device (any machine).
 //!
 //! H200 (runs 485-490, 4096^3): the multiply-adds alone reach 570 TFLOP/s (mma.sync in CUDA:
 //! 470); the driver's own staging from storage buffers 38-57; the pipelined kernel
-//! (`pipe-pad2-ahead4`, 128x256x16 on 256 invocations) 646 us, 212.7 TFLOP/s, where kiln's
-//! cooperative GEMM takes 640 us. Kept as a lab, not as a kernel (README, forty-seventh session).
+//! (`pipe-pad2-ahead4`, 128x256x16 on 256 invocations) 646 us, 212.7 TFLOP/s. Tensor-addressed
+//! loads (runs 493-501): 515-548 µs for glslang's build at 128x256x64, 45 TFLOP/s for the lab's
+//! `tensor` mode (loads from the tile's first element), 521 µs for kiln's own module, which kiln
+//! now runs (README, forty-eighth session).
 
 use std::borrow::Cow;
 use std::ffi::c_void;
@@ -56,9 +61,14 @@ const STORE_Y: &str = "  let ns = p.n;\n  let yi = m0 * ns + n0;\n  let cv = c;\
 /// `LAB_MODE`: `direct` (default) loads each K step's A and B from the storage buffers;
 /// `compute` loads them once before the loop (the multiply-adds alone); `smem` stages one
 /// A and one B tile in workgroup memory once and loads them from there every step.
-/// `pipe...`: `pipe_wgsl`.
+/// `pipe...`: `pipe_wgsl`; `tensor...`: `tensor_wgsl`; `kiln`: kiln's module (`main`).
 fn wgsl(k: u32, bm: u32, bn: u32, bk: u32, wg: u32) -> String {
     let mode = std::env::var("LAB_MODE").unwrap_or_else(|_| "direct".into());
+    if mode.starts_with("tensor") {
+        // tensor[-u<unroll>]: the direct kernel with its loads rewritten (tensor_loads)
+        let unroll = mode.split("-u").nth(1).map(|t| t.parse().unwrap()).unwrap_or(1);
+        return tensor_wgsl(bm, bn, bk, wg, unroll);
+    }
     if mode.starts_with("pipe") {
         // pipe[-pad<vec4s>][-ahead<n>]
         let pad = mode.split("-pad").nth(1).map(|t| t.split('-').next().unwrap().parse().unwrap()).unwrap_or(0);
@@ -104,6 +114,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {body}  }}
 {STORE_Y}}}
 "
+        )
+}
+
+/// `tensor[-u<n>]`: each K step's A and B loaded by the driver straight from the storage
+/// buffers, as `direct`, but through tensor-addressed loads (`tensor_loads` rewrites the
+/// SPIR-V): the form of llama.cpp's `mul_mm_cm2.comp`. The K loop unrolled `n` times (default
+/// 1); `LAB_GROUP=g` visits the tiles g rows of tiles at a time.
+fn tensor_wgsl(bm: u32, bn: u32, bk: u32, wg: u32, unroll: u32) -> String {
+    let group = std::env::var("LAB_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32 << 20);
+    let mut body = String::new();
+    for u in 0..unroll {
+        body += &format!(
+            "    let a{u} = coopLoadT<TA>(&xh[m0 * ks + k + {o}u], ks);\n    let b{u} = coopLoad<TB>(&w[n0 * ks + k + {o}u], ks);\n    c = coopMultiplyAdd(a{u}, b{u}, c);\n",
+            o = u * bk
+        );
+    }
+    header("f16")
+        + &format!(
+            "@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
+  let ks = p.k;
+  let tn = p.n / {bn}u;
+  let tm = p.m / {bm}u;
+  let t = wid.x + wid.y * tn;
+  let g = min({group}u, tm);
+  let band = t / (g * tn);
+  let rows = min(g, tm - band * g);
+  let r = t - band * g * tn;
+  let m0 = (band * g + r % rows) * {bm}u;
+  let n0 = (r / rows) * {bn}u;
+  var c = TC();
+  for (var k = 0u; k < ks; k += {step}u) {{
+{body}  }}
+{STORE_Y}}}
+",
+            step = bk * unroll
         )
 }
 
@@ -249,8 +295,9 @@ fn spirv(src: &str) -> Vec<u32> {
     dump.spirv().unwrap_or_else(|e| panic!("{e}")).0
 }
 
-/// The matrix types at workgroup scope with the tile's sizes; the extension declared.
-fn patch(words: &mut Vec<u32>, bm: u32, bn: u32, bk: u32) {
+/// The matrix types at workgroup scope with the tile's sizes; the extension declared. Returns
+/// the ids of the constants BM, BN and BK.
+fn patch(words: &mut Vec<u32>, bm: u32, bn: u32, bk: u32) -> (u32, u32, u32) {
     const OP_EXTENSION: u32 = 10;
     const OP_TYPE_INT: u32 = 21;
     const OP_CONSTANT: u32 = 43;
@@ -307,6 +354,143 @@ fn patch(words: &mut Vec<u32>, bm: u32, bn: u32, bk: u32) {
     let at = first_ext.expect("no OpExtension");
     words.splice(at..at, inst);
     assert!(coop.len() >= 3, "{} matrix types", coop.len());
+    (cm, cn, ck)
+}
+
+/// A string operand: its bytes, nul-terminated, in little-endian words.
+fn string_words(name: &str) -> Vec<u32> {
+    let bytes: Vec<u8> = name.bytes().chain([0]).collect();
+    let mut out = vec![0u32; bytes.len().div_ceil(4)];
+    for (j, b) in bytes.iter().enumerate() {
+        out[j / 4] |= (*b as u32) << (8 * (j % 4));
+    }
+    out
+}
+
+/// Every `OpCooperativeMatrixLoadKHR` of an A (row-major, BM x BK) or B (column-major,
+/// BK x BN) matrix from a storage buffer becomes an `OpCooperativeMatrixLoadTensorNV` from the
+/// same address: a 2-D tensor layout of the tile's rows x K (A: BM x BK; B: BN x BK, read
+/// through a transposing tensor view) with the load's stride, as llama.cpp's
+/// `mul_mm_cm2.comp` slices its layouts. `cm`, `cn`, `ck`: the ids of BM, BN, BK.
+fn tensor_loads(words: &mut Vec<u32>, cm: u32, cn: u32, ck: u32) {
+    const OP_CAPABILITY: u32 = 17;
+    const OP_EXTENSION: u32 = 10;
+    const OP_TYPE_BOOL: u32 = 20;
+    const OP_TYPE_INT: u32 = 21;
+    const OP_CONSTANT_FALSE: u32 = 42;
+    const OP_CONSTANT: u32 = 43;
+    const OP_UNDEF: u32 = 1;
+    const OP_FUNCTION: u32 = 54;
+    const OP_TYPE_COOP_KHR: u32 = 4456;
+    const OP_LOAD_KHR: u32 = 4457;
+    const OP_LOAD_TENSOR: u32 = 5367;
+    const OP_TYPE_TENSOR_LAYOUT: u32 = 5370;
+    const OP_TYPE_TENSOR_VIEW: u32 = 5371;
+    const OP_CREATE_LAYOUT: u32 = 5372;
+    const OP_LAYOUT_DIMENSION: u32 = 5373;
+    const OP_LAYOUT_STRIDE: u32 = 5374;
+    const OP_CREATE_VIEW: u32 = 5377;
+    const CAP_COOP_TENSOR_ADDRESSING: u32 = 5433;
+    const CAP_TENSOR_ADDRESSING: u32 = 5439;
+    let mut bool_type = None;
+    let mut uint = None;
+    let mut constants = std::collections::HashMap::new();
+    let mut first_function = None;
+    let mut first_ext = None;
+    let mut loads = Vec::new();
+    let mut coop_use = std::collections::HashMap::new();
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        match words[i] & 0xffff {
+            OP_EXTENSION if first_ext.is_none() => first_ext = Some(i),
+            OP_TYPE_BOOL => bool_type = Some(words[i + 1]),
+            OP_TYPE_INT if words[i + 2] == 32 && words[i + 3] == 0 && uint.is_none() => uint = Some(words[i + 1]),
+            OP_CONSTANT if count == 4 => {
+                constants.insert(words[i + 2], words[i + 3]);
+            }
+            OP_TYPE_COOP_KHR => {
+                coop_use.insert(words[i + 1], words[i + 6]);
+            }
+            OP_FUNCTION if first_function.is_none() => first_function = Some(i),
+            OP_LOAD_KHR => loads.push(i),
+            _ => {}
+        }
+        i += count.max(1);
+    }
+    let uint = uint.expect("no u32 type");
+    let mut next = words[3];
+    let mut id = || {
+        next += 1;
+        next - 1
+    };
+    let (c0, c1, c2, cfalse, layout_t, view_t) = (id(), id(), id(), id(), id(), id());
+    let mut globals = Vec::new();
+    let bool_t = bool_type.unwrap_or_else(|| {
+        let b = id();
+        globals.extend([(2 << 16) | OP_TYPE_BOOL, b]);
+        b
+    });
+    for (cid, v) in [(c0, 0u32), (c1, 1), (c2, 2)] {
+        globals.extend([(4 << 16) | OP_CONSTANT, uint, cid, v]);
+    }
+    globals.extend([(3 << 16) | OP_CONSTANT_FALSE, bool_t, cfalse]);
+    // 2-D layouts, clamp mode undefined (whole tiles only); the view swaps the dimensions.
+    globals.extend([(4 << 16) | OP_TYPE_TENSOR_LAYOUT, layout_t, c2, c0]);
+    globals.extend([(6 << 16) | OP_TYPE_TENSOR_VIEW, view_t, c2, cfalse, c1, c0]);
+    // Loads from the end backwards, so that earlier offsets stay valid.
+    let mut undefs = std::collections::HashMap::new();
+    for &at in loads.iter().rev() {
+        // OpCooperativeMatrixLoadKHR result_type result pointer layout stride [memory operand]
+        let (ty, res, ptr, stride) = (words[at + 1], words[at + 2], words[at + 3], words[at + 5]);
+        let count = (words[at] >> 16) as usize;
+        let role = constants[&coop_use[&ty]];
+        let undef = *undefs.entry(ty).or_insert_with(&mut id);
+        let (l0, l1, l2) = (id(), id(), id());
+        let rows = if role == 0 { cm } else { cn };
+        let mut seq = vec![
+            (3 << 16) | OP_CREATE_LAYOUT,
+            layout_t,
+            l0,
+            (6 << 16) | OP_LAYOUT_DIMENSION,
+            layout_t,
+            l1,
+            l0,
+            rows,
+            ck,
+            (6 << 16) | OP_LAYOUT_STRIDE,
+            layout_t,
+            l2,
+            l1,
+            stride,
+            c1,
+        ];
+        match role {
+            0 => seq.extend([(8 << 16) | OP_LOAD_TENSOR, ty, res, ptr, undef, l2, 0, 0]),
+            1 => {
+                let v = id();
+                seq.extend([(3 << 16) | OP_CREATE_VIEW, view_t, v]);
+                seq.extend([(9 << 16) | OP_LOAD_TENSOR, ty, res, ptr, undef, l2, 0, 1, v]);
+            }
+            r => panic!("a load of an accumulator (use {r}) is not rewritten"),
+        }
+        words.splice(at..at + count, seq);
+    }
+    for (ty, u) in undefs {
+        globals.extend([(3 << 16) | OP_UNDEF, ty, u]);
+    }
+    let at = first_function.expect("no function");
+    words.splice(at..at, globals);
+    let mut head = Vec::new();
+    for cap in [CAP_TENSOR_ADDRESSING, CAP_COOP_TENSOR_ADDRESSING] {
+        head.extend([(2 << 16) | OP_CAPABILITY, cap]);
+    }
+    let ext = string_words("SPV_NV_tensor_addressing");
+    head.push(((ext.len() as u32 + 1) << 16) | OP_EXTENSION);
+    head.extend(ext);
+    let at = first_ext.expect("no OpExtension");
+    words.splice(at..at, head);
+    words[3] = next;
 }
 
 fn main() {
@@ -315,8 +499,30 @@ fn main() {
     let reps = a.get(7).copied().unwrap_or(20);
     assert!(m % bm == 0 && n % bn == 0 && k % bk == 0, "whole tiles only");
 
-    let mut words = spirv(&wgsl(k, bm, bn, bk, wg));
-    patch(&mut words, bm, bn, bk);
+    let kiln_kernel = std::env::var("LAB_MODE").is_ok_and(|m| m == "kiln");
+    let mut words = match std::env::var("LAB_SPV_IN") {
+        // A module compiled elsewhere (e.g. GLSL through glslang) with the same bindings.
+        Ok(path) => bytemuck::pod_collect_to_vec(&std::fs::read(path).expect("LAB_SPV_IN")),
+        // kiln's own workgroup-scope GEMM (kernels::gemm_cm2), its tile fixed.
+        Err(_) if kiln_kernel => {
+            use kiln::kernels::gemm_cm2 as g;
+            assert_eq!((bm, bn, bk, wg), (g::BM, g::BN, g::BK, g::WG), "kiln's tile");
+            // LAB_ADD_Y=before|after|never: where it adds Y's tile (`gemm_cm2::AddY`).
+            let add_y = match std::env::var("LAB_ADD_Y").as_deref() {
+                Ok("before") => g::AddY::Before,
+                Ok("never") => g::AddY::Never,
+                _ => g::AddY::After,
+            };
+            g::spirv_adding_y(add_y)
+        }
+        Err(_) => spirv(&wgsl(k, bm, bn, bk, wg)),
+    };
+    if std::env::var("LAB_SPV_IN").is_err() && !kiln_kernel {
+        let (cm, cn, ck) = patch(&mut words, bm, bn, bk);
+        if std::env::var("LAB_MODE").is_ok_and(|m| m.starts_with("tensor")) {
+            tensor_loads(&mut words, cm, cn, ck);
+        }
+    }
     if let Ok(dir) = std::env::var("LAB_SPV_OUT") {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         std::fs::write(format!("{dir}/gemm_{bm}x{bn}x{bk}_{wg}.spv"), bytes).unwrap();
@@ -339,15 +545,21 @@ fn main() {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::PASSTHROUGH_SHADERS);
     let limits = adapter.limits();
-    let mut cm2 = Cm2Features { s_type: 1000593000, p_next: std::ptr::null_mut(), v: [1, 1, 0, 0, 0, 0, 0] };
+    let mut cm2 = Cm2Features { s_type: 1000593000, p_next: std::ptr::null_mut(), v: [1; 7] };
     let cm2_ptr = &mut cm2 as *mut Cm2Features as *const c_void;
+    // LAB_HINT=usage: memory in small blocks, as kiln opens its device.
+    let hints = if std::env::var("LAB_HINT").is_ok_and(|h| h == "usage") {
+        wgpu::MemoryHints::MemoryUsage
+    } else {
+        wgpu::MemoryHints::Performance
+    };
     let open = {
         let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }.expect("a Vulkan adapter");
         let cb = move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
             args.extensions.push(c"VK_NV_cooperative_matrix2");
             args.create_info.p_next = cm2_ptr;
         };
-        unsafe { hal.open_with_callback(features, &limits, &wgpu::MemoryHints::Performance, Some(Box::new(cb))) }
+        unsafe { hal.open_with_callback(features, &limits, &hints, Some(Box::new(cb))) }
             .expect("device with VK_NV_cooperative_matrix2")
     };
     let (device, queue) = unsafe {
@@ -358,7 +570,7 @@ fn main() {
                 required_features: features,
                 required_limits: limits.clone(),
                 experimental_features: wgpu::ExperimentalFeatures::enabled(),
-                memory_hints: wgpu::MemoryHints::Performance,
+                memory_hints: hints.clone(),
                 trace: wgpu::Trace::Off,
             },
         )
@@ -424,7 +636,13 @@ fn main() {
     let ws: Vec<f16> = (0..(n * k) as usize).map(|_| f16::from_f32(rnd())).collect();
     let pb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: None,
-        contents: bytemuck::cast_slice(&[m, n, k, 0u32]),
+        // kiln's matmul parameters (n_cols, k, n_rows, row_offset, x_stride, y_stride, ...)
+        // for its kernel, the lab's (m, n, k) for the others.
+        contents: bytemuck::cast_slice(&if kiln_kernel {
+            [m, k, n, 0, k, n, 0, 0, 0, 1, 0, 0]
+        } else {
+            [m, n, k, 0, 0, 0, 0, 0, 0, 0, 0, 0u32]
+        }),
         usage: wgpu::BufferUsages::UNIFORM,
     });
     let wb = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -527,7 +745,7 @@ fn main() {
     }
     println!(
         "cm2 {} {m}x{k}x{n} tile {bm}x{bn}x{bk} wg {wg}: {best:.1} µs, {:.1} TFLOP/s, worst error {worst:.2e}",
-        std::env::var("LAB_MODE").unwrap_or_else(|_| "direct".into()),
+        std::env::var("LAB_SPV_IN").or_else(|_| std::env::var("LAB_MODE")).unwrap_or_else(|_| "direct".into()),
         flops / best / 1e6
     );
 }

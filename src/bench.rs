@@ -49,6 +49,9 @@ impl AdapterRecord {
         if c.coopmat {
             features.push("cooperative-matrix".into());
         }
+        if c.cm2 {
+            features.push("cooperative-matrix-2".into());
+        }
         if c.int8_dot {
             features.push("int8-dot-product".into());
         }

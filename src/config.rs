@@ -11,11 +11,14 @@ pub struct Disabled {
     pub coopmat: bool,
     /// Packed 4x8-bit integer dot products (the int8-activation GEMV).
     pub int8dot: bool,
+    /// Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2; the device is then
+    /// opened as wgpu opens it).
+    pub cm2: bool,
 }
 
 impl Disabled {
-    pub const NONE: Disabled = Disabled { subgroup: false, f16: false, coopmat: false, int8dot: false };
-    pub const ALL: Disabled = Disabled { subgroup: true, f16: true, coopmat: true, int8dot: true };
+    pub const NONE: Disabled = Disabled { subgroup: false, f16: false, coopmat: false, int8dot: false, cm2: false };
+    pub const ALL: Disabled = Disabled { subgroup: true, f16: true, coopmat: true, int8dot: true, cm2: true };
 
     /// Parses a comma-separated list; unknown words are returned as an error so typos surface.
     pub fn parse(list: &str) -> Result<Disabled, String> {
@@ -27,12 +30,11 @@ impl Disabled {
                 "f16" | "shader-f16" | "shader_f16" => d.f16 = true,
                 "coopmat" | "cooperative-matrix" => d.coopmat = true,
                 "int8dot" | "int8" | "dp4a" => d.int8dot = true,
+                "cm2" | "coopmat2" => d.cm2 = true,
                 "all" => d = Disabled::ALL,
-                other => {
-                    return Err(format!(
-                        "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat, int8dot or all)"
-                    ))
-                }
+                other => return Err(format!(
+                    "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat, int8dot, cm2 or all)"
+                )),
             }
         }
         Ok(d)

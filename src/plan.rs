@@ -33,6 +33,10 @@ pub enum GemmTile {
     /// 64x64 each that also load (`coop_shared_loads`): a quarter less traffic from L2 a flop
     /// than Coop128, for F16 GEMMs with tiles to spare (`COOP_256_MIN_TILES`).
     Coop256x128,
+    /// 128 tokens x 256 weight rows as one workgroup-scope matrix, K steps of 64 loaded by the
+    /// driver through tensor addressing (VK_NV_cooperative_matrix2: `Caps::cm2`,
+    /// kernels/gemm_cm2.rs): F16 GEMMs of whole tiles with tiles to spare (`cm2_takes`).
+    Cm2,
 }
 
 impl GemmTile {
@@ -51,6 +55,9 @@ impl GemmTile {
             GemmTile::Coop128x64 => (128, 64, 32, 16, 16),
             GemmTile::Coop128 => (128, 128, 32, 16, 16),
             GemmTile::Coop256x128 => (256, 128, 16, 16, 16),
+            GemmTile::Cm2 => {
+                (crate::kernels::gemm_cm2::BM, crate::kernels::gemm_cm2::BN, crate::kernels::gemm_cm2::BK, 16, 16)
+            }
         }
     }
     /// The register-tile file for (TM, TN).
@@ -63,7 +70,12 @@ impl GemmTile {
     pub fn is_coop(self) -> bool {
         matches!(
             self,
-            GemmTile::Coop16 | GemmTile::Coop64 | GemmTile::Coop128x64 | GemmTile::Coop128 | GemmTile::Coop256x128
+            GemmTile::Coop16
+                | GemmTile::Coop64
+                | GemmTile::Coop128x64
+                | GemmTile::Coop128
+                | GemmTile::Coop256x128
+                | GemmTile::Cm2
         )
     }
     /// The cooperative-matrix tiles.
@@ -84,6 +96,9 @@ impl GemmTile {
     /// 32 per subgroup of accumulators; invocations that load the tiles, `coop_w_chunks`
     /// 8-value chunks of W each per K step).
     pub fn coop_invocations(self) -> (u32, u32) {
+        if self == GemmTile::Cm2 {
+            return (crate::kernels::gemm_cm2::WG, 0);
+        }
         let (bm, bn, bk, _, _) = self.dims();
         let (sgn, fm, _) = self.coop_layout();
         let multiply = (bm / (fm * 16)) * sgn * 32;
@@ -166,6 +181,10 @@ impl std::fmt::Display for MatmulKernel {
                     write!(f, "x{}", shape.groups)?;
                 }
                 write!(f, "]")
+            }
+            MatmulKernel::Gemm { tile: GemmTile::Cm2 } => {
+                let (bm, bn, bk, ..) = GemmTile::Cm2.dims();
+                write!(f, "gemm_cm2[{bm}x{bn}x{bk},f16,workgroup]")
             }
             MatmulKernel::Gemm { tile } if tile.is_coop() => {
                 let (bm, bn, bk, ..) = tile.dims();
@@ -810,6 +829,9 @@ pub fn plan_gemm(m: u32, n: u32, k: u32, format: WeightFormat, caps: &Caps) -> M
     // 17.5 -> 15.2 µs, 2048x5632 Q6_K 26.7 -> 24.4; TinyLlama Q4_K_M pp16 2,513 -> 3,292-3,361
     // tok/s).
     if coop {
+        if caps.cm2 && cm2_takes(m, n, k, format) {
+            return MatmulKernel::Gemm { tile: GemmTile::Cm2 };
+        }
         let tile = if m >= COOP_WIDE_MIN_M && n >= COOP_WIDE_MIN_N {
             if coop_256_takes(m, n, format) {
                 GemmTile::Coop256x128
@@ -849,6 +871,24 @@ pub fn coop_256_takes(m: u32, n: u32, format: WeightFormat) -> bool {
     format == WeightFormat::F16 && m.div_ceil(256) as u64 * n.div_ceil(128) as u64 >= COOP_256_MIN_TILES
 }
 
+/// Whether an F16 GEMM of m tokens over n outputs and k weights a row takes the workgroup-scope
+/// tile (`GemmTile::Cm2`, where the adapter has it): whole tiles and whole unrolled K steps
+/// only (the kernel has no edges), and at least `COOP_256_MIN_TILES` of them, where it was
+/// measured. H200, F16 4096^3 (512 tiles), the GEMM alone: 520.8 µs against the 256x128 tile's
+/// 645.9 (run 501). The models' 512-token shapes (22-43 tiles of 128x256) are not measured in
+/// kiln: in the lab the 128x256 tile lost there (512x4096x11008 in 303 µs against kiln's 255)
+/// and a 128x128x64 one won (237 µs; 512x2048x5632 80.6 against 87.9, run 494), which kiln does
+/// not build yet. `KILN_DISABLE=cm2` turns it off. The caller also checks that its epilogue
+/// is a plain one (`BoundMatmul`).
+pub fn cm2_takes(m: u32, n: u32, k: u32, format: WeightFormat) -> bool {
+    use crate::kernels::gemm_cm2::{BK, BM, BN, UNROLL};
+    format == WeightFormat::F16
+        && m % BM == 0
+        && n % BN == 0
+        && k % (BK * UNROLL) == 0
+        && (m / BM) as u64 * (n / BN) as u64 >= COOP_256_MIN_TILES
+}
+
 /// Split-K: a GEMM with fewer tiles than this is split along K into ranges that run as
 /// workgroups of their own (workgroup_id.z), their partial sums added up by a second
 /// dispatch that applies the epilogue (gemm_reduce.wgsl). Two tiles per SM of an H200: below
@@ -874,7 +914,8 @@ pub fn gemm_splits(m: u32, n: u32, k: u32, tile: GemmTile, caps: &Caps) -> u32 {
     let (bm, bn, bk, ..) = tile.dims();
     let steps = k.div_ceil(bk);
     let most_by_scratch = (SPLIT_K_SCRATCH_FLOATS / (m.max(1) as u64 * n.max(1) as u64)).min(SPLIT_K_MAX as u64) as u32;
-    if caps.cpu_adapter {
+    // The workgroup-scope tile runs where tiles are plenty, and has no partials epilogue.
+    if caps.cpu_adapter || tile == GemmTile::Cm2 {
         return 1;
     }
     if let Some(forced) = crate::config::split_k_from_env() {
@@ -1193,5 +1234,22 @@ mod tests {
             assert!(matches!((tm, tn), (4, 4) | (8, 8)));
             assert!((bm + bn) * bk * 4 <= 32768);
         }
+    }
+
+    #[test]
+    fn cm2_takes_large_whole_tile_f16_gemms() {
+        let caps = Caps { coopmat: true, cm2: true, ..gpu() };
+        let kernel = |m, n, k, f| plan_gemm(m, n, k, f, &caps);
+        let cm2 = MatmulKernel::Gemm { tile: GemmTile::Cm2 };
+        assert_eq!(kernel(4096, 4096, 4096, WeightFormat::F16), cm2);
+        // Other formats, too few tiles, edges, K not in whole unrolled steps: the other tiles.
+        assert_ne!(kernel(4096, 4096, 4096, WeightFormat::Q8_0), cm2);
+        assert_ne!(kernel(512, 4096, 11008, WeightFormat::F16), cm2);
+        assert_ne!(kernel(4000, 4096, 4096, WeightFormat::F16), cm2);
+        assert_ne!(kernel(4096, 4000, 4096, WeightFormat::F16), cm2);
+        assert_ne!(kernel(4096, 4096, 4032, WeightFormat::F16), cm2);
+        assert_ne!(plan_gemm(4096, 4096, 4096, WeightFormat::F16, &Caps { cm2: false, ..caps }), cm2);
+        // Never split along K (it has no partials epilogue).
+        assert_eq!(gemm_splits(128, 256, 1 << 16, GemmTile::Cm2, &caps), 1);
     }
 }

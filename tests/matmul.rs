@@ -156,6 +156,37 @@ fn gemm_coop_every_format() {
     }
 }
 
+/// The workgroup-scope GEMM (VK_NV_cooperative_matrix2 with tensor-addressed loads,
+/// kernels/gemm_cm2.rs) where the device was opened with it (NVIDIA's Vulkan driver; elsewhere
+/// the test prints that it skips): whole tiles, in one band of tile rows, in bands of
+/// `gemm_cm2::GROUP` rows with a shorter last one, several K loop iterations, plain and with the
+/// residual add; a matmul with a bias (which it has no epilogue for) refused; and the planner
+/// taking it for a large F16 GEMM.
+#[test]
+fn gemm_cm2_matches_reference() {
+    for g in gpus() {
+        if !g.ctx.caps.cm2 {
+            eprintln!("[{}] no workgroup-scope cooperative matrices: gemm_cm2 not run on this adapter", g.name);
+            continue;
+        }
+        let kernel = MatmulKernel::Gemm { tile: GemmTile::Cm2 };
+        for (m, n, k, accumulate) in [
+            (128usize, 256usize, 128usize, false),
+            (384, 512, 256, true),
+            (1280, 512, 384, true),
+            (256, 768, 640, false),
+        ] {
+            let what = format!("[{}] gemm_cm2 m={m} n={n} k={k} accumulate={accumulate}", g.name);
+            let (got, want, c) = run_matmul(&g.ctx, WeightFormat::F16, n, k, m, kernel, false, accumulate, None);
+            assert_within(&what, &got, &want, &coop_bound(&c.w_ref, n, k, &c.x, m), TOL);
+        }
+        let c = case(WeightFormat::F16, 256, 128, 128, 1);
+        assert!(mm::run(&g.ctx, &c, &Run::plain(kernel, true, false)).is_err(), "a bias on gemm_cm2");
+        let planned = kiln::plan::plan_gemm(4096, 4096, 4096, WeightFormat::F16, &g.ctx.caps);
+        assert_eq!(planned, kernel, "the planner's F16 GEMM at 4096^3");
+    }
+}
+
 /// Split-K: a GEMM over K ranges (workgroup_id.z) writing partial sums, added up by a second
 /// pass through the epilogue, matches the reference: 2, 3 and more ranges than K has steps
 /// (capped), ragged K ranges, bias and residual add, and the fused SwiGLU and Q/K/V epilogues

@@ -82,6 +82,15 @@ pub fn run(args: &InfoArgs) -> Result<()> {
             "    COOPERATIVE_MATRIX: {} (prefill GEMM on 16x16 f16 tiles where subgroups are 32 wide, with 48 KiB of workgroup storage and 512 invocations)",
             used(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, off.coopmat)
         )?;
+        let cm2 = match (r.cm2, off.cm2 || off.coopmat) {
+            (false, _) => "no",
+            (true, true) => "offered, disabled by KILN_DISABLE",
+            (true, false) => "yes",
+        };
+        writeln!(
+            o,
+            "    VK_NV_cooperative_matrix2: {cm2} (workgroup-scope F16 GEMM with tensor-addressed loads, for large prefill GEMMs)"
+        )?;
         let int8 = match (i.backend == wgpu::Backend::Vulkan, off.int8dot, i.device_type == wgpu::DeviceType::Cpu) {
             (false, ..) => "not native on this backend (int8-activation GEMV off)",
             (true, true, _) => "disabled by KILN_DISABLE",

@@ -89,7 +89,10 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     let gemv = |k: &MatmulKernel| matches!(k, MatmulKernel::Gemv { q8: false, .. });
     let gemv_q8 = |k: &MatmulKernel| matches!(k, MatmulKernel::Gemv { q8: true, .. });
     let gemm = |k: &MatmulKernel| matches!(k, MatmulKernel::Gemm { tile } if !tile.is_coop());
-    let coop = |k: &MatmulKernel| matches!(k, MatmulKernel::Gemm { tile } if tile.is_coop());
+    // The subgroup-scope tiles (every format, ragged shapes, bias) and the workgroup-scope one
+    // (F16 whole tiles, plain epilogue: `cm2_matmuls`) apart.
+    let coop = |k: &MatmulKernel| matches!(k, MatmulKernel::Gemm { tile } if tile.is_coop() && *tile != GemmTile::Cm2);
+    let cm2 = |k: &MatmulKernel| *k == MatmulKernel::Gemm { tile: GemmTile::Cm2 };
     for (f, kernels) in &planned {
         v.push(check(format!("gemv {f}"), Uses::SUBGROUPS, plain_matmuls(*f, pick(kernels, gemv))));
     }
@@ -113,6 +116,13 @@ pub fn kernel_checks(caps: &Caps, every_width: bool) -> Vec<Check> {
     }
     if !caps.coopmat {
         v.push(skip("gemm_coop", "no cooperative matrices with 16x16 f16 tiles and 32-wide subgroups".into()));
+    }
+    match planned.iter().find(|(_, ks)| ks.iter().any(cm2)) {
+        Some((f, _)) => v.push(check(format!("gemm_cm2 {f}"), Uses::NONE, cm2_matmuls())),
+        None => v.push(skip(
+            "gemm_cm2",
+            "no workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2) on this device".into(),
+        )),
     }
     // Long prompts' GEMMs over K-quants read an f16 copy of the weights (`Caps::dequant_f16_from`).
     let copies = WeightFormat::ALL.into_iter().filter(|&f| crate::plan::dequant_f16_format(f));
@@ -242,6 +252,23 @@ fn q8_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mut 
 fn coop_matmuls(format: WeightFormat, kernels: Vec<MatmulKernel>) -> impl Fn(&mut Checker) -> Result<()> {
     let runs = kernels.into_iter().map(|k| (k.to_string(), Run::plain(k, false, false))).collect();
     f16_matmuls(format, runs, [(70, 130, 2, false, true), (9, 45, 3, true, false)])
+}
+
+/// The workgroup-scope GEMM (F16 weights, whole tiles, Y's plain write with and without the
+/// residual add), within the bound of rounding both operands to f16.
+fn cm2_matmuls() -> impl Fn(&mut Checker) -> Result<()> {
+    move |ck| {
+        let kernel = MatmulKernel::Gemm { tile: GemmTile::Cm2 };
+        for (m, n, k, accumulate) in [(128usize, 256usize, 128usize, false), (384, 512, 256, true)] {
+            let c = MatmulCase::new(WeightFormat::F16, n, k, m, seed(m, n, k))?;
+            let out = mm::run(ck.ctx, &c, &Run::plain(kernel, false, accumulate))?;
+            let y = &out.outputs[0];
+            let bound = coop_bound(&c.w_ref, n, k, &c.x, m);
+            ck.within(format!("{kernel} m={m} n={n} k={k}"), &y.got, &y.want, &bound, MATMUL_TOL);
+        }
+        ck.ran(1);
+        Ok(())
+    }
 }
 
 /// The planner's GEMM over an f16 copy of K-quant weights (the copy's decoder first), within

@@ -19,6 +19,10 @@ pub struct Caps {
     /// subgroup of gemm_coop.wgsl owns one block of the tile) with subgroup barriers
     /// (SUBGROUP_BARRIER) and 48 KiB of workgroup memory.
     pub coopmat: bool,
+    /// Workgroup-scope cooperative matrices with tensor-addressed loads (VK_NV_cooperative_matrix2
+    /// on NVIDIA's Vulkan driver, the device opened with it: `gpu::cm2`), with `coopmat`: the
+    /// F16 GEMM's `GemmTile::Cm2` (kernels/gemm_cm2.rs, passed through as SPIR-V).
+    pub cm2: bool,
     /// Packed 4x8-bit integer dot products run natively: Vulkan, where wgpu turns on
     /// VK_KHR_shader_integer_dot_product (core in 1.3) and naga emits OpSDot. Elsewhere naga
     /// writes them out in plain integer arithmetic, slower than the float GEMV.
@@ -107,6 +111,7 @@ impl Caps {
             timestamps: false,
             timestamps_in_passes: false,
             coopmat: false,
+            cm2: false,
             int8_dot: false,
             int8_gemv_always: false,
             q8_swiglu: None,
@@ -213,6 +218,9 @@ pub struct AdapterReport {
     pub limits: wgpu::Limits,
     /// Why kiln cannot use this adapter, if it cannot.
     pub unusable: Option<String>,
+    /// The driver offers what the workgroup-scope GEMM needs (VK_NV_cooperative_matrix2 with
+    /// its features and tile, `gpu::cm2::offered`) and wgpu passes SPIR-V through.
+    pub cm2: bool,
 }
 
 pub fn parse_backend(s: &str) -> Option<wgpu::Backend> {
@@ -321,7 +329,11 @@ pub fn list_adapters(backend: Option<wgpu::Backend>) -> (wgpu::Instance, Vec<(wg
             let info = a.get_info();
             let limits = a.limits();
             let unusable = unusable_reason(&limits, &info, &a.get_downlevel_capabilities());
-            let report = AdapterReport { index, info, features: a.features(), limits, unusable };
+            let features = a.features();
+            let cm2 = info.backend == wgpu::Backend::Vulkan
+                && features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+                && crate::gpu::cm2::offered(&a);
+            let report = AdapterReport { index, info, features, limits, unusable, cm2 };
             (a, report)
         })
         .collect();
@@ -482,6 +494,16 @@ impl GpuContext {
         if !opts.disable.subgroup {
             wanted |= wgpu::Features::MEMORY_DECORATION_COHERENT;
         }
+        // The workgroup-scope GEMM's device: the extension wgpu does not know, and modules
+        // passed through to the driver.
+        let cm2_wanted = !opts.disable.coopmat
+            && !opts.disable.cm2
+            && report.cm2
+            && offered.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+            && wanted.contains(wgpu::Features::SHADER_F16);
+        if cm2_wanted {
+            wanted |= wgpu::Features::PASSTHROUGH_SHADERS;
+        }
         let features = wanted & offered;
         let limits = opts.limits.clone().unwrap_or_else(|| adapter.limits());
         let desc = wgpu::DeviceDescriptor {
@@ -496,8 +518,22 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::MemoryUsage,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| KilnError::RequestDevice { adapter: report.info.name.clone(), reason: e.to_string() })?;
+        let with_cm2 = if cm2_wanted { crate::gpu::cm2::open(adapter, &desc) } else { None };
+        let cm2 = with_cm2.is_some();
+        let (device, queue) = match with_cm2 {
+            Some(pair) => pair,
+            None => {
+                let desc = wgpu::DeviceDescriptor {
+                    required_features: features - wgpu::Features::PASSTHROUGH_SHADERS,
+                    ..desc
+                };
+                pollster::block_on(adapter.request_device(&desc)).map_err(|e| KilnError::RequestDevice {
+                    adapter: report.info.name.clone(),
+                    reason: e.to_string(),
+                })?
+            }
+        };
+        let features = if cm2 { features } else { features - wgpu::Features::PASSTHROUGH_SHADERS };
         let info = report.info.clone();
         // Subgroups of 8 invocations or more: the reductions' slots (512 invocations, 64
         // subgroups) and the int8 input's 8-invocation blocks (common/q8_prepare_subgroups.wgsl).
@@ -520,6 +556,7 @@ impl GpuContext {
                 && limits.max_compute_invocations_per_workgroup >= crate::plan::COOP_MAX_INVOCATIONS
                 && limits.max_compute_workgroup_size_x >= crate::plan::COOP_MAX_INVOCATIONS
                 && has_f16_16x16x16(adapter),
+            cm2: false,
             int8_dot,
             int8_gemv_always: opts.int8_gemv_always,
             // Int8 dot products in hardware, and workgroups as large as the shape's.
@@ -573,6 +610,7 @@ impl GpuContext {
                 && limits.max_compute_invocations_per_workgroup >= 1024
                 && limits.max_compute_workgroup_size_x >= 1024,
         };
+        caps.cm2 = cm2 && caps.coopmat;
         caps.dequant_f16_from = match opts.dequant_f16_from {
             Some(from) => from,
             None if caps.coopmat && !caps.cpu_adapter => crate::plan::prefill_dequant_f16(),

@@ -1,6 +1,7 @@
 //! The GPU layer: device and capabilities, buffers, shader composition, pipelines, timing.
 
 pub mod buffers;
+pub mod cm2;
 pub mod context;
 pub mod dump;
 pub mod pipelines;

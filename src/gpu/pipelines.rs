@@ -124,6 +124,9 @@ impl GpuContext {
         if let Some(p) = self.pipelines.map.lock().ok().and_then(|m| m.get(key).cloned()) {
             return Ok(p);
         }
+        if let Some(words) = key.spirv() {
+            return self.passthrough_pipeline(key, &words?);
+        }
         let src = key.source(&self.caps)?;
         if let Some(dir) = &self.dump_wgsl {
             crate::gpu::dump::write(dir, key, &src);
@@ -163,6 +166,56 @@ impl GpuContext {
             return Err(KilnError::Shader { label: src.label, message: innermost_cause(&err) });
         }
         tracing::debug!("pipeline compiled: {}", src.label);
+        let pipeline = Arc::new(pipeline);
+        if let Ok(mut m) = self.pipelines.map.lock() {
+            m.insert(*key, pipeline.clone());
+        }
+        Ok(pipeline)
+    }
+
+    /// The pipeline of a kernel written as SPIR-V (`KernelKey::spirv`), passed through to the
+    /// driver as it is (wgpu's PASSTHROUGH_SHADERS: no naga, no validation of the module).
+    fn passthrough_pipeline(&self, key: &KernelKey, words: &[u32]) -> Result<Arc<wgpu::ComputePipeline>> {
+        let label = format!("{key:?}");
+        if !self.caps.cm2 {
+            return Err(KilnError::Shader {
+                label,
+                message: "SPIR-V kernels run only on a device opened for them (Caps::cm2)".into(),
+            });
+        }
+        let layout = self.pipeline_layout(key.bindings());
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let workgroup_size = (crate::kernels::gemm_cm2::WG, 1, 1);
+        // SAFETY: the module is kiln's own (kernels/gemm_cm2.rs), for a device that enabled
+        // every capability it declares; its entry point and workgroup size are given here.
+        let module = unsafe {
+            self.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                label: Some(&label),
+                entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                    name: "main".into(),
+                    workgroup_size,
+                }]),
+                spirv: Some(std::borrow::Cow::Borrowed(words)),
+                ..Default::default()
+            })
+        };
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: self.disk_cache.as_ref().map(|d| &d.cache),
+        });
+        if let Some(d) = &self.disk_cache {
+            d.compiled.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        let internal = pollster::block_on(internal.pop());
+        if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
+            return Err(KilnError::Shader { label, message: innermost_cause(&err) });
+        }
+        tracing::debug!("pipeline compiled (SPIR-V passed through): {label}");
         let pipeline = Arc::new(pipeline);
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(*key, pipeline.clone());

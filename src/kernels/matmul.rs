@@ -1226,9 +1226,35 @@ impl BoundMatmul {
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
         if m > self.gemv_cols {
-            return crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
+            return self.planned_gemm(ctx, m);
         }
-        crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+        match crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps) {
+            MatmulKernel::Gemm { .. } => self.planned_gemm(ctx, m),
+            gemv => gemv,
+        }
+    }
+
+    /// The planner's GEMM over m columns, the workgroup-scope tile only where it fits
+    /// (`cm2_fits`).
+    fn planned_gemm(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
+        let kernel = crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
+        if kernel == (MatmulKernel::Gemm { tile: crate::plan::GemmTile::Cm2 }) && !self.cm2_fits() {
+            let caps = crate::gpu::Caps { cm2: false, ..ctx.caps };
+            return crate::plan::plan_gemm(m, self.n, self.k, self.format, &caps);
+        }
+        kernel
+    }
+
+    /// Whether the workgroup-scope GEMM (kernels/gemm_cm2.rs) can run this matmul: its
+    /// epilogue is Y's plain write (+ Y) without a bias, the weights are one chunk, X's halves
+    /// come in rows of whole 16-byte units, and K is not split.
+    fn cm2_fits(&self) -> bool {
+        self.epi == Epi::Plain
+            && !self.has_bias
+            && self.chunks.len() == 1
+            && self.forced_splits.is_none()
+            && self.second.is_none()
+            && self.half.as_ref().is_some_and(|h| h.stride % 8 == 0)
     }
 
     /// The kernel for m columns: a batched decode step's (`batched`: the planner's choice,
@@ -1564,6 +1590,12 @@ impl BoundMatmul {
                 format!("{}: no GEMV over two formats for this step", self.stage),
             ));
         }
+        if kernel == (MatmulKernel::Gemm { tile: crate::plan::GemmTile::Cm2 }) && !self.cm2_fits() {
+            return Err(KilnError::invalid(
+                "matmul",
+                format!("{}: the workgroup-scope GEMM takes a plain epilogue over one chunk, unsplit", self.stage),
+            ));
+        }
         // Over the f16 copy: the weights decoded into it, then the copy's GEMM.
         if let Some(route) = self.dequant_route(m, kernel) {
             let mut out = Vec::new();
@@ -1821,7 +1853,7 @@ pub fn prepare_split(
 pub fn prepare_planned(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Result<Vec<Dispatch>> {
     let scratch = MatmulScratch::default();
     let bm = BoundMatmul::bind(ctx, mm, stage, None, own_halves(ctx, mm)?, scratch.partials(ctx)?, None)?;
-    let kernel = crate::plan::plan_gemm(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
+    let kernel = bm.planned_gemm(ctx, mm.m);
     one_off(ctx, &bm, mm.m, kernel, false, stage)
 }
 
@@ -1837,7 +1869,7 @@ pub fn prepare_dequant(ctx: &GpuContext, mm: &Matmul, stage: &'static str) -> Re
         .as_mut()
         .ok_or_else(|| KilnError::invalid("matmul", format!("no f16 copy of {} weights here", mm.w.format)))?;
     route.from = 1;
-    let kernel = crate::plan::plan_gemm(mm.m, mm.w.rows, mm.w.k, mm.w.format, &ctx.caps);
+    let kernel = bm.planned_gemm(ctx, mm.m);
     one_off(ctx, &bm, mm.m, kernel, false, stage)
 }
 

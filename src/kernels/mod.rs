@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod flash_attention;
+pub mod gemm_cm2;
 pub mod matmul;
 pub mod nll;
 pub mod norm;
@@ -538,6 +539,7 @@ impl KernelKey {
             KernelKey::QuantizeQ8 { .. } => "quantize_q8",
             KernelKey::ToHalf => "to_half",
             KernelKey::DequantF16 { .. } => "dequant_f16",
+            KernelKey::Gemm { tile: GemmTile::Cm2, .. } => "gemm_cm2",
             KernelKey::Gemm { tile, .. } if tile.is_coop() => "gemm_coop",
             KernelKey::Gemm { .. } => "gemm",
             KernelKey::GemmReduce { .. } => "gemm_reduce",
@@ -583,6 +585,12 @@ impl KernelKey {
         }
         if let KernelKey::Gemv { epi: Epi::SwiGluF16, .. } = self {
             return Err(crate::error::KilnError::invalid("kernel", "the f16 SwiGLU epilogue is the GEMMs' only"));
+        }
+        if let KernelKey::Gemm { tile: GemmTile::Cm2, .. } = self {
+            return Err(crate::error::KilnError::invalid(
+                "kernel",
+                "the workgroup-scope GEMM is SPIR-V (`spirv`), not WGSL",
+            ));
         }
         if let KernelKey::Gemm { epi: Epi::AddQ8Norm, .. } | KernelKey::GemmReduce { epi: Epi::AddQ8Norm } = self {
             return Err(crate::error::KilnError::invalid(
@@ -963,6 +971,21 @@ impl KernelKey {
                 c.enable_f16(true).enable_coopmat(true).const_u32("WG", 128).include("probe_coop.wgsl").build()
             }
             KernelKey::Probe { .. } => c.const_u32("WG", WG_ELT).include("probe.wgsl").build(),
+        }
+    }
+
+    /// The variants written as SPIR-V and passed through to the driver, not composed from WGSL:
+    /// the workgroup-scope GEMM (gemm_cm2.rs), F16 weights and the plain epilogue only.
+    pub fn spirv(&self) -> Option<Result<Vec<u32>>> {
+        match *self {
+            KernelKey::Gemm { tile: GemmTile::Cm2, format: WeightFormat::F16, epi: Epi::Plain } => {
+                Some(Ok(gemm_cm2::spirv()))
+            }
+            KernelKey::Gemm { tile: GemmTile::Cm2, format, epi } => Some(Err(crate::error::KilnError::invalid(
+                "kernel",
+                format!("the workgroup-scope GEMM takes F16 weights and the plain epilogue, not {format} and {epi:?}"),
+            ))),
+            _ => None,
         }
     }
 
