@@ -122,7 +122,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 /// SPIR-V): the form of llama.cpp's `mul_mm_cm2.comp`. The K loop unrolled `n` times (default
 /// 1); `LAB_GROUP=g` visits the tiles g rows of tiles at a time.
 fn tensor_wgsl(bm: u32, bn: u32, bk: u32, wg: u32, unroll: u32) -> String {
-    let group = std::env::var("LAB_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32 << 20);
     let mut body = String::new();
     for u in 0..unroll {
         body += &format!(
@@ -135,7 +134,22 @@ fn tensor_wgsl(bm: u32, bn: u32, bk: u32, wg: u32, unroll: u32) -> String {
             "@compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
   let ks = p.k;
-  let tn = p.n / {bn}u;
+{order}  var c = TC();
+  for (var k = 0u; k < ks; k += {step}u) {{
+{body}  }}
+{STORE_Y}}}
+",
+            step = bk * unroll,
+            order = tile_order(bm, bn)
+        )
+}
+
+/// m0 and n0 of the workgroup's tile: `LAB_GROUP=g` visits them g rows of tiles at a time,
+/// column by column (L2 reuse); by default row by row.
+fn tile_order(bm: u32, bn: u32) -> String {
+    let group = std::env::var("LAB_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32 << 20);
+    format!(
+        "  let tn = p.n / {bn}u;
   let tm = p.m / {bm}u;
   let t = wid.x + wid.y * tn;
   let g = min({group}u, tm);
@@ -144,13 +158,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
   let r = t - band * g * tn;
   let m0 = (band * g + r % rows) * {bm}u;
   let n0 = (r / rows) * {bn}u;
-  var c = TC();
-  for (var k = 0u; k < ks; k += {step}u) {{
-{body}  }}
-{STORE_Y}}}
-",
-            step = bk * unroll
-        )
+"
+    )
 }
 
 /// `pipe[-pad<p>][-ahead<a>]`: a whole GEMM. Each K step's A and B tiles go from the storage
@@ -172,21 +181,11 @@ fn h4(a: u32, b: u32) -> vec4<f16> {{ return vec4<f16>(vec4<f32>(unpack2x16float
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let ks = p.k;
   let kc = ks / 8u;
-  // LAB_GROUP=g: tiles visited g rows of tiles at a time, column by column (L2 reuse).
-  let tn = p.n / {bn}u;
-  let tm = p.m / {bm}u;
-  let t = wid.x + wid.y * tn;
-  let g = min({group}u, tm);
-  let band = t / (g * tn);
-  let rows = min(g, tm - band * g);
-  let r = t - band * g * tn;
-  let m0 = (band * g + r % rows) * {bm}u;
-  let n0 = (r / rows) * {bn}u;
-  let steps = ks / {bk}u;
+{order}  let steps = ks / {bk}u;
 ",
         xsz = 2 * bm * ldv,
         wsz = 2 * bn * ldv,
-        group = std::env::var("LAB_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32 << 20)
+        order = tile_order(bm, bn)
     );
     for i in 0..na {
         s += &format!(
@@ -439,7 +438,8 @@ fn tensor_loads(words: &mut Vec<u32>, cm: u32, cn: u32, ck: u32) {
     globals.extend([(4 << 16) | OP_TYPE_TENSOR_LAYOUT, layout_t, c2, c0]);
     globals.extend([(6 << 16) | OP_TYPE_TENSOR_VIEW, view_t, c2, cfalse, c1, c0]);
     // Loads from the end backwards, so that earlier offsets stay valid.
-    let mut undefs = std::collections::HashMap::new();
+    // Ordered, so that the module comes out the same every time.
+    let mut undefs = std::collections::BTreeMap::new();
     for &at in loads.iter().rev() {
         // OpCooperativeMatrixLoadKHR result_type result pointer layout stride [memory operand]
         let (ty, res, ptr, stride) = (words[at + 1], words[at + 2], words[at + 3], words[at + 5]);

@@ -32,9 +32,11 @@ impl Disabled {
                 "int8dot" | "int8" | "dp4a" => d.int8dot = true,
                 "cm2" | "coopmat2" => d.cm2 = true,
                 "all" => d = Disabled::ALL,
-                other => return Err(format!(
+                other => {
+                    return Err(format!(
                     "KILN_DISABLE: unknown capability {other:?} (expected subgroup, f16, coopmat, int8dot, cm2 or all)"
-                )),
+                ))
+                }
             }
         }
         Ok(d)
