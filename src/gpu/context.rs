@@ -520,20 +520,15 @@ impl GpuContext {
         };
         let with_cm2 = if cm2_wanted { crate::gpu::cm2::open(adapter, &desc) } else { None };
         let cm2 = with_cm2.is_some();
+        // Modules are passed through only on the device opened for them.
+        let features = if cm2 { features } else { features - wgpu::Features::PASSTHROUGH_SHADERS };
         let (device, queue) = match with_cm2 {
             Some(pair) => pair,
-            None => {
-                let desc = wgpu::DeviceDescriptor {
-                    required_features: features - wgpu::Features::PASSTHROUGH_SHADERS,
-                    ..desc
-                };
-                pollster::block_on(adapter.request_device(&desc)).map_err(|e| KilnError::RequestDevice {
-                    adapter: report.info.name.clone(),
-                    reason: e.to_string(),
-                })?
-            }
+            None => pollster::block_on(
+                adapter.request_device(&wgpu::DeviceDescriptor { required_features: features, ..desc }),
+            )
+            .map_err(|e| KilnError::RequestDevice { adapter: report.info.name.clone(), reason: e.to_string() })?,
         };
-        let features = if cm2 { features } else { features - wgpu::Features::PASSTHROUGH_SHADERS };
         let info = report.info.clone();
         // Subgroups of 8 invocations or more: the reductions' slots (512 invocations, 64
         // subgroups) and the int8 input's 8-invocation blocks (common/q8_prepare_subgroups.wgsl).

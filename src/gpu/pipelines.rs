@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{KilnError, Result};
+use crate::gpu::shader::ShaderSource;
 use crate::gpu::GpuContext;
 use crate::kernels::{Binding, KernelKey};
 
@@ -119,16 +120,25 @@ impl GpuContext {
         self.disk_cache.as_ref().map(|d| d.path())
     }
 
-    /// The pipeline for `key`, compiling it the first time it is asked for.
+    /// The pipeline for `key`, compiling it the first time it is asked for: composed from
+    /// WGSL, or for the kernels written as SPIR-V (`KernelKey::spirv`) passed through to the
+    /// driver as they are (wgpu's PASSTHROUGH_SHADERS: no naga, no validation of the module).
     pub fn pipeline(&self, key: &KernelKey) -> Result<Arc<wgpu::ComputePipeline>> {
         if let Some(p) = self.pipelines.map.lock().ok().and_then(|m| m.get(key).cloned()) {
             return Ok(p);
         }
-        if let Some(words) = key.spirv() {
-            return self.passthrough_pipeline(key, &words?);
-        }
-        let src = key.source(&self.caps)?;
-        if let Some(dir) = &self.dump_wgsl {
+        let spirv = key.spirv().transpose()?;
+        let src = match &spirv {
+            Some(_) if !self.caps.cm2 => {
+                return Err(KilnError::Shader {
+                    label: format!("{key:?}"),
+                    message: "SPIR-V kernels run only on a device opened for them (Caps::cm2)".into(),
+                })
+            }
+            Some(_) => ShaderSource { label: format!("{key:?}"), text: String::new(), overrides: Vec::new() },
+            None => key.source(&self.caps)?,
+        };
+        if let (None, Some(dir)) = (&spirv, &self.dump_wgsl) {
             crate::gpu::dump::write(dir, key, &src);
         }
         let layout = self.pipeline_layout(key.bindings());
@@ -136,16 +146,32 @@ impl GpuContext {
         // A driver that cannot compile the translated shader (GL below 4.3) reports an
         // internal error, not a validation error.
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-        // SAFETY: kiln's kernels guard every index against the shapes in their parameters,
-        // so wgpu's extra bounds checks would only cost time on the hot path.
-        let module = unsafe {
-            self.device.create_shader_module_trusted(
-                wgpu::ShaderModuleDescriptor {
+        let module = match &spirv {
+            // SAFETY: the module is kiln's own (kernels/gemm_cm2.rs), for a device that enabled
+            // every capability it declares (`Caps::cm2`); its entry point and workgroup size
+            // are given here.
+            Some(words) => unsafe {
+                self.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                     label: Some(&src.label),
-                    source: wgpu::ShaderSource::Wgsl(src.text.as_str().into()),
-                },
-                wgpu::ShaderRuntimeChecks::unchecked(),
-            )
+                    entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                        name: key.entry().into(),
+                        workgroup_size: (crate::kernels::gemm_cm2::WG, 1, 1),
+                    }]),
+                    spirv: Some(std::borrow::Cow::Borrowed(words)),
+                    ..Default::default()
+                })
+            },
+            // SAFETY: kiln's kernels guard every index against the shapes in their parameters,
+            // so wgpu's extra bounds checks would only cost time on the hot path.
+            None => unsafe {
+                self.device.create_shader_module_trusted(
+                    wgpu::ShaderModuleDescriptor {
+                        label: Some(&src.label),
+                        source: wgpu::ShaderSource::Wgsl(src.text.as_str().into()),
+                    },
+                    wgpu::ShaderRuntimeChecks::unchecked(),
+                )
+            },
         };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&src.label),
@@ -165,57 +191,7 @@ impl GpuContext {
         if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
             return Err(KilnError::Shader { label: src.label, message: innermost_cause(&err) });
         }
-        tracing::debug!("pipeline compiled: {}", src.label);
-        let pipeline = Arc::new(pipeline);
-        if let Ok(mut m) = self.pipelines.map.lock() {
-            m.insert(*key, pipeline.clone());
-        }
-        Ok(pipeline)
-    }
-
-    /// The pipeline of a kernel written as SPIR-V (`KernelKey::spirv`), passed through to the
-    /// driver as it is (wgpu's PASSTHROUGH_SHADERS: no naga, no validation of the module).
-    fn passthrough_pipeline(&self, key: &KernelKey, words: &[u32]) -> Result<Arc<wgpu::ComputePipeline>> {
-        let label = format!("{key:?}");
-        if !self.caps.cm2 {
-            return Err(KilnError::Shader {
-                label,
-                message: "SPIR-V kernels run only on a device opened for them (Caps::cm2)".into(),
-            });
-        }
-        let layout = self.pipeline_layout(key.bindings());
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-        let workgroup_size = (crate::kernels::gemm_cm2::WG, 1, 1);
-        // SAFETY: the module is kiln's own (kernels/gemm_cm2.rs), for a device that enabled
-        // every capability it declares; its entry point and workgroup size are given here.
-        let module = unsafe {
-            self.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                label: Some(&label),
-                entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
-                    name: "main".into(),
-                    workgroup_size,
-                }]),
-                spirv: Some(std::borrow::Cow::Borrowed(words)),
-                ..Default::default()
-            })
-        };
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: self.disk_cache.as_ref().map(|d| &d.cache),
-        });
-        if let Some(d) = &self.disk_cache {
-            d.compiled.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        let internal = pollster::block_on(internal.pop());
-        if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
-            return Err(KilnError::Shader { label, message: innermost_cause(&err) });
-        }
-        tracing::debug!("pipeline compiled (SPIR-V passed through): {label}");
+        tracing::debug!("pipeline compiled{}: {}", if spirv.is_some() { " (SPIR-V)" } else { "" }, src.label);
         let pipeline = Arc::new(pipeline);
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(*key, pipeline.clone());

@@ -1225,19 +1225,22 @@ impl BoundMatmul {
 
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
-        if m > self.gemv_cols {
-            return self.planned_gemm(ctx, m);
-        }
-        match crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps) {
-            MatmulKernel::Gemm { .. } => self.planned_gemm(ctx, m),
-            gemv => gemv,
-        }
+        let kernel = if m > self.gemv_cols {
+            crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps)
+        } else {
+            crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
+        };
+        self.fitted(ctx, m, kernel)
     }
 
-    /// The planner's GEMM over m columns, the workgroup-scope tile only where it fits
-    /// (`cm2_fits`).
+    /// The planner's GEMM over m columns (`fitted`).
     fn planned_gemm(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
-        let kernel = crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps);
+        self.fitted(ctx, m, crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps))
+    }
+
+    /// The planner's `kernel` over m columns, but where it is a workgroup-scope tile this
+    /// matmul does not fit (`cm2_fits`), the GEMM the planner picks without them.
+    fn fitted(&self, ctx: &GpuContext, m: u32, kernel: MatmulKernel) -> MatmulKernel {
         if kernel == (MatmulKernel::Gemm { tile: crate::plan::GemmTile::Cm2 }) && !self.cm2_fits() {
             let caps = crate::gpu::Caps { cm2: false, ..ctx.caps };
             return crate::plan::plan_gemm(m, self.n, self.k, self.format, &caps);
