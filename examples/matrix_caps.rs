@@ -6,43 +6,17 @@
 //! (H200, driver 580.159.04, run 485: workgroup-scope matrices of f16 with f32 accumulators in
 //! multiples of 32x32x16 at 256 invocations, 8,192 bytes of shared memory reserved for them.)
 
-use std::ffi::{c_void, CStr};
+#![cfg_attr(not(any(windows, all(unix, not(target_vendor = "apple")))), allow(unused))]
+
+use std::ffi::CStr;
 
 use ash::vk;
 
-const NV_CM2: &CStr = c"VK_NV_cooperative_matrix2";
-
-/// VK_NV_cooperative_matrix2's structures (ash 0.38 predates the extension).
-#[repr(C)]
-struct Cm2Features {
-    s_type: i32,
-    p_next: *mut c_void,
-    /// workgroup scope, flexible dimensions, reductions, conversions, per-element operations,
-    /// tensor addressing, block loads
-    enabled: [u32; 7],
+/// Platforms without Vulkan in kiln's build (`kiln::gpu::cm2` is Vulkan's).
+#[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
+fn main() {
+    eprintln!("matrix_caps: Vulkan platforms only (Linux, Windows)");
 }
-
-#[repr(C)]
-struct Cm2Properties {
-    s_type: i32,
-    p_next: *mut c_void,
-    workgroup_scope_max_workgroup_size: u32,
-    flexible_dimensions_max_dimension: u32,
-    workgroup_scope_reserved_shared_memory: u32,
-}
-
-#[repr(C)]
-struct FlexibleDimensions {
-    s_type: i32,
-    p_next: *mut c_void,
-    granularity_mnk: [u32; 3],
-    types_abcr: [i32; 4],
-    saturating: u32,
-    scope: i32,
-    workgroup_invocations: u32,
-}
-
-type GetFlexible = unsafe extern "system" fn(vk::PhysicalDevice, *mut u32, *mut FlexibleDimensions) -> vk::Result;
 
 fn scope(s: i32) -> &'static str {
     match s {
@@ -53,7 +27,9 @@ fn scope(s: i32) -> &'static str {
     }
 }
 
+#[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
 fn main() -> Result<(), String> {
+    use kiln::gpu::cm2::query;
     // SAFETY: loading the system's Vulkan loader; every call below follows the spec's rules
     // for the handles it uses, and every structure passed is initialized with its sType.
     let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("no Vulkan loader: {e}"))?;
@@ -85,53 +61,21 @@ fn main() -> Result<(), String> {
                 );
             }
         }
-        if !has(NV_CM2) {
-            continue;
-        }
-        let mut features = Cm2Features { s_type: 1000593000, p_next: std::ptr::null_mut(), enabled: [0; 7] };
-        let mut f2 =
-            vk::PhysicalDeviceFeatures2 { p_next: (&mut features as *mut Cm2Features).cast(), ..Default::default() };
-        unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+        // SAFETY: pd is a physical device of this instance, which `entry` loaded.
+        let Some(offer) = (unsafe { query(&entry, &instance, pd) }) else { continue };
         println!(
             "  NV cooperative_matrix2 features (workgroup scope, flexible dimensions, reductions, conversions, \
              per-element operations, tensor addressing, block loads): {:?}",
-            features.enabled
+            offer.features.enabled
         );
-        let mut cm2 = Cm2Properties {
-            s_type: 1000593002,
-            p_next: std::ptr::null_mut(),
-            workgroup_scope_max_workgroup_size: 0,
-            flexible_dimensions_max_dimension: 0,
-            workgroup_scope_reserved_shared_memory: 0,
-        };
-        let mut p2 =
-            vk::PhysicalDeviceProperties2 { p_next: (&mut cm2 as *mut Cm2Properties).cast(), ..Default::default() };
-        unsafe { instance.get_physical_device_properties2(pd, &mut p2) };
+        let p = &offer.properties;
         println!(
             "  NV workgroup scope: at most {} invocations, {} bytes of shared memory reserved; flexible sizes up to {}",
-            cm2.workgroup_scope_max_workgroup_size,
-            cm2.workgroup_scope_reserved_shared_memory,
-            cm2.flexible_dimensions_max_dimension
+            p.workgroup_scope_max_workgroup_size,
+            p.workgroup_scope_reserved_shared_memory,
+            p.flexible_dimensions_max_dimension
         );
-        let f = c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV";
-        let Some(f) = (unsafe { entry.get_instance_proc_addr(instance.handle(), f.as_ptr()) }) else { continue };
-        // SAFETY: the entry point of that name has this signature (VK_NV_cooperative_matrix2).
-        let f: GetFlexible = unsafe { std::mem::transmute(f) };
-        let mut n = 0u32;
-        unsafe { f(pd, &mut n, std::ptr::null_mut()) }.result().map_err(|e| e.to_string())?;
-        let mut list: Vec<FlexibleDimensions> = (0..n)
-            .map(|_| FlexibleDimensions {
-                s_type: 1000593001,
-                p_next: std::ptr::null_mut(),
-                granularity_mnk: [0; 3],
-                types_abcr: [0; 4],
-                saturating: 0,
-                scope: 0,
-                workgroup_invocations: 0,
-            })
-            .collect();
-        unsafe { f(pd, &mut n, list.as_mut_ptr()) }.result().map_err(|e| e.to_string())?;
-        for x in list.iter().take(n as usize) {
+        for x in &offer.flexible {
             let [m, n, k] = x.granularity_mnk;
             let t = x.types_abcr.map(vk::ComponentTypeKHR::from_raw);
             println!(

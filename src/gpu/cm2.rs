@@ -8,10 +8,10 @@
 /// predates it): workgroup scope, flexible dimensions, reductions, conversions, per-element
 /// operations, tensor addressing, block loads.
 #[repr(C)]
-struct Features {
-    s_type: i32,
-    p_next: *mut std::ffi::c_void,
-    enabled: [u32; 7],
+pub struct Features {
+    pub s_type: i32,
+    pub p_next: *mut std::ffi::c_void,
+    pub enabled: [u32; 7],
 }
 
 const FEATURES_S_TYPE: i32 = 1_000_593_000;
@@ -21,26 +21,42 @@ const PROPERTIES_S_TYPE: i32 = 1_000_593_002;
 /// tensor addressing.
 const NEEDED: [usize; 3] = [0, 1, 5];
 
+impl Features {
+    fn new(enabled: [u32; 7]) -> Features {
+        Features { s_type: FEATURES_S_TYPE, p_next: std::ptr::null_mut(), enabled }
+    }
+}
+
+/// VkPhysicalDeviceCooperativeMatrix2PropertiesNV.
 #[repr(C)]
-struct Properties {
-    s_type: i32,
-    p_next: *mut std::ffi::c_void,
-    workgroup_scope_max_workgroup_size: u32,
-    flexible_dimensions_max_dimension: u32,
-    workgroup_scope_reserved_shared_memory: u32,
+pub struct Properties {
+    pub s_type: i32,
+    pub p_next: *mut std::ffi::c_void,
+    pub workgroup_scope_max_workgroup_size: u32,
+    pub flexible_dimensions_max_dimension: u32,
+    pub workgroup_scope_reserved_shared_memory: u32,
 }
 
 /// One entry of vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV: the sizes
 /// (multiples of the granularity) a workgroup of that many invocations may use.
 #[repr(C)]
-struct Flexible {
-    s_type: i32,
-    p_next: *mut std::ffi::c_void,
-    granularity_mnk: [u32; 3],
-    types_abcr: [i32; 4],
-    saturating: u32,
-    scope: i32,
-    workgroup_invocations: u32,
+pub struct Flexible {
+    pub s_type: i32,
+    pub p_next: *mut std::ffi::c_void,
+    pub granularity_mnk: [u32; 3],
+    /// VkComponentTypeKHR of A, B, C and the result.
+    pub types_abcr: [i32; 4],
+    pub saturating: u32,
+    /// VkScopeKHR.
+    pub scope: i32,
+    pub workgroup_invocations: u32,
+}
+
+/// What a device's driver says of the extension: its features, properties and flexible sizes.
+pub struct Offer {
+    pub features: Features,
+    pub properties: Properties,
+    pub flexible: Vec<Flexible>,
 }
 
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
@@ -49,56 +65,46 @@ mod vulkan {
     use ash::vk;
     use wgpu::hal::api::Vulkan;
 
-    const EXTENSION: &std::ffi::CStr = c"VK_NV_cooperative_matrix2";
+    pub const EXTENSION: &std::ffi::CStr = c"VK_NV_cooperative_matrix2";
 
     type GetFlexible = unsafe extern "system" fn(vk::PhysicalDevice, *mut u32, *mut Flexible) -> vk::Result;
 
-    /// Whether the driver offers the extension with the features `gemm_cm2` uses, and its tile
-    /// (f16 x f16 -> f32 at workgroup scope, `WG` invocations, sizes in its granularity).
-    pub fn offered(adapter: &wgpu::Adapter) -> bool {
-        use crate::kernels::gemm_cm2::{BK, BM, BN, WG};
-        // SAFETY: the handles come from wgpu-hal's live adapter; every structure passed to
-        // the driver is initialized with its sType, and the entry point is the extension's
-        // own, with its signature.
+    /// What the driver of physical device `pd` offers of the extension; None where it does not
+    /// list it (or a query fails).
+    ///
+    /// # Safety
+    /// `pd` is a physical device of `instance`, which `entry` loaded.
+    pub unsafe fn query(entry: &ash::Entry, instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Offer> {
+        // SAFETY: every structure passed to the driver is initialized with its sType, and the
+        // entry point is the extension's own, with its signature.
         unsafe {
-            let Some(hal) = adapter.as_hal::<Vulkan>() else { return false };
-            let shared = hal.shared_instance();
-            let instance = shared.raw_instance();
-            let pd = hal.raw_physical_device();
-            let Ok(exts) = instance.enumerate_device_extension_properties(pd) else { return false };
+            let exts = instance.enumerate_device_extension_properties(pd).ok()?;
             if !exts.iter().any(|e| e.extension_name_as_c_str() == Ok(EXTENSION)) {
-                return false;
+                return None;
             }
-            let mut features = Features { s_type: FEATURES_S_TYPE, p_next: std::ptr::null_mut(), enabled: [0; 7] };
+            let mut features = Features::new([0; 7]);
             let mut f2 =
                 vk::PhysicalDeviceFeatures2 { p_next: (&mut features as *mut Features).cast(), ..Default::default() };
             instance.get_physical_device_features2(pd, &mut f2);
-            if NEEDED.iter().any(|&i| features.enabled[i] == 0) {
-                return false;
-            }
-            let mut props = Properties {
+            let mut properties = Properties {
                 s_type: PROPERTIES_S_TYPE,
                 p_next: std::ptr::null_mut(),
                 workgroup_scope_max_workgroup_size: 0,
                 flexible_dimensions_max_dimension: 0,
                 workgroup_scope_reserved_shared_memory: 0,
             };
-            let mut p2 =
-                vk::PhysicalDeviceProperties2 { p_next: (&mut props as *mut Properties).cast(), ..Default::default() };
-            instance.get_physical_device_properties2(pd, &mut p2);
-            if props.workgroup_scope_max_workgroup_size < WG || props.flexible_dimensions_max_dimension < BN {
-                return false;
-            }
-            let name = c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV";
-            let Some(f) = shared.entry().get_instance_proc_addr(instance.handle(), name.as_ptr()) else {
-                return false;
+            let mut p2 = vk::PhysicalDeviceProperties2 {
+                p_next: (&mut properties as *mut Properties).cast(),
+                ..Default::default()
             };
-            let get: GetFlexible = std::mem::transmute(f);
+            instance.get_physical_device_properties2(pd, &mut p2);
+            let name = c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV";
+            let get: GetFlexible = std::mem::transmute(entry.get_instance_proc_addr(instance.handle(), name.as_ptr())?);
             let mut n = 0u32;
             if get(pd, &mut n, std::ptr::null_mut()) != vk::Result::SUCCESS {
-                return false;
+                return None;
             }
-            let mut list: Vec<Flexible> = (0..n)
+            let mut flexible: Vec<Flexible> = (0..n)
                 .map(|_| Flexible {
                     s_type: FLEXIBLE_S_TYPE,
                     p_next: std::ptr::null_mut(),
@@ -109,11 +115,32 @@ mod vulkan {
                     workgroup_invocations: 0,
                 })
                 .collect();
-            if get(pd, &mut n, list.as_mut_ptr()) != vk::Result::SUCCESS {
-                return false;
+            if get(pd, &mut n, flexible.as_mut_ptr()) != vk::Result::SUCCESS {
+                return None;
             }
-            let (f16, f32) = (vk::ComponentTypeKHR::FLOAT16.as_raw(), vk::ComponentTypeKHR::FLOAT32.as_raw());
-            list.iter().take(n as usize).any(|x| {
+            flexible.truncate(n as usize);
+            Some(Offer { features, properties, flexible })
+        }
+    }
+
+    /// Whether the driver offers the extension with the features `gemm_cm2` uses, and its tile
+    /// (f16 x f16 -> f32 at workgroup scope, `WG` invocations, sizes in its granularity).
+    pub fn offered(adapter: &wgpu::Adapter) -> bool {
+        use crate::kernels::gemm_cm2::{BK, BM, BN, WG};
+        // SAFETY: the handles come from wgpu-hal's live adapter.
+        let Some(offer) = (unsafe {
+            adapter.as_hal::<Vulkan>().and_then(|hal| {
+                let shared = hal.shared_instance();
+                query(shared.entry(), shared.raw_instance(), hal.raw_physical_device())
+            })
+        }) else {
+            return false;
+        };
+        let (f16, f32) = (vk::ComponentTypeKHR::FLOAT16.as_raw(), vk::ComponentTypeKHR::FLOAT32.as_raw());
+        NEEDED.iter().all(|&i| offer.features.enabled[i] != 0)
+            && offer.properties.workgroup_scope_max_workgroup_size >= WG
+            && offer.properties.flexible_dimensions_max_dimension >= BN
+            && offer.flexible.iter().any(|x| {
                 let [gm, gn, gk] = x.granularity_mnk;
                 x.types_abcr == [f16, f16, f32, f32]
                     && x.scope == vk::ScopeKHR::WORKGROUP.as_raw()
@@ -125,13 +152,12 @@ mod vulkan {
                     && BN % gn == 0
                     && BK % gk == 0
             })
-        }
     }
 
     /// The device with the extension and the features `gemm_cm2` uses enabled, and what
     /// `desc` asks; None where opening it so fails (the caller opens it as usual).
     pub fn open(adapter: &wgpu::Adapter, desc: &wgpu::DeviceDescriptor) -> Option<(wgpu::Device, wgpu::Queue)> {
-        let mut features = Features { s_type: FEATURES_S_TYPE, p_next: std::ptr::null_mut(), enabled: [0; 7] };
+        let mut features = Features::new([0; 7]);
         for i in NEEDED {
             features.enabled[i] = 1;
         }
@@ -172,7 +198,7 @@ mod vulkan {
 }
 
 #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
-pub use vulkan::{offered, open};
+pub use vulkan::{offered, open, query, EXTENSION};
 
 /// No Vulkan backend on this platform.
 #[cfg(not(any(windows, all(unix, not(target_vendor = "apple")))))]
