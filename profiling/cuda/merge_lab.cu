@@ -33,7 +33,9 @@ __device__ float4* g_old;   // mode 3's partials, written once before the timing
 // 2 with rows of 24 float4 (384 bytes: each row's values in three whole 128-byte lines); 7: each
 // split's weight computed once per head from the statistics (the head's max and sum first, by
 // shuffles), then a split costs a load, one shuffle and a multiply-add (kiln's run 509); 8: as 7
-// with no shuffle (every weight 1: the loads and multiply-adds alone; values wrong).
+// with no shuffle (every weight 1: the loads and multiply-adds alone; values wrong); 9: as 7 in
+// workgroups of 256 threads, the second 128 idle in the split phase and each output vector's
+// splits shared by two threads of a warp (the first 17 and the rest), met by a shuffle.
 template <int MODE>
 __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4* part, unsigned* done, float4* out, int n_merge) {
     constexpr int RS = MODE == 6 ? 24 : PER + 1;
@@ -45,12 +47,13 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
     const uint4* src = kv + ((size_t)(h * S + split) * KV_BYTES_PER_BLOCK) / 16;
     uint4 acc = make_uint4(0, 0, 0, 0);
     uint4 x[16];
+    const int sl = lid % WG;   // mode 9's second 128 threads repeat the first's loads' addresses
 #pragma unroll
-    for (int i = 0; i < 16; i++) x[i] = src[lid + i * WG];
+    for (int i = 0; i < 16; i++) x[i] = lid < WG ? src[sl + i * WG] : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 16; i++) { acc.x ^= x[i].x; acc.y += x[i].y; acc.z ^= x[i].z; acc.w += x[i].w; }
     // Its partial rows: G heads x RS float4.
-    for (int i = lid; i < G * RS; i += WG) {
+    for (int i = lid; i < G * RS && lid < WG; i += WG) {
         int hh = i / RS, c = i % RS;
         float v = (float)((acc.x ^ (unsigned)i) & 1023) * 1e-3f;
         float4 val = c < PER ? make_float4(v, v + 1, v + 2, v + 3) : make_float4((float)(split % 7), 1.0f + v, 0, 0);
@@ -65,6 +68,51 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
     }
     __syncthreads();
     if (last + 1 != S) return;
+    if (MODE == 9) {
+        // Two threads an output vector: lane c and c + 16 of the head's warp.
+        const int hh = lid / 32, c = lid % PER, half = (lid % 32) / PER;
+        const int n = n_merge, lastS = n - 1;
+        const float4* rows = part + (size_t)(h * G + hh) * S * RS;
+        float2 st[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float4 s4 = ld_cg(rows + min(c + q * PER, lastS) * RS + PER);
+            st[q] = make_float2(s4.x, s4.y);
+        }
+        float hm = -3.4e38f, t = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
+#pragma unroll
+        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
+        float w4[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
+#pragma unroll
+        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        const int mid = (n + 1) / 2, s0 = half ? mid : 0, s1 = half ? n : mid;
+        float4 a = make_float4(0, 0, 0, 0);
+        int s = s0;
+        // Both halves run the same number of iterations (uniform shuffles): the second's extra one,
+        // where n is odd, is skipped by its weight 0 and a clamped row.
+        for (int i = 0; i < mid; i += 16) {
+            float4 v[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++) v[k] = ld_cg(rows + min(s + i + k, n - 1) * RS + c);
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                int sk = s + i + k;
+                float wq = sk / PER == 0 ? w4[0] : sk / PER == 1 ? w4[1] : sk / PER == 2 ? w4[2] : w4[3];
+                float w = __shfl_sync(0xffffffffu, wq, half * PER + sk % PER);
+                w = (i + k < mid && sk < s1) ? w : 0.f;
+                a.x = fmaf(w, v[k].x, a.x); a.y = fmaf(w, v[k].y, a.y); a.z = fmaf(w, v[k].z, a.z); a.w = fmaf(w, v[k].w, a.w);
+            }
+        }
+        a.x += __shfl_xor_sync(0xffffffffu, a.x, PER); a.y += __shfl_xor_sync(0xffffffffu, a.y, PER);
+        a.z += __shfl_xor_sync(0xffffffffu, a.z, PER); a.w += __shfl_xor_sync(0xffffffffu, a.w, PER);
+        float it = 1.f / t;
+        if (half == 0) out[(h * G + hh) * PER + c] = make_float4(a.x * it, a.y * it, a.z * it, a.w * it);
+        return;
+    }
     // The merge (`merge_shuffled`): one float4 of output a thread.
     const int hh = lid / PER, c = lid % PER, hl = (lid % 32) - c;
     const int n = n_merge, lastS = n - 1;
@@ -203,6 +251,7 @@ int main(int argc, char** argv) {
         else if (mode == 6) split_merge<6><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
         else if (mode == 7) split_merge<7><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
         else if (mode == 8) split_merge<8><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
+        else if (mode == 9) split_merge<9><<<dim3(S, H), 2 * WG>>>(kv, layer, part, done, out, n);
         else split_merge<0><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
     };
     for (int round = 0; round < 2; round++) {
