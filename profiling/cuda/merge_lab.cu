@@ -35,7 +35,9 @@ __device__ float4* g_old;   // mode 3's partials, written once before the timing
 // shuffles), then a split costs a load, one shuffle and a multiply-add (kiln's run 509); 8: as 7
 // with no shuffle (every weight 1: the loads and multiply-adds alone; values wrong); 9: as 7 in
 // workgroups of 256 threads, the second 128 idle in the split phase and each output vector's
-// splits shared by two threads of a warp (the first 17 and the rest), met by a shuffle.
+// splits shared by two threads of a warp (the first 17 and the rest), met by a shuffle; 10: as 7
+// where n is 33, in two rounds (splits 0-15 with 32, then 16-31) instead of three; 11: as 7
+// where n is 33, all 33 loads in one round (other n: as 7).
 template <int MODE>
 __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4* part, unsigned* done, float4* out, int n_merge) {
     constexpr int RS = MODE == 6 ? 24 : PER + 1;
@@ -150,7 +152,45 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
         out[(h * G + hh) * PER + c] = make_float4(a.x * it, a.y * it, a.z * it, a.w * it);
         return;
     }
-    if (MODE == 7 || MODE == 8) {
+    if ((MODE == 10 || MODE == 11) && n == S) {
+        float hm = -3.4e38f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
+#pragma unroll
+        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
+        float w4[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
+#pragma unroll
+        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        auto add = [&](float4 v, int k) {
+            float w = __shfl_sync(0xffffffffu, w4[k / PER], hl + k % PER);
+            a.x = fmaf(w, v.x, a.x); a.y = fmaf(w, v.y, a.y); a.z = fmaf(w, v.z, a.z); a.w = fmaf(w, v.w, a.w);
+        };
+        if (MODE == 11) {
+            float4 v[S];
+#pragma unroll
+            for (int k = 0; k < S; k++) v[k] = ld_cg(rows + k * RS + c);
+#pragma unroll
+            for (int k = 0; k < S; k++) add(v[k], k);
+        } else {
+            float4 v[17];
+#pragma unroll
+            for (int k = 0; k < 16; k++) v[k] = ld_cg(rows + k * RS + c);
+            v[16] = ld_cg(rows + 32 * RS + c);
+#pragma unroll
+            for (int k = 0; k < 16; k++) add(v[k], k);
+            add(v[16], 32);
+#pragma unroll
+            for (int k = 0; k < 16; k++) v[k] = ld_cg(rows + (16 + k) * RS + c);
+#pragma unroll
+            for (int k = 0; k < 16; k++) add(v[k], 16 + k);
+        }
+        float it = 1.f / t;
+        out[(h * G + hh) * PER + c] = make_float4(a.x * it, a.y * it, a.z * it, a.w * it);
+        return;
+    }
+    if (MODE == 7 || MODE == 8 || MODE == 10 || MODE == 11) {
         float hm = -3.4e38f;
 #pragma unroll
         for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
@@ -252,6 +292,8 @@ int main(int argc, char** argv) {
         else if (mode == 7) split_merge<7><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
         else if (mode == 8) split_merge<8><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
         else if (mode == 9) split_merge<9><<<dim3(S, H), 2 * WG>>>(kv, layer, part, done, out, n);
+        else if (mode == 10) split_merge<10><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
+        else if (mode == 11) split_merge<11><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
         else split_merge<0><<<dim3(S, H), WG>>>(kv, layer, part, done, out, n);
     };
     for (int round = 0; round < 2; round++) {
