@@ -286,8 +286,15 @@ fn decode_attention_blocks_and_splits() {
         {
             // Llama-7B's heads also at 16 splits of 64, the most the plain kernel merges
             // (`DECODE_MERGE_MOST_SPLITS`): with the int8 output on subgroups of 8, one
-            // invocation an output reads all 16 together (common/decode_merge.wgsl).
-            let n_ctx = if (nh, hd) == (8, 128) { 1024 } else { 600 };
+            // invocation an output reads all 16 together (common/decode_merge.wgsl). Heads of
+            // 32 too, at 16 splits of 256: where subgroups are 8 wide (lavapipe) their int8
+            // output takes `merge_shuffled`, one invocation an output vector, at its most
+            // splits.
+            let n_ctx = match (nh, hd) {
+                (8, 128) => 1024,
+                (16, 32) => 16 * attention::chunk_of_class(32),
+                _ => 600,
+            };
             let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_ctx };
             let chunk = shape.decode_chunk();
             let kv = KvKind::for_cache(true, &g.ctx.caps);
