@@ -171,7 +171,8 @@ pub fn kv_write(
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let (kc, vc) = (cache(ctx, kv, &p, "k")?, cache(ctx, kv, &p, "v")?);
     let (kb, vb) = (ctx.upload_f32(k, "k")?, ctx.upload_f32(v, "v")?);
-    run(ctx, &[rope::prepare_kv_write(ctx, mode, kv, &kb, &kc, &vb, &vc, p)?])?;
+    let buffers = rope::KvWriteBuffers { k_src: &kb, k_cache: &kc, v_src: &vb, v_cache: &vc };
+    run(ctx, &[rope::prepare_kv_write(ctx, mode, kv, buffers, p)?])?;
     Ok((cache_rows(ctx, &kc, kv, &p)?, cache_rows(ctx, &vc, kv, &p)?))
 }
 

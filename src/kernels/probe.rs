@@ -27,47 +27,56 @@ pub struct ProbeReport {
     pub dependent_dispatches: u32,
 }
 
-/// GPU time of `dispatches` in one timed pass; the best of `reps`.
-fn best_time(
-    ctx: &GpuContext,
-    timer: &mut PassTimer,
-    key: &KernelKey,
-    params: ProbeParams,
-    src: &wgpu::Buffer,
-    dst: &wgpu::Buffer,
-    workgroups: u32,
-    dispatches: u32,
-    reps: u32,
-) -> Result<f64> {
-    let pipeline = ctx.pipeline(key)?;
-    let ub = ctx.uniform(&params, "probe");
-    let bg = bind(ctx, &pipeline, "probe", &[&ub, src, dst]);
-    let mut best = f64::MAX;
-    for _ in 0..reps {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("probe") });
-        {
-            let tw = timer.pass("probe");
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("probe"), timestamp_writes: tw });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bg, &[]);
-            for _ in 0..dispatches {
-                pass.dispatch_workgroups(workgroups, 1, 1);
+/// What every probe kernel binds and how it is timed.
+struct Prober<'a> {
+    ctx: &'a GpuContext,
+    timer: PassTimer,
+    src: &'a wgpu::Buffer,
+    dst: &'a wgpu::Buffer,
+}
+
+impl Prober<'_> {
+    /// GPU time of `dispatches` dispatches of `workgroups` workgroups of `key` in one timed
+    /// pass, after one untimed warm-up pass: the best of `reps`.
+    fn time(
+        &mut self,
+        key: &KernelKey,
+        params: ProbeParams,
+        workgroups: u32,
+        dispatches: u32,
+        reps: u32,
+    ) -> Result<f64> {
+        let pipeline = self.ctx.pipeline(key)?;
+        let ub = self.ctx.uniform(&params, "probe");
+        let bg = bind(self.ctx, &pipeline, "probe", &[&ub, self.src, self.dst]);
+        let mut best = f64::MAX;
+        for rep in 0..=reps {
+            let mut enc =
+                self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("probe") });
+            {
+                let tw = self.timer.pass("probe");
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("probe"), timestamp_writes: tw });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bg, &[]);
+                for _ in 0..dispatches {
+                    pass.dispatch_workgroups(workgroups, 1, 1);
+                }
+            }
+            self.timer.resolve(&mut enc);
+            self.ctx.queue.submit([enc.finish()]);
+            let ns: f64 = self.timer.read(self.ctx)?.iter().map(|(_, ns)| ns).sum();
+            // Pass 0 warms the pipeline and the caches up.
+            if rep > 0 && ns > 0.0 {
+                best = best.min(ns * 1e-9);
             }
         }
-        timer.resolve(&mut enc);
-        ctx.queue.submit([enc.finish()]);
-        let ns: f64 = timer.read(ctx)?.iter().map(|(_, ns)| ns).sum();
-        if ns > 0.0 {
-            best = best.min(ns * 1e-9);
-        }
+        Ok(if best == f64::MAX { 0.0 } else { best })
     }
-    Ok(if best == f64::MAX { 0.0 } else { best })
 }
 
 /// Runs the three probes (about a second on a GPU; sizes shrink on CPU adapters).
 pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
-    let mut timer = PassTimer::new(ctx, 1)?;
     let cpu = ctx.caps.cpu_adapter;
     // Larger than any GPU cache, within one binding.
     let want: u64 = if cpu { 64 << 20 } else { 1 << 30 };
@@ -77,29 +86,26 @@ pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
             * 16;
     let src = ctx.storage(bytes, "probe source")?;
     let dst = ctx.storage(256, "probe sink")?;
+    let mut probe = Prober { ctx, timer: PassTimer::new(ctx, 1)?, src: &src, dst: &dst };
     let n = (bytes / 16) as u32;
     // About 16 vec4 loads per invocation.
     let wgs = (n / (WG_ELT * 16)).clamp(1, ctx.limits.max_compute_workgroups_per_dimension);
     let read_key = KernelKey::Probe { kind: ProbeKind::ReadBandwidth };
     let params = ProbeParams { n, iters: 0, _pad: [0; 2] };
-    // One warm-up, then the best of five.
-    best_time(ctx, &mut timer, &read_key, params, &src, &dst, wgs, 1, 1)?;
-    let t = best_time(ctx, &mut timer, &read_key, params, &src, &dst, wgs, 1, 5)?;
+    let t = probe.time(&read_key, params, wgs, 1, 5)?;
     let read_gbs = if t > 0.0 { bytes as f64 / t * 1e-9 } else { 0.0 };
 
     let fma_key = KernelKey::Probe { kind: ProbeKind::Fma };
     let (fma_wgs, iters) = if cpu { (64, 256) } else { (4096, 4096) };
     let params = ProbeParams { n: 0, iters, _pad: [0; 2] };
-    best_time(ctx, &mut timer, &fma_key, params, &src, &dst, fma_wgs, 1, 1)?;
-    let t = best_time(ctx, &mut timer, &fma_key, params, &src, &dst, fma_wgs, 1, 5)?;
+    let t = probe.time(&fma_key, params, fma_wgs, 1, 5)?;
     let flops = (fma_wgs * WG_ELT) as f64 * iters as f64 * 64.0;
     let gflops = if t > 0.0 { flops / t * 1e-9 } else { 0.0 };
 
     let chain_key = KernelKey::Probe { kind: ProbeKind::DependentDispatch };
     let chain = if cpu { 200 } else { 2000 };
     let params = ProbeParams { n: 0, iters: 0, _pad: [0; 2] };
-    best_time(ctx, &mut timer, &chain_key, params, &src, &dst, 1, chain, 1)?;
-    let t = best_time(ctx, &mut timer, &chain_key, params, &src, &dst, 1, chain, 3)?;
+    let t = probe.time(&chain_key, params, 1, chain, 3)?;
     let dispatch_us = t / chain as f64 * 1e6;
     let timed_dispatch_us = if ctx.caps.timestamps_in_passes {
         timed_chain(ctx, &chain_key, &src, &dst, chain.min(1000))? * 1e6
@@ -111,8 +117,7 @@ pub fn run(ctx: &GpuContext) -> Result<ProbeReport> {
         let key = KernelKey::Probe { kind: ProbeKind::CoopMma };
         let (wgs, iters) = (2048u32, 2048u32);
         let params = ProbeParams { n: 0, iters, _pad: [0; 2] };
-        best_time(ctx, &mut timer, &key, params, &src, &dst, wgs, 1, 1)?;
-        let t = best_time(ctx, &mut timer, &key, params, &src, &dst, wgs, 1, 5)?;
+        let t = probe.time(&key, params, wgs, 1, 5)?;
         let flops = wgs as f64 * 4.0 * iters as f64 * 8.0 * 8192.0;
         if t > 0.0 {
             flops / t * 1e-9

@@ -128,22 +128,27 @@ pub fn reference(x: &[f32], mode: RopeMode, p: &RopeParams) -> Vec<f32> {
     out
 }
 
+/// The K/V write's buffers: the step's K and V rows and the layer's caches.
+pub struct KvWriteBuffers<'a> {
+    pub k_src: &'a wgpu::Buffer,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_src: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
 /// Writes K (rotated) and V rows into their caches at rows pos0.. in one dispatch.
 pub fn prepare_kv_write(
     ctx: &GpuContext,
     mode: RopeMode,
     kv: KvKind,
-    k_src: &wgpu::Buffer,
-    k_cache: &wgpu::Buffer,
-    v_src: &wgpu::Buffer,
-    v_cache: &wgpu::Buffer,
+    b: KvWriteBuffers,
     p: RopeParams,
 ) -> Result<Dispatch> {
     check(&p)?;
     let key = KernelKey::KvWrite { neox: mode == RopeMode::Neox, kv };
     let pipeline = ctx.pipeline(&key)?;
     let ub = ctx.uniform(&p, "kv_write");
-    let bg = bind(ctx, &pipeline, "kv_write", &[&ub, &step_of(ctx, &p)?, k_src, k_cache, v_src, v_cache]);
+    let bg = bind(ctx, &pipeline, "kv_write", &[&ub, &step_of(ctx, &p)?, b.k_src, b.k_cache, b.v_src, b.v_cache]);
     Ok(Dispatch { label: "kv_write", pipeline, bind_group: bg, workgroups: kv_write_grid(&p), params: Some(ub) })
 }
 

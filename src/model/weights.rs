@@ -44,7 +44,9 @@ impl LayerWeights {
     }
 }
 
-/// The attention's Q, K and V projections.
+/// The attention's Q, K and V projections. Loaded once a layer and never moved after, so its
+/// variants' sizes do not matter (clippy's large_enum_variant).
+#[allow(clippy::large_enum_variant)]
 pub enum Qkv {
     /// The rows of Q, K and V stacked as one matrix [q_dim + 2 kv_dim, n_embd], stored as
     /// parts of one format each (Q4_K_M files keep V in Q6_K in some layers: then Q+K and V):

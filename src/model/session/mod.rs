@@ -140,7 +140,10 @@ pub(super) enum PrefillAttnOps {
     Gemm { qk: Bound, softmax: Bound, pv: Bound },
 }
 
-/// How a layer computes Q, K and V (`weights::Qkv`).
+/// How a layer computes Q, K and V (`weights::Qkv`). Built once a layer when the session is
+/// made and never moved after, so its variants' sizes do not matter (clippy's
+/// large_enum_variant).
+#[allow(clippy::large_enum_variant)]
 pub(super) enum QkvOps {
     /// The stacked projection's parts, each with the QKV epilogue (RoPE, the cache write):
     /// decode reads the residual stream with the RMSNorm fused (one group, sharing an int8
@@ -165,7 +168,9 @@ pub(super) enum QkvOps {
     },
 }
 
-/// How a layer computes its feed-forward block (`weights::GateUp`).
+/// How a layer computes its feed-forward block (`weights::GateUp`). Built once a layer, as
+/// `QkvOps`.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum FfnOps {
     /// Gate and up interleaved, SwiGLU in the epilogue, writing `act`; then down.
     Interleaved { decode: BoundMatmul, prefill: BoundMatmul, down: BoundMatmul },
