@@ -877,10 +877,12 @@ pub fn coop_256_takes(m: u32, n: u32, format: WeightFormat) -> bool {
 /// measured. H200, F16 4096^3 (512 tiles), the GEMM alone: 520.8 µs against the 256x128 tile's
 /// 645.9 (run 501). The models' 512-token shapes (22-43 tiles of 128x256) keep the
 /// subgroup-scope tiles: in the lab the 128x256 tile lost there (512x4096x11008 in 303 µs
-/// against kiln's 255, run 494), while a 128x128x64 one took 12-19% less time than the planner's
-/// tiles at the output and down projections' shapes (run 503); that tile is written but not yet
-/// measured in kiln (profiling/results/wip-cm2-gemm-128x128-tile-unmeasured-2026-11-29-run503.diff).
-/// `KILN_DISABLE=cm2` turns it off. The caller also checks that its epilogue is a plain one
+/// against kiln's 255, run 494), and a 128x128x64 tile, faster alone than the planner's tiles
+/// at the output and down projections' shapes, cost the models' pp512 12-13% in kiln, where
+/// it replaced the split-K GEMM whose reduce also takes the next norm (runs 505-506,
+/// profiling/results/measured-cm2-gemm-128x128-tile-not-kept-2026-11-29-run505-506.diff).
+/// In a model the tile pays where its shapes come whole: Llama-7B pp4096 at `-ub 4096` +6.8%
+/// (run 508). `KILN_DISABLE=cm2` turns it off. The caller also checks that its epilogue is a plain one
 /// (`BoundMatmul`).
 pub fn cm2_takes(m: u32, n: u32, k: u32, format: WeightFormat) -> bool {
     use crate::kernels::gemm_cm2::{BK, BM, BN, UNROLL};
