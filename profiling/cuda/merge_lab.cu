@@ -25,6 +25,22 @@ constexpr int LAYERS = 24;
 __device__ __forceinline__ float4 ld_cg(const float4* p) { return __ldcg(p); }
 __device__ float4* g_old;   // mode 3's partials, written once before the timing
 
+// The head's largest max over the statistics of its first n splits (slots c + q PER, q < 4,
+// of each of its PER lanes), each slot's weight against it (0 past n), and the head's sum,
+// through shuffles among the head's lanes (the weights-once merges: modes 1, 7-11).
+__device__ __forceinline__ float head_weights(const float2 (&st)[4], int c, int n, float (&w4)[4]) {
+    float hm = -3.4e38f, t = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
+#pragma unroll
+    for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
+#pragma unroll
+    for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
+#pragma unroll
+    for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+    return t;
+}
+
 // MODE 0: the merge's loads in rounds of 8 (a loop); 1: every split's values loaded at once (up
 // to 40, predicated, unrolled), then weighed against the head's max taken from the statistics
 // first; 2: as 0 with rounds of 16 (as kiln's merge_shuffled); 3: as 2 reading a copy of the
@@ -81,16 +97,8 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
             float4 s4 = ld_cg(rows + min(c + q * PER, lastS) * RS + PER);
             st[q] = make_float2(s4.x, s4.y);
         }
-        float hm = -3.4e38f, t = 0.f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
         float w4[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        float t = head_weights(st, c, n, w4);
         const int mid = (n + 1) / 2, s0 = half ? mid : 0, s1 = half ? n : mid;
         float4 a = make_float4(0, 0, 0, 0);
         int s = s0;
@@ -133,16 +141,8 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
 #pragma unroll
         for (int k = 0; k < 40; k++) v[k] = k < n ? ld_cg(rows + k * RS + c) : make_float4(0, 0, 0, 0);
         // The head's max and each slot's weight, from the statistics alone.
-        float hm = -3.4e38f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
         float w4[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        t = head_weights(st, c, n, w4);
 #pragma unroll
         for (int k = 0; k < 40; k++) {
             float w = __shfl_sync(0xffffffffu, w4[k / PER], hl + k % PER);
@@ -153,16 +153,8 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
         return;
     }
     if ((MODE == 10 || MODE == 11) && n == S) {
-        float hm = -3.4e38f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
         float w4[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        t = head_weights(st, c, n, w4);
         auto add = [&](float4 v, int k) {
             float w = __shfl_sync(0xffffffffu, w4[k / PER], hl + k % PER);
             a.x = fmaf(w, v.x, a.x); a.y = fmaf(w, v.y, a.y); a.z = fmaf(w, v.z, a.z); a.w = fmaf(w, v.w, a.w);
@@ -191,16 +183,8 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
         return;
     }
     if (MODE == 7 || MODE == 8 || MODE == 10 || MODE == 11) {
-        float hm = -3.4e38f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) if (c + q * PER < n) hm = fmaxf(hm, st[q].x);
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) hm = fmaxf(hm, __shfl_xor_sync(0xffffffffu, hm, off));
         float w4[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) { w4[q] = c + q * PER < n ? __expf(st[q].x - hm) : 0.f; t = fmaf(w4[q], st[q].y, t); }
-#pragma unroll
-        for (int off = PER / 2; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+        t = head_weights(st, c, n, w4);
         for (; s + 15 < n; s += 16) {
             float4 v[16];
 #pragma unroll

@@ -11,6 +11,8 @@
 //   S splits of KVB bytes a workgroup, WG threads (loads a thread = KVB / 16 / WG):
 //   33 x 32 KB x 128 (kiln now), 17 x 64 KB x 128, 17 x 64 KB x 256, 9 x 128 KB x 256.
 // Not checked against run results yet (written in session 49, after its device time was spent).
+// Its split phase and merge prologue are merge_lab.cu's, written out: each lab is one file nvcc
+// builds alone.
 //
 //   nvcc -O3 -arch=sm_90 -o split_lab split_lab.cu && ./split_lab
 #include <cstdio>
