@@ -16,7 +16,11 @@
 //!    compiles each kernel through a pipeline cache of its own and writes the cache's data
 //!    there (the driver's binary in its own format: NVIDIA's holds the machine code as ELF
 //!    images that CUDA's `nvdisasm` reads). `--spirv-only`: translate only, no device
-//!    (lavapipe does not offer the extension).
+//!    (lavapipe does not offer the extension). `KILN_STATS_PIPELINE_ROBUSTNESS=0` compiles
+//!    every pipeline with VK_EXT_pipeline_robustness's buffer behaviour DISABLED where the
+//!    driver offers it: NVIDIA's driver bounds-checks every storage-buffer access otherwise,
+//!    robustBufferAccess on or off (H200, runs 524 and 529: the cooperative decode kernel 2,712
+//!    -> 2,360 SASS instructions without them), and wgpu cannot ask for it.
 //!
 //! A diagnostic tool: it opens its own Vulkan instance and device through `ash` and never runs
 //! a kernel.
@@ -37,6 +41,9 @@ struct Vulkan {
     device: ash::Device,
     exec: ash::khr::pipeline_executable_properties::Device,
     name: String,
+    /// `KILN_STATS_PIPELINE_ROBUSTNESS=0`: pipelines compiled with VK_EXT_pipeline_robustness's
+    /// buffer behaviour DISABLED, which wgpu cannot ask for.
+    no_robust: bool,
 }
 
 fn open() -> Res<Vulkan> {
@@ -71,6 +78,12 @@ fn open() -> Res<Vulkan> {
     let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
     let mut cm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let mut pe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let mut pr = vk::PhysicalDevicePipelineRobustnessFeaturesEXT::default();
+    let no_robust = std::env::var("KILN_STATS_PIPELINE_ROBUSTNESS").is_ok_and(|v| v == "0")
+        && has(ash::ext::pipeline_robustness::NAME);
+    if no_robust {
+        enabled.push(ash::ext::pipeline_robustness::NAME.as_ptr());
+    }
     let mut f2 = vk::PhysicalDeviceFeatures2::default()
         .push_next(&mut v11)
         .push_next(&mut v12)
@@ -78,6 +91,9 @@ fn open() -> Res<Vulkan> {
         .push_next(&mut pe);
     if coop {
         f2 = f2.push_next(&mut cm);
+    }
+    if no_robust {
+        f2 = f2.push_next(&mut pr);
     }
     unsafe { instance.get_physical_device_features2(pd, &mut f2) };
     let priorities = [1.0f32];
@@ -88,7 +104,7 @@ fn open() -> Res<Vulkan> {
         .push_next(&mut f2);
     let device = unsafe { instance.create_device(pd, &info, None) }.map_err(|e| format!("vkCreateDevice: {e}"))?;
     let exec = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
-    Ok(Vulkan { _entry: entry, instance, device, exec, name })
+    Ok(Vulkan { _entry: entry, instance, device, exec, name, no_robust })
 }
 
 fn text(c: &[std::ffi::c_char]) -> String {
@@ -148,10 +164,16 @@ fn stats(vk_: &Vulkan, d: &Dump, words: &[u32], ir: Option<&Path>, blobs: Option
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(&entry);
-        let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout).flags(
+        let mut info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout).flags(
             vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
                 | vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR,
         );
+        let mut rob = vk::PipelineRobustnessCreateInfoEXT::default()
+            .storage_buffers(vk::PipelineRobustnessBufferBehaviorEXT::DISABLED)
+            .uniform_buffers(vk::PipelineRobustnessBufferBehaviorEXT::DISABLED);
+        if vk_.no_robust {
+            info = info.push_next(&mut rob);
+        }
         // With `blobs`, the pipeline goes through a cache of its own, whose data (the driver's
         // compiled binary in its own format) is written out.
         let cache = match blobs {
