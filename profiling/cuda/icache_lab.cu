@@ -9,13 +9,17 @@
 // and a count; the last of each head runs BODY) with BODY as N fused multiply-adds on eight
 // independent chains (asm volatile: none removed or merged), either
 //   straight: N instructions written out (N x 16 bytes of code, each run once), or
-//   looped:   the same N in a loop of eight (128 bytes of code),
-// for N = 256 .. 2048 (4-32 KB). straight - looped is what fetching N x 16 bytes of cold code costs.
-// A flusher of FK KB of straight-line code on every SM may run between launches (its own time
-// measured alone and subtracted): at 160 KB the body is evicted from every cache but L2; smaller
-// ones say how much code between two runs of the body evicts it (the instruction cache's size;
-// run 521). Or a streamer reads 256 MB between launches, as kiln's decode streams its weights, so
-// that the body's code may have left L2 too; with plain or evict-first loads (run 526).
+//   looped:   the same N in a loop of eight (128 bytes of code; slower warm, by its loop's own
+//             instructions, but fetched once),
+// for N = 512 and 1,024 (runs 520-521 also ran 256 and 2,048), with, between launches:
+//   nothing, or a flusher of FK KB of straight-line code on every SM (its own time measured
+//   alone and subtracted; at 160 KB the body is evicted from the SM's caches to L2; smaller
+//   flushers, run 521, say how much evicts it: 16 KB already does), or
+//   a streamer reading 256 MB, as kiln's decode streams its weights, with plain or evict-first
+//   loads, alone or with the 160 KB flusher (runs 526-527), which puts the body out of L2 too.
+// H200 (README's fiftieth section): 512 written out cost 0.13-0.31 µs warm, 0.67-0.70 from L2,
+// 5.7-5.8 from beyond it (plain streamer and flusher), 0.67-0.69 with the streamer's loads
+// evict-first. kiln's merge ran the same 512 at ~1.55 µs a layer (run 523).
 //
 //   nvcc -O3 -arch=sm_90 -o icache_lab icache_lab.cu && ./icache_lab
 #include <cstdio>
