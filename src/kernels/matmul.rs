@@ -1225,12 +1225,10 @@ impl BoundMatmul {
 
     /// The kernel the planner picks for a step of one sequence over m columns.
     pub fn plan(&self, ctx: &GpuContext, m: u32) -> MatmulKernel {
-        let kernel = if m > self.gemv_cols {
-            crate::plan::plan_gemm(m, self.n, self.k, self.format, &ctx.caps)
-        } else {
-            crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps)
-        };
-        self.fitted(ctx, m, kernel)
+        if m > self.gemv_cols {
+            return self.planned_gemm(ctx, m);
+        }
+        self.fitted(ctx, m, crate::plan::plan_matmul(m, self.n, self.k, self.format, &ctx.caps))
     }
 
     /// The planner's GEMM over m columns (`fitted`).
