@@ -151,7 +151,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         if (split >= n_used) { return; }
         let ticket = merge_ticket(lid, kvh, n_used);
         if (ticket + 1u == n_used) {
-            merge_splits(lid, kvh * g, g, D, n_used, p.n_splits);
+            // Subgroups of 32 (`attention::decode_coop_takes`): their size as a constant.
+            merge_splits_in(lid, kvh * g, g, D, n_used, p.n_splits, 32u);
         } else {
             // The output projection's weights into L2, a share for each of every KV head's
             // n_used - 1 workgroups that do not merge, by the order they finished in.

@@ -172,10 +172,15 @@ fn merge_meet(a: MergeAcc, off: u32) -> MergeAcc {
 // are shared by a group of invocations (`merge_groups`), each with eight loads in flight, not
 // read one round trip after another by one invocation.
 fn merge_splits(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32) {
+    // The subgroup's size (every invocation is here: the caller's control flow is uniform).
+    merge_splits_in(lid, h0, nh, hd, n_used, n_splits, subgroupAdd(1u));
+}
+
+// `merge_splits` in subgroups of sg invocations, where the caller knows that size (the
+// cooperative kernel's 32): no count of the subgroup, and constants in its place.
+fn merge_splits_in(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32, sg: u32) {
     let per = hd / 4u;
     let n4 = nh * per;
-    // The subgroup's size (every invocation is here: the caller's control flow is uniform).
-    let sg = subgroupAdd(1u);
     let groups = merge_groups(n4, sg);
     if (groups == 1u && n4 <= WG && per <= sg && per % 8u == 0u && (per & (per - 1u)) == 0u && n_used <= 4u * per) {
         merge_shuffled(lid, h0, nh, hd, n_used, n_splits, sg);
@@ -276,10 +281,10 @@ fn merge_eight_shuffled(a: MergeAcc, h: u32, s: u32, c: u32, n_splits: u32, hd: 
 // `merge_splits` for one invocation an output vector (one round of them), each head's
 // invocations within a subgroup (subgroups in index order, per a power of two of at least 8
 // and at most the subgroup's size) and at most four splits an invocation of the head: each
-// split's (max, sum) loaded once for the head, by invocation s % per, and passed to the others
-// through shuffles, so that a split costs an invocation one load, not two. (H200, TinyLlama at
-// depth 4,096: a round of 16 splits' values and statistics, 32 loads an invocation, cost
-// ~0.5 µs a layer more than a round of 8, run 435.)
+// split's (max, sum) loaded once for the head, by invocation s % per. The head's largest max
+// and its sum are taken first, through shuffles among its invocations, and each split's weight
+// against that max once, by the invocation that loaded its statistics; each split then costs
+// an invocation one load, one shuffle of its weight and a multiply-add (no exp, no rescale).
 // sg: the subgroup's size (merge_splits' count).
 fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u32, sg: u32) {
     let per = hd / 4u;
@@ -290,24 +295,66 @@ fn merge_shuffled(lid: u32, h0: u32, nh: u32, hd: u32, n_used: u32, n_splits: u3
     let h = h0 + hh;
     let hl = lid % sg - c;   // the subgroup lane of the head's first invocation
     let last = n_used - 1u;
+    // Splits c + q per (q < 4): their (max, sum), none past the used ones; the head's max.
     var st: array<vec2<f32>, 4>;
+    var m = -3.4028235e38;
     for (var q = 0u; q < 4u; q++) {
-        st[q] = merge_part[merge_row(h, min(c + q * per, last), n_splits, hd) + per].xy;
+        let s = c + q * per;
+        let x = merge_part[merge_row(h, min(s, last), n_splits, hd) + per].xy;
+        st[q] = select(vec2<f32>(-3.4028235e38, 0.0), x, s <= last);
+        m = max(m, st[q].x);
     }
-    var a = MergeAcc(-3.4028235e38, vec4<f32>(0.0), 0.0);
+    for (var off = per / 2u; off > 0u; off /= 2u) { m = max(m, subgroupShuffleXor(m, off)); }
+    // Their weights against it (0 past the used ones) and the head's sum.
+    var w: array<f32, 4>;
+    var t = 0.0;
+    for (var q = 0u; q < 4u; q++) {
+        w[q] = exp(st[q].x - m);
+        t = fma(w[q], st[q].y, t);
+    }
+    for (var off = per / 2u; off > 0u; off /= 2u) { t += subgroupShuffleXor(t, off); }
+    let rs = hd / 4u + 1u;   // vec4s between a head's splits
+    let r0 = merge_row(h, 0u, n_splits, hd) + c;
+    var acc = vec4<f32>(0.0);
     var s = 0u;
     // Sixteen splits' values in flight, then eight, then one at a time.
     for (; s + 15u < n_used; s += 16u) {
-        let x = merge_eight_shuffled(a, h, s, c, n_splits, hd, merge_stat_slot(st, s / per), hl);
-        a = merge_eight_shuffled(x, h, s + 8u, c, n_splits, hd, merge_stat_slot(st, (s + 8u) / per), hl);
+        let x = merge_eight_weighted(acc, r0 + s * rs, rs, merge_w_slot(w, s / per), hl + s % per);
+        acc = merge_eight_weighted(x, r0 + (s + 8u) * rs, rs, merge_w_slot(w, (s + 8u) / per), hl + (s + 8u) % per);
     }
     for (; s + 7u < n_used; s += 8u) {
-        a = merge_eight_shuffled(a, h, s, c, n_splits, hd, merge_stat_slot(st, s / per), hl);
+        acc = merge_eight_weighted(acc, r0 + s * rs, rs, merge_w_slot(w, s / per), hl + s % per);
     }
     for (; s < n_used; s++) {
-        let cur = merge_stat_slot(st, s / per);
-        let j = hl + s % per;
-        a = merge_one(a, MergeLoad(merge_part[merge_row(h, s, n_splits, hd) + c], merge_stat(cur, j)));
+        let ws = subgroupShuffle(merge_w_slot(w, s / per), hl + s % per);
+        acc = fma(vec4<f32>(ws), merge_part[r0 + s * rs], acc);
     }
-    merge_write(a.v / a.t, h, c, hd, 1u, lid < n4);
+    merge_write(acc / t, h, c, hd, 1u, lid < n4);
+}
+
+// Slot `slot` of an invocation's four split weights.
+fn merge_w_slot(w: array<f32, 4>, slot: u32) -> f32 {
+    return select(select(select(w[0], w[1], slot == 1u), w[2], slot == 2u), w[3], slot == 3u);
+}
+
+// Eight splits' values (rows r, r + rs, ...) weighed and added to acc, their weights shuffled
+// from lanes j .. j + 7 (wq: this invocation's weight of the slot the eight share).
+fn merge_eight_weighted(acc: vec4<f32>, r: u32, rs: u32, wq: f32, j: u32) -> vec4<f32> {
+    let v0 = merge_part[r];
+    let v1 = merge_part[r + rs];
+    let v2 = merge_part[r + 2u * rs];
+    let v3 = merge_part[r + 3u * rs];
+    let v4 = merge_part[r + 4u * rs];
+    let v5 = merge_part[r + 5u * rs];
+    let v6 = merge_part[r + 6u * rs];
+    let v7 = merge_part[r + 7u * rs];
+    var a = fma(vec4<f32>(subgroupShuffle(wq, j)), v0, acc);
+    var b = vec4<f32>(subgroupShuffle(wq, j + 1u)) * v1;
+    a = fma(vec4<f32>(subgroupShuffle(wq, j + 2u)), v2, a);
+    b = fma(vec4<f32>(subgroupShuffle(wq, j + 3u)), v3, b);
+    a = fma(vec4<f32>(subgroupShuffle(wq, j + 4u)), v4, a);
+    b = fma(vec4<f32>(subgroupShuffle(wq, j + 5u)), v5, b);
+    a = fma(vec4<f32>(subgroupShuffle(wq, j + 6u)), v6, a);
+    b = fma(vec4<f32>(subgroupShuffle(wq, j + 7u)), v7, b);
+    return a + b;
 }
