@@ -241,43 +241,6 @@ fn merge_write(val: vec4<f32>, h: u32, c: u32, hd: u32, groups: u32, writes: boo
     }
 }
 
-// A split's (max, sum) from the invocation of its head that loaded it (`merge_shuffled`):
-// invocation hl + s % per holds split s in slot s / per of its four (st).
-fn merge_stat_slot(st: array<vec2<f32>, 4>, slot: u32) -> vec2<f32> {
-    return select(select(select(st[0], st[1], slot == 1u), st[2], slot == 2u), st[3], slot == 3u);
-}
-
-// The statistics (max, sum, 0, 0) that subgroup lane j holds in cur.
-fn merge_stat(cur: vec2<f32>, j: u32) -> vec4<f32> {
-    return vec4<f32>(subgroupShuffle(cur.x, j), subgroupShuffle(cur.y, j), 0.0, 0.0);
-}
-
-// Eight splits s .. s + 7 of output vector c of head h added to a: their values loaded, their
-// statistics shuffled from the head's invocations (cur: slot s / per of each, per a multiple
-// of 8, so the eight share it), then `merge_fold`.
-fn merge_eight_shuffled(a: MergeAcc, h: u32, s: u32, c: u32, n_splits: u32, hd: u32, cur: vec2<f32>, hl: u32) -> MergeAcc {
-    let r = merge_row(h, s, n_splits, hd) + c;
-    let rs = hd / 4u + 1u;   // vec4s between a head's splits
-    let v0 = merge_part[r];
-    let v1 = merge_part[r + rs];
-    let v2 = merge_part[r + 2u * rs];
-    let v3 = merge_part[r + 3u * rs];
-    let v4 = merge_part[r + 4u * rs];
-    let v5 = merge_part[r + 5u * rs];
-    let v6 = merge_part[r + 6u * rs];
-    let v7 = merge_part[r + 7u * rs];
-    let j = hl + s % (hd / 4u);
-    let s0 = merge_stat(cur, j);
-    let s1 = merge_stat(cur, j + 1u);
-    let s2 = merge_stat(cur, j + 2u);
-    let s3 = merge_stat(cur, j + 3u);
-    let s4 = merge_stat(cur, j + 4u);
-    let s5 = merge_stat(cur, j + 5u);
-    let s6 = merge_stat(cur, j + 6u);
-    let s7 = merge_stat(cur, j + 7u);
-    return merge_fold(a, MergeLoad(v0, s0), MergeLoad(v1, s1), MergeLoad(v2, s2), MergeLoad(v3, s3), MergeLoad(v4, s4), MergeLoad(v5, s5), MergeLoad(v6, s6), MergeLoad(v7, s7));
-}
-
 // `merge_splits` for one invocation an output vector (one round of them), each head's
 // invocations within a subgroup (subgroups in index order, per a power of two of at least 8
 // and at most the subgroup's size) and at most four splits an invocation of the head: each
