@@ -24,6 +24,7 @@
 //   nvcc -O3 -arch=sm_90 -o icache_lab icache_lab.cu && ./icache_lab
 #include <cstdio>
 #include <cuda_runtime.h>
+#include "split_count.cuh"
 
 constexpr int H = 4, S = 33, WG = 128, LOADS = 16;   // 16 x 16 B x 128 threads = 32 KB
 constexpr int LAYERS = 24;
@@ -51,7 +52,6 @@ __device__ __forceinline__ void body(float* r, float a, float b) {
 template <int N, bool STRAIGHT>
 __global__ void grid(const uint4* __restrict__ kv_all, int layer, unsigned* done, float* out, float a, float b) {
     const int split = blockIdx.x, h = blockIdx.y, lid = threadIdx.x;
-    __shared__ unsigned last;
     const uint4* src = kv_all + ((size_t)layer * KV_TOTAL + (size_t)(h * S + split) * 32768) / 16;
     uint4 x[LOADS];
 #pragma unroll
@@ -60,14 +60,7 @@ __global__ void grid(const uint4* __restrict__ kv_all, int layer, unsigned* done
 #pragma unroll
     for (int i = 0; i < LOADS; i++) acc ^= x[i].x + x[i].w;
     out[(h * S + split) * WG + lid] = (float)(acc & 1023);
-    __threadfence();
-    __syncthreads();
-    if (lid == 0) {
-        unsigned t = atomicAdd(&done[h], 1u);
-        if (t + 1 == S) done[h] = 0;
-        last = t;
-    }
-    __syncthreads();
+    const unsigned last = count_split_done(done, h, S);
     if (last + 1 != S) return;
     float r[8];
 #pragma unroll

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include "split_count.cuh"
 
 constexpr int S = 33, H = 4, G = 8, PER = 16, RS_MAX = 24, WG = 128;
 constexpr int KV_BYTES_PER_BLOCK = 32 * 1024;
@@ -59,7 +60,6 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
     constexpr int RS = MODE == 6 ? 24 : PER + 1;
     constexpr int LC = MODE == 5 ? 0 : 1;   // the loads' vector: c, or 0
     const int split = blockIdx.x, h = blockIdx.y, lid = threadIdx.x;
-    __shared__ unsigned last;
     // The split's reads: 32 KB a block, 16 loads of 16 bytes a thread, all in flight.
     const uint4* kv = kv_all + (size_t)layer * H * S * KV_BYTES_PER_BLOCK / 16;
     const uint4* src = kv + ((size_t)(h * S + split) * KV_BYTES_PER_BLOCK) / 16;
@@ -77,14 +77,7 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
         float4 val = c < PER ? make_float4(v, v + 1, v + 2, v + 3) : make_float4((float)(split % 7), 1.0f + v, 0, 0);
         part[((h * G + hh) * S + split) * RS + c] = val;
     }
-    __threadfence();
-    __syncthreads();
-    if (lid == 0) {
-        unsigned t = atomicAdd(&done[h], 1u);
-        if (t + 1 == S) done[h] = 0;
-        last = t;
-    }
-    __syncthreads();
+    const unsigned last = count_split_done(done, h, S);
     if (last + 1 != S) return;
     if (MODE == 9) {
         // Two threads an output vector: lane c and c + 16 of the head's warp.

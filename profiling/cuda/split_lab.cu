@@ -17,6 +17,7 @@
 //   nvcc -O3 -arch=sm_90 -o split_lab split_lab.cu && ./split_lab
 #include <cstdio>
 #include <cuda_runtime.h>
+#include "split_count.cuh"
 
 constexpr int H = 4, G = 8, PER = 16, RS = PER + 1;
 constexpr int LAYERS = 24;              // K/V regions cycled so that every launch reads DRAM
@@ -26,7 +27,6 @@ template <int S, int KVB, int WG>
 __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4* part, unsigned* done, float4* out) {
     constexpr int LOADS = KVB / 16 / WG;
     const int split = blockIdx.x, h = blockIdx.y, lid = threadIdx.x;
-    __shared__ unsigned last;
     const uint4* src = kv_all + ((size_t)layer * KV_TOTAL + (size_t)(h * S + split) * KVB) / 16;
     uint4 acc = make_uint4(0, 0, 0, 0);
     uint4 x[LOADS];
@@ -40,14 +40,7 @@ __global__ void split_merge(const uint4* __restrict__ kv_all, int layer, float4*
         float4 val = c < PER ? make_float4(v, v + 1, v + 2, v + 3) : make_float4((float)(split % 7), 1.0f + v, 0, 0);
         part[((h * G + hh) * S + split) * RS + c] = val;
     }
-    __threadfence();
-    __syncthreads();
-    if (lid == 0) {
-        unsigned t = atomicAdd(&done[h], 1u);
-        if (t + 1 == S) done[h] = 0;
-        last = t;
-    }
-    __syncthreads();
+    const unsigned last = count_split_done(done, h, S);
     if (last + 1 != S || lid >= G * PER) return;
     // The merge: one float4 of output a thread (the first G * PER threads).
     const int hh = lid / PER, c = lid % PER, hl = (lid % 32) - c;
